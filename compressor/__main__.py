@@ -1,0 +1,3 @@
+from compressor.cli import main
+
+raise SystemExit(main())

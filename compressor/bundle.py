@@ -1,0 +1,84 @@
+"""ModelBundle: what flows between passes.
+
+A bundle is a Transformers classifier, its tokenizer, the task it solves and the history
+of passes that produced it. It saves as an ordinary Hugging Face model dir (config.json,
+model.safetensors, tokenizer files) plus `compressor.json` for the task and history, so
+any Transformers or Optimum code can load what this tool writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from compressor import __version__
+from compressor.atomic import atomic_dir
+from pretrain.errors import UserError
+from pretrain.models import count_params, label_names_of, load_saved_classifier
+
+PROVENANCE_FILE = "compressor.json"
+
+
+@dataclass(frozen=True)
+class ModelBundle:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    task: Any                              # the task spec: a built-in name or a file spec dict
+    history: tuple[dict, ...] = ()         # one {"pass": name, "config": {...}} per pass applied
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return label_names_of(self.model)
+
+    @property
+    def params(self) -> int:
+        return count_params(self.model)
+
+    def replace(self, **changes: Any) -> "ModelBundle":
+        return dataclasses.replace(self, **changes)
+
+    def copy_model(self) -> PreTrainedModel:
+        """A deep copy of the model, for passes to change without touching their input."""
+        return copy.deepcopy(self.model)
+
+    def with_pass(self, model: PreTrainedModel, name: str, config: dict) -> "ModelBundle":
+        return self.replace(model=model, history=self.history + ({"pass": name, "config": config},))
+
+    def save(self, path: Path) -> Path:
+        """Write the bundle as an HF model dir, atomically (temp dir, then rename)."""
+        with atomic_dir(Path(path)) as tmp:
+            self.save_into(tmp)
+        return Path(path)
+
+    def save_into(self, directory: Path) -> None:
+        self.model.save_pretrained(str(directory), safe_serialization=True)
+        self.tokenizer.save_pretrained(str(directory))
+        provenance = {"task": self.task, "label_names": list(self.label_names),
+                      "history": list(self.history), "compressor_version": __version__}
+        (Path(directory) / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> "ModelBundle":
+        path = Path(path)
+        if not path.is_dir():
+            raise UserError(f"model dir {path} not found: expected a dir written by this tool or an HF model dir")
+        model, tokenizer = load_saved_classifier(path)
+        provenance = read_provenance(path)
+        return cls(model=model, tokenizer=tokenizer, task=provenance.get("task"),
+                   history=tuple(provenance.get("history", ())))
+
+
+def read_provenance(path: Path) -> dict:
+    file = Path(path) / PROVENANCE_FILE
+    if not file.is_file():
+        return {}
+    try:
+        return json.loads(file.read_text())
+    except ValueError as err:
+        raise UserError(f"{file} is not valid JSON: {err}") from None

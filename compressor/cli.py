@@ -1,0 +1,134 @@
+"""The `compressor` command: finetune, evaluate, run.
+
+Bad input ends with one line on stderr and exit code 2; nothing half-written is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from pretrain.errors import UserError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; we want just the error, on one line."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="compressor", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    ft = sub.add_parser("finetune", help="fine-tune a BERT-family model on a task")
+    ft.add_argument("--model", default="minilm", help="'minilm' (bundled) or an HF model dir")
+    ft.add_argument("--task", required=True, help="wordnet-supersense, wordnet-wsd, or a CSV/TSV/JSONL file")
+    ft.add_argument("--out", required=True, type=Path)
+    ft.add_argument("--epochs", type=float, default=1.0)
+    ft.add_argument("--batch-size", type=int, default=32)
+    ft.add_argument("--lr", type=float, default=1e-4)
+    ft.add_argument("--max-train-samples", type=int)
+    ft.add_argument("--max-eval-samples", type=int)
+    ft.add_argument("--seed", type=int, default=0)
+    ft.add_argument("--embedding-updates", choices=["sparse", "dense", "frozen"], default="sparse",
+                    help="how the word-embedding matrix trains (sparse: only rows in the batch)")
+    ft.add_argument("--quiet", action="store_true", help="no progress bar")
+    ft.set_defaults(handler=cmd_finetune)
+
+    ev = sub.add_parser("evaluate", help="evaluate an HF or ONNX model dir; prints JSON")
+    ev.add_argument("--model", required=True)
+    ev.add_argument("--task", help="default: the task recorded with the model")
+    ev.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    ev.add_argument("--reference", help="another model: report the fraction of agreeing predictions")
+    ev.add_argument("--max-samples", type=int)
+    ev.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
+    ev.set_defaults(handler=cmd_evaluate)
+
+    run = sub.add_parser("run", help="run a recipe: teacher, variants, report.json")
+    run.add_argument("recipe", type=Path)
+    run.add_argument("--out", required=True, type=Path)
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.set_defaults(handler=cmd_run)
+    return parser
+
+
+def task_arg(value: str) -> str | dict:
+    """A built-in task name, or a data file with the default columns text[, text_pair], label."""
+    return {"path": value} if Path(value).suffix.lower() in (".csv", ".tsv", ".jsonl", ".json") else value
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from compressor.finetune_command import finetune_command
+    metrics = finetune_command(
+        model_ref=args.model, task_spec=task_arg(args.task), out=args.out,
+        overrides={"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+                   "max_train_samples": args.max_train_samples, "seed": args.seed,
+                   "embedding_updates": args.embedding_updates},
+        max_eval_samples=args.max_eval_samples, show_progress=not args.quiet)
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from compressor.evaluate import evaluate_path
+    from pretrain.models import set_threads
+    set_threads(None)
+    task = task_arg(args.task) if args.task else None
+    result = evaluate_path(args.model, task, args.split, args.max_samples, args.reference, args.seed)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from compressor.pipeline import run_recipe
+    from compressor.recipe import load_recipe
+    recipe, steps = load_recipe(args.recipe)
+    report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet)
+    print(summary_table(report))
+    print(f"report: {args.out / 'report.json'}")
+    return 0
+
+
+def summary_table(report: dict) -> str:
+    teacher = report["teacher"]
+    lines = [f"{'model':<24} {'accuracy':>9} {'retention':>10} {'params':>12} {'MB':>8}",
+             f"{'teacher':<24} {teacher['accuracy']:>9.4f} {1.0:>10.3f} {teacher['params']:>12,} "
+             f"{teacher['size_bytes'] / 1e6:>8.1f}"]
+    for m in report["models"]:
+        lines.append(f"{m['name']:<24} {m['accuracy']:>9.4f} {m['retention']:>10.3f} {m['params']:>12,} "
+                     f"{m['size_bytes'] / 1e6:>8.1f}")
+    return "\n".join(lines)
+
+
+def quiet_libraries() -> None:
+    """Library chatter (hub hints, init notices) would bury our one-line messages."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")        # nothing is fetched from a hub, ever
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    # torchao (pulled in by neural-compressor-pt) logs missing CUDA kernels at import, and
+    # torch logs a deprecation for torchao's enums: neither concerns a CPU user.
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    import transformers
+    transformers.logging.set_verbosity_error()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        quiet_libraries()
+        return args.handler(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished stages are kept; rerun the same command to resume", file=sys.stderr)
+        return 130

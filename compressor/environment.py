@@ -1,0 +1,49 @@
+"""What a measurement ran on: versions, CPU, threads, date (recorded beside every figure)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+from importlib import metadata
+
+import torch
+
+PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime",
+            "neural-compressor-pt", "numpy", "tokenizers", "safetensors")
+INTERESTING_CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
+                         "amx_int8", "amx_bf16", "neon", "asimddp")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def cpu_info() -> dict:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "Model") and value.strip():
+                    model = value.strip()
+                elif key in ("flags", "Features"):
+                    flags.update(value.split())
+    except OSError:
+        pass
+    return {"model": model, "cores": os.cpu_count(), "machine": platform.machine(),
+            "flags": sorted(f for f in INTERESTING_CPU_FLAGS if f in flags)}
+
+
+def environment() -> dict:
+    return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "cpu": cpu_info(), "torch_threads": torch.get_num_threads(),
+            "packages": package_versions()}

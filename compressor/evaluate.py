@@ -1,0 +1,117 @@
+"""Evaluate a saved model (HF dir or ONNX dir) on a task split, optionally against a reference."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from compressor.bundle import read_provenance
+from pretrain.batching import Encoded, encode, inference_order, iterate
+from pretrain.data import TaskData, load_task
+from pretrain.errors import UserError
+from pretrain.finetune import predict_logits
+from pretrain.metrics import agreement, classification_metrics
+from pretrain.models import first_line, load_saved_classifier, load_tokenizer
+
+
+@dataclass(frozen=True)
+class Predictor:
+    """Anything that maps encoded examples to logits, with the labels it was trained on."""
+
+    kind: str                                   # "torch" or "onnx"
+    label_names: tuple[str, ...]
+    tokenizer: object
+    logits: Callable[[Encoded], np.ndarray]
+    task: object                                # task spec recorded at save time, if any
+
+
+def load_predictor(path: str | Path) -> Predictor:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"model {path} not found: expected an HF model dir, an ONNX model dir or a .onnx file")
+    onnx_file = path if path.suffix == ".onnx" else find_onnx(path)
+    model_dir = onnx_file.parent if onnx_file else path
+    task = read_provenance(model_dir).get("task")
+    if onnx_file is None:
+        model, tokenizer = load_saved_classifier(model_dir)
+        labels = tuple(model.config.id2label[i] for i in sorted(model.config.id2label))
+        return Predictor("torch", labels, tokenizer, lambda data: predict_logits(model, data), task)
+    return Predictor("onnx", config_labels(model_dir), load_tokenizer(model_dir),
+                     onnx_logits_fn(onnx_file), task)
+
+
+def find_onnx(directory: Path) -> Path | None:
+    if not directory.is_dir():
+        return None
+    preferred = directory / "model.onnx"
+    if preferred.is_file():
+        return preferred
+    found = sorted(directory.glob("*.onnx"))
+    return found[0] if found else None
+
+
+def config_labels(model_dir: Path) -> tuple[str, ...]:
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+        id2label = config["id2label"]
+    except (OSError, ValueError, KeyError):
+        raise UserError(f"{model_dir} has no config.json with id2label beside the ONNX model") from None
+    return tuple(id2label[k] for k in sorted(id2label, key=int))
+
+
+def onnx_logits_fn(onnx_file: Path, batch_size: int = 64) -> Callable[[Encoded], np.ndarray]:
+    import onnxruntime as ort
+    try:
+        session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own exception types for bad files
+        raise UserError(f"cannot load ONNX model {onnx_file}: {first_line(err)}") from None
+    input_names = {i.name for i in session.get_inputs()}
+
+    def logits(data: Encoded) -> np.ndarray:
+        out: np.ndarray | None = None
+        for idx, batch in iterate(data, inference_order(data.lengths(), batch_size)):
+            feed = {k: v.numpy() for k, v in batch.items() if k in input_names}
+            result = session.run(None, feed)[0]
+            if out is None:
+                out = np.zeros((len(data), result.shape[1]), dtype=np.float32)
+            out[idx] = result
+        return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+    return logits
+
+
+def label_permutation(model_labels: tuple[str, ...], task: TaskData) -> np.ndarray:
+    """Index map from model class ids to task class ids; error when the label sets differ."""
+    if set(model_labels) != set(task.label_names):
+        missing = sorted(set(task.label_names) - set(model_labels))[:3]
+        raise UserError(f"model labels do not match task {task.name!r}: the model lacks {missing}; "
+                        "expected a model fine-tuned on this task")
+    index = {name: i for i, name in enumerate(task.label_names)}
+    return np.array([index[name] for name in model_labels])
+
+
+def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
+                  max_samples: int | None = None, reference: str | None = None, seed: int = 0) -> dict:
+    predictor = load_predictor(model)
+    task_spec = task_spec if task_spec is not None else predictor.task
+    if task_spec is None:
+        raise UserError(f"no --task given and {model} records no task; pass --task")
+    task = load_task(task_spec, seed=seed)
+    data_split = task.split(split).head(max_samples)
+    predictions = predict_classes(predictor, data_split, task)
+    result = {"model": str(model), "kind": predictor.kind, "task": task.name, "split": split,
+              **classification_metrics(np.asarray(data_split.labels), predictions)}
+    if reference is not None:
+        ref_predictions = predict_classes(load_predictor(reference), data_split, task)
+        result["reference"] = str(reference)
+        result["agreement"] = agreement(predictions, ref_predictions)
+    return result
+
+
+def predict_classes(predictor: Predictor, split, task: TaskData) -> np.ndarray:
+    mapping = label_permutation(predictor.label_names, task)
+    data = encode(predictor.tokenizer, split)
+    return mapping[predictor.logits(data).argmax(axis=1)]

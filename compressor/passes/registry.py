@@ -1,0 +1,79 @@
+"""The pass registry: the one extension point of the pipeline.
+
+A pass is a frozen pydantic config plus one function `(bundle, config, ctx) -> bundle`,
+registered under the name recipes use. The function must not mutate its input bundle
+(copy the model first: `bundle.copy_model()`); `apply` records the pass in the history.
+Recipes can only reach code through this registry: names are looked up here, never imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict
+
+from compressor.bundle import ModelBundle
+from pretrain.data import TaskData
+from pretrain.errors import UserError
+
+
+class PassConfig(BaseModel):
+    """Base of every pass config: immutable, unknown fields rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a pass may use besides its input bundle."""
+
+    task: TaskData
+    seed: int = 0
+    max_train_samples: int | None = None   # the recipe's data limit, for passes that train
+    show_progress: bool = True
+
+
+PassFn = Callable[[ModelBundle, BaseModel, Context], ModelBundle]
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    name: str
+    config_type: type[BaseModel]
+    run: PassFn
+    preserves_function: bool   # output computes (numerically) the same function as input
+    trains: bool               # uses the task's train split
+
+
+_REGISTRY: dict[str, PassSpec] = {}
+
+
+def register(name: str, config_type: type[BaseModel], *, preserves_function: bool = False,
+             trains: bool = False) -> Callable[[PassFn], PassFn]:
+    def decorate(fn: PassFn) -> PassFn:
+        if name in _REGISTRY:
+            raise ValueError(f"pass {name!r} registered twice")
+        _REGISTRY[name] = PassSpec(name, config_type, fn, preserves_function, trains)
+        return fn
+    return decorate
+
+
+def pass_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_pass(name: str) -> PassSpec:
+    if name not in _REGISTRY:
+        raise UserError(f"unknown pass {name!r}; known passes: {', '.join(pass_names())}")
+    return _REGISTRY[name]
+
+
+def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) -> ModelBundle:
+    """Run one pass and record it in the output's history."""
+    spec = get_pass(name)
+    out = spec.run(bundle, config, ctx)
+    if out is bundle or out.model is bundle.model:
+        raise RuntimeError(f"pass {name!r} returned its input model; passes must copy before changing")
+    record = {"pass": name, "config": config.model_dump(mode="json")}
+    return out.replace(history=bundle.history + (record,))

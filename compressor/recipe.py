@@ -1,0 +1,127 @@
+"""The recipe: YAML in, validated typed objects out.
+
+The format is a contract (README "Recipe format"): fields are added, never changed.
+Validation happens before anything is written, and every error names the field's path:
+`variants.three-layers[0].drop-layers.keep: Input should be a valid tuple (got 'all')`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from compressor.passes import get_pass
+from pretrain.errors import UserError
+from pretrain.finetune import FinetuneConfig
+
+VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+RESERVED_NAMES = {"teacher", "report.json"}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TeacherSpec(Strict):
+    model: str = "minilm"                        # "minilm" (bundled) or a path to an HF model dir
+    task: str | dict[str, Any]                   # built-in task name or {path, text, label, ...}
+    finetune: FinetuneConfig | None = None       # omitted: use the model as it is
+
+
+class DataLimits(Strict):
+    max_eval_samples: int | None = Field(None, ge=1)    # test examples used for accuracy
+    max_train_samples: int | None = Field(None, ge=1)   # default cap for passes that train
+
+
+class Step(Strict):
+    """One pass application: the registered name and its validated config."""
+
+    name: str
+    config: BaseModel
+
+
+class Recipe(Strict):
+    name: str
+    seed: int = 0
+    teacher: TeacherSpec
+    data: DataLimits = DataLimits()
+    variants: dict[str, list[dict[str, Any] | str]] | None = None
+    passes: list[dict[str, Any] | str] | None = None     # shorthand: one variant named "main"
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, variants: dict | None) -> dict | None:
+        for name in variants or {}:
+            if not VARIANT_NAME.match(name) or name in RESERVED_NAMES:
+                raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-' "
+                                 f"and not one of {sorted(RESERVED_NAMES)}")
+        return variants
+
+    def variant_steps(self) -> dict[str, list[Step]]:
+        raw = dict(self.variants or {})
+        if self.passes is not None:
+            raw.setdefault("main", self.passes)
+        return {name: [parse_step(item, f"variants.{name}[{i}]") for i, item in enumerate(steps)]
+                for name, steps in raw.items()}
+
+
+def parse_step(item: dict[str, Any] | str, where: str) -> Step:
+    """`{drop-layers: {keep: [0, 2]}}` or a bare `finetune` -> Step with a typed config."""
+    if isinstance(item, str):
+        item = {item: {}}
+    if len(item) != 1:
+        raise UserError(f"{where}: a pass is a mapping with one key, the pass name "
+                        f"(e.g. {{drop-layers: {{keep: [0, 2, 4]}}}}), got keys {list(item)}")
+    (name, config), = item.items()
+    spec = get_pass(name)
+    try:
+        return Step(name=name, config=spec.config_type.model_validate(config or {}))
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err, f"{where}.{name}")) from None
+
+
+def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """The first pydantic error as one line: path, what was expected, what was given."""
+    first = err.errors()[0]
+    path = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+    full = ".".join(p for p in (prefix, path) if p)
+    given = first.get("input")
+    shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
+    more = f" [and {err.error_count() - 1} more]" if err.error_count() > 1 else ""
+    return f"{full or 'recipe'}: {first['msg']}{shown}{more}"
+
+
+def load_recipe(path: str | Path) -> tuple[Recipe, dict[str, list[Step]]]:
+    """Parse and validate a recipe file; raise UserError with a one-line message."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"recipe {path} not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    return parse_recipe(raw, source=str(path))
+
+
+def parse_recipe(raw: Any, source: str = "recipe") -> tuple[Recipe, dict[str, list[Step]]]:
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: expected a mapping with name, teacher and variants or passes")
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(f"{source}: {describe_validation_error(err)}") from None
+    try:
+        steps = recipe.variant_steps()
+    except UserError as err:
+        raise UserError(f"{source}: {err}") from None
+    if not steps:
+        raise UserError(f"{source}: no variants: add `variants:` or `passes:` (an empty list is the teacher itself)")
+    return recipe, steps

@@ -1,0 +1,1 @@
+"""Teacher side: data, tokenizers, objectives, the training loop and fine-tuning."""

@@ -1,0 +1,94 @@
+"""Tokenised examples and dynamically padded, length-grouped batches.
+
+Glosses are short (about 16 tokens, 28 at the 95th percentile), so padding every batch to a
+fixed length would spend most of the compute on pad tokens. Batches are padded only to
+their longest member, and in training examples of similar length are grouped into the
+same batch (within shuffled windows, so the order stays random).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from pretrain.data import Split
+
+# How many batches' worth of examples are sorted by length together. Larger windows
+# remove more padding; smaller ones keep batches closer to a uniform random sample.
+GROUPING_WINDOW_BATCHES = 64
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A tokenised split: one unpadded id list per example, plus labels."""
+
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]] | None
+    labels: np.ndarray  # (n,) int64
+    pad_id: int
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def lengths(self) -> np.ndarray:
+        return np.fromiter((len(ids) for ids in self.input_ids), dtype=np.int64, count=len(self))
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, split: Split, max_length: int = 128) -> Encoded:
+    """Tokenise a whole split once with the fast tokenizer (no padding)."""
+    if split.text_pairs is None:
+        enc = tokenizer(split.texts, truncation=True, max_length=max_length)
+    else:
+        enc = tokenizer(split.texts, split.text_pairs, truncation="longest_first", max_length=max_length)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return Encoded(input_ids=enc["input_ids"], token_type_ids=enc.get("token_type_ids"),
+                   labels=np.asarray(split.labels, dtype=np.int64), pad_id=pad_id)
+
+
+def collate(encoded: Encoded, indices: np.ndarray, with_token_types: bool = True) -> dict[str, torch.Tensor]:
+    """Pad the selected examples to the longest among them."""
+    rows = [encoded.input_ids[i] for i in indices]
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), encoded.pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for j, r in enumerate(rows):
+        input_ids[j, : len(r)] = torch.tensor(r)
+        attention_mask[j, : len(r)] = 1
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if with_token_types and encoded.token_type_ids is not None:
+        token_types = torch.zeros((len(rows), width), dtype=torch.long)
+        for j, i in enumerate(indices):
+            t = encoded.token_type_ids[i]
+            token_types[j, : len(t)] = torch.tensor(t)
+        batch["token_type_ids"] = token_types
+    batch["labels"] = torch.from_numpy(encoded.labels[indices])
+    return batch
+
+
+def training_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
+                   group_by_length: bool = True) -> list[np.ndarray]:
+    """One epoch of batches (index arrays): shuffled, optionally length-grouped."""
+    order = rng.permutation(len(lengths))
+    if group_by_length:
+        window = batch_size * GROUPING_WINDOW_BATCHES
+        chunks = [order[s: s + window] for s in range(0, len(order), window)]
+        order = np.concatenate([c[np.argsort(lengths[c], kind="stable")] for c in chunks])
+    batches = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+    # Shuffle batch order so one epoch does not walk from short to long sequences.
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def inference_order(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Batches of similar length for inference; callers scatter results back by index."""
+    order = np.argsort(lengths, kind="stable")
+    return [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def iterate(encoded: Encoded, batches: list[np.ndarray], with_token_types: bool = True
+            ) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
+    for idx in batches:
+        yield idx, collate(encoded, idx, with_token_types)

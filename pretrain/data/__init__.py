@@ -1,0 +1,134 @@
+"""Task data and corpora.
+
+A task is labelled text split into train / validation / test. Built-in tasks come from
+WordNet 3.0 (`wordnet.py`); user tasks come from CSV, TSV or JSONL files (`files.py`).
+Everything downstream (fine-tuning, evaluation, passes) sees only `TaskData`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pretrain.errors import UserError
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split of a task: parallel lists, labels as indices into TaskData.label_names."""
+
+    texts: list[str]
+    labels: list[int]
+    text_pairs: list[str] | None = None  # second sentence for pair tasks, else None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def head(self, n: int | None) -> "Split":
+        """The first n examples (splits are already shuffled by a fixed seed)."""
+        if n is None or n >= len(self):
+            return self
+        pairs = self.text_pairs[:n] if self.text_pairs is not None else None
+        return Split(self.texts[:n], self.labels[:n], pairs)
+
+
+@dataclass(frozen=True)
+class TaskData:
+    name: str                       # "wordnet-supersense", or the user file's name
+    label_names: tuple[str, ...]    # index -> label string
+    splits: dict[str, Split] = field(repr=False)
+    spec: Any = None                # what load_task was called with, JSON-serialisable
+
+    @property
+    def is_pair_task(self) -> bool:
+        return self.splits["train"].text_pairs is not None
+
+    def split(self, name: str) -> Split:
+        if name not in self.splits:
+            raise UserError(f"unknown split {name!r}; expected one of {', '.join(self.splits)}")
+        return self.splits[name]
+
+
+BUILTIN_TASKS = ("wordnet-supersense", "wordnet-wsd")
+BUILTIN_CORPORA = ("wordnet",)
+
+
+def load_task(spec: str | dict, *, seed: int = 0, wordnet_dir: str | None = None) -> TaskData:
+    """Load a built-in task by name, or a user file task from a dict spec.
+
+    A dict spec: {path, text, label, text_pair?, validation?, test?, split?} where
+    validation/test name explicit split files and split = [train, validation, test]
+    fractions (default [0.8, 0.1, 0.1]) applied with a seeded shuffle.
+    """
+    if isinstance(spec, str):
+        if spec == "wordnet-supersense":
+            from pretrain.data.wordnet import supersense_task
+            return supersense_task(seed=seed, wordnet_dir=wordnet_dir)
+        if spec == "wordnet-wsd":
+            from pretrain.data.wordnet import wsd_task
+            return wsd_task(seed=seed, wordnet_dir=wordnet_dir)
+        raise UserError(
+            f"unknown task {spec!r}; expected one of {', '.join(BUILTIN_TASKS)} "
+            "or a data file spec {path, text, label}")
+    if isinstance(spec, dict):
+        from pretrain.data.files import file_task
+        return file_task(spec, seed=seed)
+    raise UserError(f"task must be a name or a mapping {{path, text, label}}, got {type(spec).__name__}")
+
+
+def seeded_order(n: int, seed: int) -> list[int]:
+    """A seeded permutation of range(n), identical across machines and Python versions.
+
+    Only random.Random.random() has a documented stable sequence (shuffle and numpy's
+    Generator may change between versions), so sort the indices by random() keys.
+    """
+    rng = random.Random(seed)
+    keys = [rng.random() for _ in range(n)]
+    return sorted(range(n), key=keys.__getitem__)
+
+
+def split_counts(n: int, fractions: tuple[float, float, float]) -> tuple[int, int, int]:
+    """Sizes of train / validation / test for n items; rounding leftovers go to train."""
+    # The epsilon keeps 0.1 * 10 == 1 when float error gives 0.9999999.
+    n_val = int(n * fractions[1] + 1e-9)
+    n_test = int(n * fractions[2] + 1e-9)
+    return n - n_val - n_test, n_val, n_test
+
+
+def load_corpus(name_or_path: str, *, wordnet_dir: str | None = None) -> Iterator[list[str]]:
+    """Documents (lists of non-blank lines) of a built-in corpus or a plain text file.
+
+    In a text file, blank lines separate documents. The file is streamed, not read whole.
+    """
+    if name_or_path == "wordnet":
+        from pretrain.data.wordnet import corpus_documents
+        return corpus_documents(wordnet_dir=wordnet_dir)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise UserError(
+            f"unknown corpus {name_or_path!r}: not a built-in corpus "
+            f"({', '.join(BUILTIN_CORPORA)}) and no such file")
+    # Checked above, before the generator starts, so a bad name fails at the call.
+    return _text_file_documents(path)
+
+
+def _text_file_documents(path: Path) -> Iterator[list[str]]:
+    doc: list[str] = []
+    try:
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                line = line.rstrip("\r\n")
+                if line.strip():
+                    doc.append(line)
+                elif doc:
+                    yield doc
+                    doc = []
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: corpus file is not UTF-8 text ({e.reason})") from None
+    if doc:
+        yield doc

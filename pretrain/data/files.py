@@ -1,0 +1,176 @@
+"""User tasks from CSV, TSV or JSON-lines files.
+
+Every problem with a user's file is a one-line UserError naming the file and, where it
+helps, the line, the column or the label, so the user can fix the file without a traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+from pretrain.data import SPLITS, Split, TaskData, seeded_order, split_counts
+from pretrain.errors import UserError
+
+ALLOWED_KEYS = ("path", "text", "label", "text_pair", "validation", "test", "split")
+DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
+EXTENSIONS = (".csv", ".tsv", ".jsonl", ".json")
+
+Row = tuple[str, str, str | None]   # (text, label, text_pair)
+
+
+def file_task(spec: dict, seed: int = 0) -> TaskData:
+    """A TaskData from {path, text?, label?, text_pair?, validation?, test?, split?}."""
+    _check_keys(spec)
+    columns = (spec.get("text", "text"), spec.get("label", "label"), spec.get("text_pair"))
+    fractions = _fractions(spec.get("split"))
+    train_path = Path(spec["path"])
+    rows = {"train": _read_rows(train_path, columns)}
+    for name in ("validation", "test"):
+        if spec.get(name) is not None:
+            rows[name] = _read_rows(Path(spec[name]), columns)
+    _split_missing(rows, fractions, seed, train_path)
+    label_names = tuple(sorted({label for _, label, _ in rows["train"]}))
+    for name in ("validation", "test"):
+        _check_labels_seen(rows[name], label_names, name, spec.get(name) or train_path)
+    index = {label: i for i, label in enumerate(label_names)}
+    splits = {name: _to_split(rows[name], index, columns[2] is not None, seed + i)
+              for i, name in enumerate(SPLITS)}
+    return TaskData(train_path.stem, label_names, splits, spec=spec)
+
+
+def _check_keys(spec: dict) -> None:
+    unknown = sorted(str(k) for k in spec if k not in ALLOWED_KEYS)
+    if unknown:
+        raise UserError(f"unknown data spec key(s) {', '.join(unknown)}; "
+                        f"allowed keys: {', '.join(ALLOWED_KEYS)}")
+    if not spec.get("path"):
+        raise UserError(f"data spec needs a 'path' to a {'/'.join(EXTENSIONS)} file")
+
+
+def _fractions(value) -> tuple[float, float, float]:
+    if value is None:
+        return DEFAULT_FRACTIONS
+    if (not isinstance(value, (list, tuple)) or len(value) != 3
+            or not all(isinstance(f, (int, float)) and 0 <= f <= 1 for f in value)):
+        raise UserError(f"split must be three fractions [train, validation, test] "
+                        f"between 0 and 1, got {value!r}")
+    if not math.isclose(sum(value), 1.0, abs_tol=1e-6):
+        raise UserError(f"split fractions {list(value)} sum to {sum(value):g}; they must sum to 1")
+    return tuple(float(f) for f in value)
+
+
+def _split_missing(rows: dict, fractions: tuple[float, float, float], seed: int, path: Path) -> None:
+    """Carve the splits that have no file of their own out of train (in place)."""
+    missing = [name for name in SPLITS[1:] if name not in rows]
+    if missing:
+        # Keep only the fractions of the splits being carved out, renormalised.
+        kept = {name: f for name, f in zip(SPLITS, fractions) if name == "train" or name in missing}
+        total = sum(kept.values())
+        wanted = tuple(kept.get(name, 0.0) / total if total else 0.0 for name in SPLITS)
+        train = rows["train"]
+        order = seeded_order(len(train), seed)
+        n_train, n_val, _ = split_counts(len(train), wanted)
+        shuffled = [train[i] for i in order]
+        parts = dict(zip(SPLITS, (shuffled[:n_train], shuffled[n_train:n_train + n_val],
+                                  shuffled[n_train + n_val:])))
+        rows["train"] = parts["train"]
+        for name in missing:
+            rows[name] = parts[name]
+    for name in SPLITS:
+        if not rows[name]:
+            raise UserError(f"{path}: the {name} split is empty ({sum(map(len, rows.values()))} "
+                            f"rows, split fractions {list(fractions)}); add rows or change split")
+
+
+def _check_labels_seen(rows: list, label_names: tuple[str, ...], split: str, path) -> None:
+    known = set(label_names)
+    unseen = sorted({label for _, label, _ in rows if label not in known})
+    if unseen:
+        shown = ", ".join(repr(label) for label in unseen[:3])
+        more = f" and {len(unseen) - 3} more" if len(unseen) > 3 else ""
+        raise UserError(f"{path}: label(s) {shown}{more} in the {split} split never occur in train")
+
+
+def _to_split(rows: list, index: dict[str, int], has_pair: bool, seed: int) -> Split:
+    # Split.head(n) must take a random sample, so every split is shuffled (seeded).
+    rows = [rows[i] for i in seeded_order(len(rows), seed)]
+    pairs = [pair for _, _, pair in rows] if has_pair else None
+    return Split([text for text, _, _ in rows], [index[label] for _, label, _ in rows], pairs)
+
+
+def _read_rows(path: Path, columns: tuple) -> list[Row]:
+    """(text, label, text_pair) for every data row of a file, validated."""
+    suffix = path.suffix.lower()
+    if suffix not in EXTENSIONS:
+        raise UserError(f"{path}: unsupported file type {suffix or '(none)'!r}; "
+                        f"use one of {', '.join(EXTENSIONS)} (.json means JSON lines)")
+    if not path.is_file():
+        raise UserError(f"{path}: data file not found")
+    raw = path.read_bytes()
+    try:
+        content = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (undecodable byte at offset {e.start}); "
+                        "save the file as UTF-8") from None
+    records = _json_records(content, path) if suffix in (".jsonl", ".json") else \
+        _table_records(content, path, "\t" if suffix == ".tsv" else ",")
+    rows = [_row(record, line, columns, path) for line, record in records]
+    if not rows:
+        raise UserError(f"{path}: empty file (no data rows)")
+    return rows
+
+
+def _table_records(content: str, path: Path, delimiter: str) -> list[tuple[int, dict]]:
+    # TSV is read without quote handling (as GLUE-style files are written): with it, one stray
+    # '"' at the start of a text would silently swallow the lines after it.
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.DictReader(io.StringIO(content, newline=""), delimiter=delimiter, quoting=quoting)
+    try:
+        return [(reader.line_num, record) for record in reader]
+    except csv.Error as e:
+        raise UserError(f"{path}: line {reader.line_num}: malformed {delimiter!r}-separated row ({e})") from None
+
+
+def _json_records(content: str, path: Path) -> list[tuple[int, dict]]:
+    records = []
+    for line_number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {line_number}: malformed JSON ({e.msg}); "
+                            "expected one JSON object per line") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{path}: line {line_number}: expected a JSON object, "
+                            f"got {type(record).__name__}")
+        records.append((line_number, record))
+    return records
+
+
+def _row(record: dict, line: int, columns: tuple, path: Path) -> Row:
+    text_col, label_col, pair_col = columns
+    text = _field(record, text_col, line, path)
+    label = _field(record, label_col, line, path).strip()
+    pair = _field(record, pair_col, line, path) if pair_col is not None else None
+    return text, label, pair
+
+
+def _field(record: dict, column: str, line: int, path: Path) -> str:
+    if column not in record:
+        found = ", ".join(str(k) for k in record if k is not None)
+        raise UserError(f"{path}: line {line}: no column {column!r}; columns found: {found}")
+    value = record[column]
+    # JSON numbers and booleans are fine as labels; csv gives None for a short row.
+    if isinstance(value, (int, float)):
+        value = str(value)
+    if value is not None and not isinstance(value, str):
+        raise UserError(f"{path}: line {line}: column {column!r} must be a string, "
+                        f"got {type(value).__name__}")
+    if value is None or not value.strip():
+        raise UserError(f"{path}: line {line}: empty {column!r}")
+    return value

