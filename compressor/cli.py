@@ -23,6 +23,13 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}\n")
 
 
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="compressor", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -32,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--task", required=True, help="wordnet-supersense, wordnet-wsd, or a CSV/TSV/JSONL file")
     ft.add_argument("--out", required=True, type=Path)
     ft.add_argument("--epochs", type=float, default=1.0)
-    ft.add_argument("--batch-size", type=int, default=32)
+    ft.add_argument("--batch-size", type=positive_int, default=32)
     ft.add_argument("--lr", type=float, default=1e-4)
-    ft.add_argument("--max-train-samples", type=int)
-    ft.add_argument("--max-eval-samples", type=int)
+    ft.add_argument("--max-train-samples", type=positive_int)
+    ft.add_argument("--max-eval-samples", type=positive_int)
     ft.add_argument("--seed", type=int, default=0)
     ft.add_argument("--embedding-updates", choices=["sparse", "dense", "frozen"], default="sparse",
                     help="how the word-embedding matrix trains (sparse: only rows in the batch)")
@@ -47,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--task", help="default: the task recorded with the model")
     ev.add_argument("--split", default="test", choices=["train", "validation", "test"])
     ev.add_argument("--reference", help="another model: report the fraction of agreeing predictions")
-    ev.add_argument("--max-samples", type=int)
+    ev.add_argument("--max-samples", type=positive_int)
     ev.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
     ev.set_defaults(handler=cmd_evaluate)
 
@@ -91,20 +98,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from compressor.recipe import load_recipe
     recipe, steps = load_recipe(args.recipe)
     report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet)
-    print(summary_table(report))
+    from compressor.report import markdown_table
+    print(markdown_table(report))
     print(f"report: {args.out / 'report.json'}")
     return 0
-
-
-def summary_table(report: dict) -> str:
-    teacher = report["teacher"]
-    lines = [f"{'model':<24} {'accuracy':>9} {'retention':>10} {'params':>12} {'MB':>8}",
-             f"{'teacher':<24} {teacher['accuracy']:>9.4f} {1.0:>10.3f} {teacher['params']:>12,} "
-             f"{teacher['size_bytes'] / 1e6:>8.1f}"]
-    for m in report["models"]:
-        lines.append(f"{m['name']:<24} {m['accuracy']:>9.4f} {m['retention']:>10.3f} {m['params']:>12,} "
-                     f"{m['size_bytes'] / 1e6:>8.1f}")
-    return "\n".join(lines)
 
 
 def quiet_libraries() -> None:
@@ -122,7 +119,10 @@ def quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # bad flags (already reported in one line) or --help
+        return int(exit_.code or 0)
     try:
         quiet_libraries()
         return args.handler(args)

@@ -27,7 +27,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     task = load_task(task_spec, seed=cfg.seed)
     set_threads(None)
 
-    model, tokenizer = load_classifier(model_ref, task.label_names)
+    model, tokenizer = load_classifier(model_ref, task.label_names, seed=cfg.seed)
     result = finetune(model, tokenizer, task, cfg, show_progress=show_progress)
     test_metrics, _ = evaluate(model, tokenizer, task.split("test").head(max_eval_samples))
     metrics = {"task": task.name, "split": "test", **test_metrics,

@@ -77,7 +77,10 @@ def parse_step(item: dict[str, Any] | str, where: str) -> Step:
         raise UserError(f"{where}: a pass is a mapping with one key, the pass name "
                         f"(e.g. {{drop-layers: {{keep: [0, 2, 4]}}}}), got keys {list(item)}")
     (name, config), = item.items()
-    spec = get_pass(name)
+    try:
+        spec = get_pass(name)
+    except UserError as err:
+        raise UserError(f"{where}: {err}") from None
     try:
         return Step(name=name, config=spec.config_type.model_validate(config or {}))
     except ValidationError as err:
@@ -87,7 +90,8 @@ def parse_step(item: dict[str, Any] | str, where: str) -> Step:
 def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
     """The first pydantic error as one line: path, what was expected, what was given."""
     first = err.errors()[0]
-    path = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+    # Union branches show up in loc as type tags ("dict[str,any]"); they are not field names.
+    path = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-") and "[" not in str(p))
     full = ".".join(p for p in (prefix, path) if p)
     given = first.get("input")
     shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"

@@ -75,7 +75,8 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
         raise UserError(f"cannot load a tokenizer from {path}: {first_line(err)}") from None
 
 
-def load_classifier(ref: str, label_names: tuple[str, ...]) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_classifier(ref: str, label_names: tuple[str, ...], seed: int = 0
+                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load `ref` with a classification head for `label_names`.
 
     A checkpoint already fine-tuned on the same labels keeps its head; any other
@@ -88,13 +89,28 @@ def load_classifier(ref: str, label_names: tuple[str, ...]) -> tuple[PreTrainedM
     config.num_labels = len(label_names)
     config.id2label = dict(enumerate(label_names))
     config.label2id = {name: i for i, name in enumerate(label_names)}
+    torch.manual_seed(seed)  # a fresh head is drawn from torch's RNG: make it reproducible
     try:
         # Weights come from safetensors, or torch.load(weights_only=True) for a .bin.
         model = AutoModelForSequenceClassification.from_pretrained(
             str(path), config=config, ignore_mismatched_sizes=not same_labels)
     except (OSError, ValueError, RuntimeError) as err:
         raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
+    if not same_labels:
+        reinitialise_head(model)
     return model, load_tokenizer(path)
+
+
+def reinitialise_head(model: PreTrainedModel) -> None:
+    """Fresh weights for every module outside the encoder (the classification head).
+
+    from_pretrained only re-initialises tensors whose shapes differ, so a head trained for
+    another label set of the same size would otherwise survive with meaningless rows.
+    """
+    prefix = model.base_model_prefix
+    for name, module in model.named_modules():
+        if name and not name.startswith(prefix) and not list(module.children()):
+            model._init_weights(module)
 
 
 def load_saved_classifier(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Literal
@@ -184,13 +185,40 @@ def clip_dense_gradients(model: nn.Module, max_norm: float | None) -> None:
 
 @contextlib.contextmanager
 def progress_bar(desc: str, total: int, enabled: bool):
-    """A progress bar on stderr showing loss, samples/s and ETA; yields advance(loss, rate)."""
+    """Progress on stderr showing loss, samples/s and ETA; yields advance(loss, rate).
+
+    On a terminal it is a live bar; in a log file (CI, background runs) a plain line is
+    written every LOG_EVERY_SECONDS instead, since a live bar would only show at the end.
+    """
+    console = Console(stderr=True)
+    if enabled and not console.is_terminal:
+        yield log_lines(desc, total)
+        return
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]:.4f}"), TextColumn("{task.fields[rate]:.1f} samples/s"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), disable=not enabled) as bar:
+    with Progress(*columns, console=console, disable=not enabled) as bar:
         task = bar.add_task(desc, total=total, loss=float("nan"), rate=0.0)
 
         def advance(loss: float, rate: float) -> None:
             bar.update(task, advance=1, loss=loss, rate=rate)
         yield advance
+
+
+LOG_EVERY_SECONDS = 30.0
+
+
+def log_lines(desc: str, total: int) -> Callable[[float, float], None]:
+    start = last = time.perf_counter()
+    done = 0
+
+    def advance(loss: float, rate: float) -> None:
+        nonlocal done, last
+        done += 1
+        now = time.perf_counter()
+        if now - last >= LOG_EVERY_SECONDS or done == total:
+            last = now
+            eta = (now - start) / done * (total - done)
+            print(f"{desc}: step {done}/{total} loss {loss:.4f} {rate:.1f} samples/s "
+                  f"elapsed {now - start:.0f}s ETA {eta:.0f}s", file=sys.stderr, flush=True)
+    return advance

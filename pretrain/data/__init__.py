@@ -31,6 +31,8 @@ class Split:
 
     def head(self, n: int | None) -> "Split":
         """The first n examples (splits are already shuffled by a fixed seed)."""
+        if n is not None and n < 1:
+            raise UserError(f"sample limit must be a positive integer, got {n}")
         if n is None or n >= len(self):
             return self
         pairs = self.text_pairs[:n] if self.text_pairs is not None else None
@@ -77,8 +79,14 @@ def load_task(spec: str | dict, *, seed: int = 0, wordnet_dir: str | None = None
             "or a data file spec {path, text, label}")
     if isinstance(spec, dict):
         from pretrain.data.files import file_task
-        return file_task(spec, seed=seed)
+        return file_task(absolute_paths(spec), seed=seed)
     raise UserError(f"task must be a name or a mapping {{path, text, label}}, got {type(spec).__name__}")
+
+
+def absolute_paths(spec: dict) -> dict:
+    """The spec is recorded with every model trained on it: make its file paths absolute."""
+    return {k: str(Path(v).resolve()) if k in ("path", "validation", "test") and isinstance(v, str) else v
+            for k, v in spec.items()}
 
 
 def seeded_order(n: int, seed: int) -> list[int]:

@@ -1,0 +1,122 @@
+"""ModelBundle: saving as an ordinary HF dir plus compressor.json, atomically."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from compressor.bundle import PROVENANCE_FILE, ModelBundle
+from pretrain.batching import encode
+from pretrain.errors import UserError
+from pretrain.finetune import predict_logits
+
+HISTORY = ({"pass": "drop-layers", "config": {"keep": [0, 2]}},
+           {"pass": "finetune", "config": {"epochs": 1.0, "lr": 0.0001}})
+
+
+def _logits(bundle: ModelBundle, split) -> np.ndarray:
+    return predict_logits(bundle.model, encode(bundle.tokenizer, split))
+
+
+@pytest.fixture
+def trained_bundle(bert_bundle, tiny_task):
+    """A bundle whose weights differ from the saved tiny model's, with a task and a history."""
+    with torch.no_grad():
+        for p in bert_bundle.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return bert_bundle.replace(task=tiny_task.spec, history=HISTORY)
+
+
+def test_round_trip_preserves_predictions_task_and_history(trained_bundle, tiny_task, tmp_path):
+    path = trained_bundle.save(tmp_path / "out")
+    assert path == tmp_path / "out"
+    names = {p.name for p in path.iterdir()}
+    assert {"config.json", "model.safetensors", PROVENANCE_FILE, "tokenizer.json"} <= names
+    assert "pytorch_model.bin" not in names
+
+    loaded = ModelBundle.load(path)
+    assert loaded.model is not trained_bundle.model
+    assert loaded.task == tiny_task.spec
+    assert loaded.history == HISTORY
+    assert loaded.label_names == tiny_task.label_names
+    assert loaded.params == trained_bundle.params
+    test = tiny_task.split("test")
+    np.testing.assert_allclose(_logits(loaded, test), _logits(trained_bundle, test), atol=1e-6, rtol=0)
+
+    provenance = json.loads((path / PROVENANCE_FILE).read_text())
+    assert provenance["label_names"] == list(tiny_task.label_names)
+    assert provenance["history"] == [dict(h) for h in HISTORY]
+    assert "compressor_version" in provenance
+
+
+def test_saved_dir_is_a_plain_hf_dir(trained_bundle, tmp_path):
+    path = trained_bundle.save(tmp_path / "hf")
+    model = AutoModelForSequenceClassification.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    assert model.config.id2label == trained_bundle.model.config.id2label
+    inputs = tokenizer(["a small dog"], return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, trained_bundle.model(**inputs).logits)
+
+
+def test_builtin_task_name_round_trips(bert_bundle, tmp_path):
+    path = bert_bundle.replace(task="wordnet-supersense").save(tmp_path / "b")
+    assert ModelBundle.load(path).task == "wordnet-supersense"
+
+
+def test_atomic_save_leaves_no_temporary_dirs(trained_bundle, tmp_path):
+    trained_bundle.save(tmp_path / "model")
+    trained_bundle.save(tmp_path / "model")          # and again, over the first
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_saving_over_an_existing_dir_replaces_it(trained_bundle, bert_bundle, tmp_path):
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "stale.txt").write_text("from an earlier run")
+    (target / "pytorch_model.bin").write_bytes(b"old weights")
+    trained_bundle.save(target)
+    names = {p.name for p in target.iterdir()}
+    assert "stale.txt" not in names and "pytorch_model.bin" not in names
+    assert ModelBundle.load(target).history == HISTORY
+
+    bert_bundle.save(target)                         # a second replacement, other content
+    assert ModelBundle.load(target).history == ()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_failed_save_keeps_the_old_dir_and_leaves_no_temporary(trained_bundle, monkeypatch, tmp_path):
+    target = tmp_path / "model"
+    trained_bundle.save(target)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+    monkeypatch.setattr(trained_bundle.model, "save_pretrained", broken)
+    with pytest.raises(OSError, match="disk full"):
+        trained_bundle.replace(history=()).save(target)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_replace_and_with_pass_do_not_touch_the_original(bert_bundle):
+    other = bert_bundle.copy_model()
+    assert other is not bert_bundle.model
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(other.parameters(), bert_bundle.model.parameters()))
+    new = bert_bundle.with_pass(other, "drop-layers", {"keep": [0]})
+    assert new.model is other and bert_bundle.history == ()
+    assert new.history == ({"pass": "drop-layers", "config": {"keep": [0]}},)
+
+
+def test_loading_a_missing_dir_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        ModelBundle.load(tmp_path / "missing")
+
+
+def test_hf_dir_without_provenance_loads_with_empty_history(tiny_bert_dir):
+    bundle = ModelBundle.load(tiny_bert_dir)
+    assert bundle.history == () and bundle.task is None

@@ -1,0 +1,166 @@
+"""The shared training loop: learning, embedding update modes, schedule, seeding, step counts."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from pretrain.batching import Encoded, encode
+from pretrain.data import Split
+from pretrain.train import TrainConfig, task_loss, train, warmup_then_linear_decay
+
+FILLER = ("the", "a", "small", "green", "house", "river", "walks", "slowly", "near", "old", "blue", "road")
+
+
+def toy_split(n: int = 64, seed: int = 0) -> Split:
+    """Label 1 iff the sentence contains 'apple', else it contains 'engine': learnable from one token."""
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for i in range(n):
+        words = [rng.choice(FILLER) for _ in range(rng.randint(2, 7))]
+        label = i % 2
+        words.insert(rng.randint(0, len(words)), "apple" if label else "engine")
+        texts.append(" ".join(words))
+        labels.append(label)
+    return Split(texts, labels)
+
+
+@pytest.fixture(scope="module")
+def toy(tokenizer):
+    return encode(tokenizer, toy_split())
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(epochs=1, batch_size=16, lr=1e-3, warmup_ratio=0.0, embedding_updates="dense")
+    return TrainConfig(**{**base, **kw})
+
+
+def word_embedding(model) -> torch.Tensor:
+    return model.get_input_embeddings().weight.detach().clone()
+
+
+def test_loss_decreases_on_a_learnable_task(make_tiny_bert, toy):
+    model = make_tiny_bert()
+    result = train(model, toy, cfg(epochs=12, lr=3e-3), show_progress=False)
+    assert result.steps == 48 and len(result.losses) == 48
+    first, last = np.mean(result.losses[:5]), np.mean(result.losses[-5:])
+    assert last < 0.5 * first, (first, last)
+    assert result.samples == 12 * 64
+    assert not model.training                      # left in eval mode
+    with torch.no_grad():
+        batch = {k: torch.tensor(v) for k, v in [("input_ids", [toy.input_ids[0]])]}
+        pred = model(**batch).logits.argmax(-1).item()
+    assert pred == toy.labels[0]
+
+
+def test_frozen_embeddings_do_not_change(make_tiny_bert, toy):
+    model = make_tiny_bert()
+    before = word_embedding(model)
+    head_before = model.classifier.weight.detach().clone()
+    seen = []
+
+    def loss_fn(m, batch):
+        seen.append(m.get_input_embeddings().weight.requires_grad)
+        return task_loss(m, batch)
+    train(model, toy, cfg(embedding_updates="frozen"), loss_fn=loss_fn, show_progress=False)
+    assert seen and not any(seen)                 # frozen while training
+    assert torch.equal(word_embedding(model), before)
+    assert not torch.equal(model.classifier.weight, head_before)   # the rest did train
+    assert model.get_input_embeddings().weight.requires_grad       # restored afterwards
+
+
+def test_sparse_embeddings_change_only_rows_seen_in_training(make_tiny_bert, toy):
+    model = make_tiny_bert()
+    embedding = model.get_input_embeddings()
+    assert embedding.sparse is False
+    before = word_embedding(model)
+    modes = []
+
+    def loss_fn(m, batch):
+        modes.append(m.get_input_embeddings().sparse)
+        return task_loss(m, batch)
+    train(model, toy, cfg(embedding_updates="sparse", epochs=2), loss_fn=loss_fn, show_progress=False)
+    assert modes and all(modes)                   # sparse gradients while training
+    assert embedding.sparse is False              # restored afterwards
+    changed = set(torch.nonzero((word_embedding(model) != before).any(dim=1)).flatten().tolist())
+    seen_ids = {t for ids in toy.input_ids for t in ids}
+    assert changed, "no embedding row was updated"
+    assert changed <= seen_ids, f"rows of unseen tokens changed: {sorted(changed - seen_ids)[:10]}"
+    assert changed == seen_ids
+
+
+def test_dense_embeddings_train_with_dense_gradients(make_tiny_bert, toy):
+    model = make_tiny_bert()
+    before = word_embedding(model)
+    modes = []
+
+    def loss_fn(m, batch):
+        emb = m.get_input_embeddings()
+        modes.append((emb.sparse, emb.weight.requires_grad))
+        return task_loss(m, batch)
+    result = train(model, toy, cfg(embedding_updates="dense"), loss_fn=loss_fn, show_progress=False)
+    assert modes and all(m == (False, True) for m in modes)
+    assert np.isfinite(result.losses).all()
+    after = word_embedding(model)
+    seen_ids = sorted({t for ids in toy.input_ids for t in ids})
+    assert (after[seen_ids] != before[seen_ids]).any(dim=1).all()
+    assert model.get_input_embeddings().sparse is False
+
+
+def test_schedule_warms_up_then_decays_linearly_to_zero():
+    f = warmup_then_linear_decay(TrainConfig(warmup_ratio=0.1), total_steps=100)
+    assert [f(s) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert f(10) == pytest.approx(1.0)
+    assert f(55) == pytest.approx(0.5)
+    assert f(99) == pytest.approx(1 / 90)
+    assert f(100) == 0.0
+    values = [f(s) for s in range(101)]
+    assert values.index(max(values)) in (9, 10)
+    assert all(a <= b for a, b in zip(values[:10], values[1:11]))      # rises during warm-up
+    assert all(a >= b for a, b in zip(values[10:], values[11:]))       # then never rises
+
+
+def test_schedule_without_warmup_starts_at_full_rate():
+    f = warmup_then_linear_decay(TrainConfig(warmup_ratio=0.0), total_steps=4)
+    assert [f(s) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+def test_same_seed_gives_identical_weights(make_tiny_bert, toy):
+    def trained(seed):
+        model = make_tiny_bert(seed=0)        # same initial weights; dropout is on while training
+        train(model, toy, cfg(seed=seed, embedding_updates="sparse"), show_progress=False)
+        return model.state_dict()
+    a, b, c = trained(7), trained(7), trained(8)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.parametrize("epochs, steps, samples", [(0.5, 6, 48), (1, 12, 96), (2.25, 27, 216), (0.01, 1, 8)])
+def test_fractional_epochs_give_expected_steps(make_tiny_bert, tokenizer, epochs, steps, samples):
+    data = encode(tokenizer, toy_split(96))            # 12 batches of 8 per epoch
+    seen = []
+
+    def loss_fn(m, batch):
+        seen.append(len(batch["input_ids"]))
+        return task_loss(m, batch)
+    result = train(make_tiny_bert(layers=1), data, cfg(epochs=epochs, batch_size=8), loss_fn=loss_fn,
+                   show_progress=False)
+    assert (result.steps, result.samples) == (steps, samples)
+    assert len(seen) == steps and sum(seen) == samples
+
+
+def test_empty_training_data_is_an_error(make_tiny_bert):
+    empty = Encoded(input_ids=[], token_type_ids=None, labels=np.zeros(0, dtype=np.int64), pad_id=0)
+    with pytest.raises(ValueError, match="no training examples"):
+        train(make_tiny_bert(), empty, cfg(), show_progress=False)
+
+
+@pytest.mark.parametrize("bad", [{"epochs": 0}, {"batch_size": 0}, {"lr": -1}, {"warmup_ratio": 1.0},
+                                 {"embedding_updates": "lazy"}, {"unknown": 1}])
+def test_train_config_rejects_bad_values(bad):
+    with pytest.raises(ValidationError):
+        TrainConfig(**bad)
