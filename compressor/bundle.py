@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ class ModelBundle:
     tokenizer: PreTrainedTokenizerBase
     task: Any                              # the task spec: a built-in name or a file spec dict
     history: tuple[dict, ...] = ()         # one {"pass": name, "config": {...}} per pass applied
+    # Settings that act at deployment, not on the torch weights: {"quantize": {...}} asks the
+    # exporter for that precision (ONNX quantization modes take effect at export).
+    deploy: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label_names(self) -> tuple[str, ...]:
@@ -59,8 +62,13 @@ class ModelBundle:
     def save_into(self, directory: Path) -> None:
         self.model.save_pretrained(str(directory), safe_serialization=True)
         self.tokenizer.save_pretrained(str(directory))
+        self.write_provenance(directory)
+
+    def write_provenance(self, directory: Path) -> None:
+        """compressor.json: the task, labels, pass history and deploy settings."""
         provenance = {"task": self.task, "label_names": list(self.label_names),
-                      "history": list(self.history), "compressor_version": __version__}
+                      "history": list(self.history), "deploy": dict(self.deploy),
+                      "compressor_version": __version__}
         (Path(directory) / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
 
     @classmethod
@@ -71,7 +79,7 @@ class ModelBundle:
         model, tokenizer = load_saved_classifier(path)
         provenance = read_provenance(path)
         return cls(model=model, tokenizer=tokenizer, task=provenance.get("task"),
-                   history=tuple(provenance.get("history", ())))
+                   history=tuple(provenance.get("history", ())), deploy=dict(provenance.get("deploy") or {}))
 
 
 def read_provenance(path: Path) -> dict:

@@ -1,4 +1,4 @@
-"""The `compressor` command: finetune, evaluate, run.
+"""The `compressor` command: finetune, evaluate, export, run.
 
 Bad input ends with one line on stderr and exit code 2; nothing half-written is left.
 """
@@ -58,6 +58,23 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
     ev.set_defaults(handler=cmd_evaluate)
 
+    ex = sub.add_parser("export", help="export an HF model dir to a gated ONNX model dir")
+    ex.add_argument("--model", required=True, type=Path, help="an HF model dir (e.g. one a recipe wrote)")
+    ex.add_argument("--out", required=True, type=Path)
+    ex.add_argument("--optimize", action="store_true", help="ONNX Runtime transformer fusion")
+    ex.add_argument("--quantize", choices=["none", "dynamic-int8", "static-int8", "inc", "torch-dynamic-int8",
+                                           "fp16", "int4-weight-only"],
+                    help="default: what the model's quantize pass recorded, else none (fp32)")
+    ex.add_argument("--per-channel", action="store_const", const=True, help="per-channel int8 weight scales")
+    ex.add_argument("--reduce-range", action="store_const", const=True, help="7-bit int8 weights")
+    ex.add_argument("--weight-type", choices=["qint8", "quint8"])
+    ex.add_argument("--task", help="default: the task recorded with the model")
+    ex.add_argument("--max-eval-samples", type=positive_int, help="test examples for the accuracy gate")
+    ex.add_argument("--parity-tolerance", type=float, default=1e-4, help="max |logit diff| vs PyTorch")
+    ex.add_argument("--accuracy-tolerance", type=float, default=0.01, help="max accuracy drop when quantized")
+    ex.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
+    ex.set_defaults(handler=cmd_export)
+
     run = sub.add_parser("run", help="run a recipe: teacher, variants, report.json")
     run.add_argument("recipe", type=Path)
     run.add_argument("--out", required=True, type=Path)
@@ -93,13 +110,30 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from compressor.export_command import export_command
+    record = export_command(
+        args.model, args.out, task_arg(args.task) if args.task else None,
+        settings={"optimize": args.optimize, "parity_tolerance": args.parity_tolerance,
+                  "accuracy_tolerance": args.accuracy_tolerance},
+        quantize=args.quantize,
+        quantize_options={"per_channel": args.per_channel, "reduce_range": args.reduce_range,
+                          "weight_type": args.weight_type},
+        max_eval_samples=args.max_eval_samples, seed=args.seed)
+    print(json.dumps(record, indent=2))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from compressor.pipeline import run_recipe
     from compressor.recipe import load_recipe
     recipe, steps = load_recipe(args.recipe)
     report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet)
-    from compressor.report import markdown_table
+    from compressor.report import exports_table, markdown_table
     print(markdown_table(report))
+    exports = exports_table(report)
+    if exports:
+        print(f"\n{exports}")
     print(f"report: {args.out / 'report.json'}")
     return 0
 

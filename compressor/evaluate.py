@@ -65,8 +65,13 @@ def config_labels(model_dir: Path) -> tuple[str, ...]:
 
 def onnx_logits_fn(onnx_file: Path, batch_size: int = 64) -> Callable[[Encoded], np.ndarray]:
     import onnxruntime as ort
+    import torch
+    options = ort.SessionOptions()
+    # Same thread budget as PyTorch (set_threads), so side-by-side numbers are comparable
+    # and a shared machine is not oversubscribed by ORT's one-thread-per-core default.
+    options.intra_op_num_threads = torch.get_num_threads()
     try:
-        session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime raises its own exception types for bad files
         raise UserError(f"cannot load ONNX model {onnx_file}: {first_line(err)}") from None
     input_names = {i.name for i in session.get_inputs()}

@@ -1,10 +1,11 @@
 """Recipe -> stages -> report.json.
 
 Stages: the teacher (load, optionally fine-tune), then each variant (the teacher with the
-variant's passes applied in order). Each stage's output dir is written atomically and
-carries `stage.json` with a content key (its input's key, its config, the tool's version):
-rerunning a recipe reuses every stage whose key is unchanged, and an interrupted run
-picks up after the last finished stage.
+variant's passes applied in order), then, when the recipe has `export: {onnx: true}`, one
+ONNX export per model (DIR/<name>-onnx/, gated for parity and accuracy). Each stage's
+output dir is written atomically and carries `stage.json` with a content key (its input's
+key, its config, the tool's version): rerunning a recipe reuses every stage whose key is
+unchanged, and an interrupted run picks up after the last finished stage.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from compressor import __version__
 from compressor.atomic import atomic_dir, write_json
 from compressor.bundle import ModelBundle
 from compressor.environment import environment
+from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_into
 from compressor.passes import Context, apply_pass
-from compressor.recipe import Recipe, Step
+from compressor.recipe import Recipe, Step, export_dir_name
 from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, finetune
@@ -58,6 +60,10 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
         teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)
         variants = [variant_stage(name, variant_steps, teacher, recipe, task, out_dir, show_progress)
                     for name, variant_steps in steps.items()]
+        exports = {}
+        if recipe.export is not None and recipe.export.onnx:
+            exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir)
+                       for stage in [teacher, *variants]}
     except UserError:
         # Bad input found late (e.g. a layer index out of range for this model) leaves
         # nothing behind in a dir this run created. An interrupted run keeps its finished
@@ -65,7 +71,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
-    report = build_report(recipe, teacher, variants)
+    report = build_report(recipe, teacher, variants, exports)
     write_json(out_dir / "report.json", report)
     return report
 
@@ -120,6 +126,27 @@ def cached_stage(name: str, key: str, build, task: TaskData, recipe: Recipe, out
                  record["params"], record["history"])
 
 
+def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: TaskData,
+                 out_dir: Path) -> dict:
+    """Export a finished stage to DIR/<name>-onnx/ unless an export with the same key is there.
+
+    The key covers the stage's own key (its weights, passes and deploy settings), the export
+    settings and the test-sample limit the gate evaluates on.
+    """
+    path = out_dir / export_dir_name(stage.name)
+    key = content_key({"input": stage.key, "export": settings.model_dump(mode="json"),
+                       "eval": recipe.data.max_eval_samples})
+    record = read_stage_record(path)
+    if record.get("key") != key:
+        bundle = ModelBundle.load(stage.path)
+        with atomic_dir(path) as tmp:
+            export = export_into(tmp, bundle, settings, task, recipe.data.max_eval_samples)
+            record = {"key": key, "export": export}
+            write_json(tmp / EXPORT_FILE, {**export, "path": str(path)})
+            write_json(tmp / STAGE_FILE, record)
+    return {"path": str(path), **record["export"]}
+
+
 def read_stage_record(path: Path) -> dict:
     try:
         return json.loads((path / STAGE_FILE).read_text())
@@ -127,7 +154,9 @@ def read_stage_record(path: Path) -> dict:
         return {}
 
 
-def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage]) -> dict:
+def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage],
+                 exports: dict[str, dict] | None = None) -> dict:
+    exports = exports or {}
     teacher_acc = teacher.metrics["accuracy"]
     models = []
     for stage in variants:
@@ -137,16 +166,21 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage]) -> dict:
             "retention": stage.metrics["accuracy"] / teacher_acc if teacher_acc else None,
             "agreement": float(np.mean(stage.predictions == teacher.predictions)),
             "params": stage.params, "size_bytes": weights_size(stage.path),
-            "passes": stage.history})
+            "passes": stage.history, **onnx_entry(exports, stage.name)})
     return {
         "recipe": recipe.model_dump(mode="json"),
         "environment": environment(),
         "teacher": {"path": str(teacher.path), "accuracy": teacher_acc,
                     "macro_f1": teacher.metrics["macro_f1"], "eval_samples": teacher.metrics["samples"],
                     "params": teacher.params,
-                    "size_bytes": weights_size(teacher.path)},
+                    "size_bytes": weights_size(teacher.path), **onnx_entry(exports, "teacher")},
         "models": models,
     }
+
+
+def onnx_entry(exports: dict[str, dict], name: str) -> dict:
+    """{"onnx": export record} for a model that was exported; nothing when export is off."""
+    return {"onnx": exports[name]} if name in exports else {}
 
 
 def weights_size(path: Path) -> int:

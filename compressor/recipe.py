@@ -12,14 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig
 
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 RESERVED_NAMES = {"teacher", "report.json"}
+EXPORT_SUFFIX = "-onnx"            # stage `x` exports to DIR/x-onnx/
+
+
+def export_dir_name(stage_name: str) -> str:
+    return f"{stage_name}{EXPORT_SUFFIX}"
 
 
 class Strict(BaseModel):
@@ -51,6 +57,7 @@ class Recipe(Strict):
     data: DataLimits = DataLimits()
     variants: dict[str, list[dict[str, Any] | str]] | None = None
     passes: list[dict[str, Any] | str] | None = None     # shorthand: one variant named "main"
+    export: ExportSettings | None = None                  # omitted: no export
 
     @field_validator("variants")
     @classmethod
@@ -60,6 +67,20 @@ class Recipe(Strict):
                 raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-' "
                                  f"and not one of {sorted(RESERVED_NAMES)}")
         return variants
+
+    @field_validator("export")
+    @classmethod
+    def _export_dirs_free(cls, export: ExportSettings | None, info: ValidationInfo) -> ExportSettings | None:
+        if export is None or not export.onnx:
+            return export
+        # `variants` and `passes` are declared before `export`, so they are validated by now.
+        names = {"teacher", *(info.data.get("variants") or {}),
+                 *(["main"] if info.data.get("passes") is not None else [])}
+        taken = sorted(name for name in names if export_dir_name(name) in names)
+        if taken:
+            raise ValueError(f"variant name {export_dir_name(taken[0])!r} is where {taken[0]!r} is "
+                             f"exported; rename it (export dirs are <name>{EXPORT_SUFFIX})")
+        return export
 
     def variant_steps(self) -> dict[str, list[Step]]:
         raw = dict(self.variants or {})

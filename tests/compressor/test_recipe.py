@@ -35,9 +35,10 @@ def test_demo_recipe_parses():
     assert isinstance(recipe, Recipe) and recipe.name == "demo"
     assert recipe.teacher.model == "minilm" and recipe.teacher.task == "wordnet-supersense"
     assert isinstance(recipe.teacher.finetune, FinetuneConfig)
-    assert recipe.teacher.finetune.epochs == 2 and recipe.teacher.finetune.max_train_samples == 30000
+    assert recipe.teacher.finetune.epochs == 2 and recipe.teacher.finetune.max_train_samples == 50000
     assert recipe.data.max_eval_samples == 5000
-    assert list(steps) == ["teacher-as-is", "three-layers"]
+    assert {"teacher-as-is", "three-layers", "int8", "three-layers-int8"} <= set(steps)
+    assert recipe.export is not None and recipe.export.onnx
     assert steps["teacher-as-is"] == []
     drop, finetune = steps["three-layers"]
     assert (drop.name, drop.config.keep) == ("drop-layers", (0, 2, 4))
@@ -96,8 +97,18 @@ def test_unknown_pass_names_its_field_path(tmp_path):
 
 
 def test_unknown_top_level_field(tmp_path):
-    message = error_of(tmp_path, "name: r\n" + TEACHER + "passes: []\nexport: {onnx: true}\n")
-    assert "export" in message and "Extra inputs are not permitted" in message
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "passes: []\nexprot: {onnx: true}\n")
+    assert "exprot" in message and "Extra inputs are not permitted" in message
+
+
+def test_export_section(tmp_path):
+    recipe, _ = load_recipe(write(tmp_path, "name: r\n" + TEACHER + "passes: []\nexport: {onnx: true}\n"))
+    assert recipe.export.onnx and recipe.export.optimize and recipe.export.parity_tolerance == 1e-4
+    assert load_recipe(write(tmp_path, "name: r\n" + TEACHER + "passes: []\n"))[0].export is None
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "passes: []\nexport: {accuracy_tolerance: 2}\n")
+    assert "export.accuracy_tolerance" in message
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants: {a: [], a-onnx: []}\nexport: {onnx: true}\n")
+    assert "'a-onnx' is where 'a' is exported" in message
 
 
 def test_missing_required_field(tmp_path):

@@ -24,6 +24,7 @@ from pretrain.models import encoder_layers
 EXAMPLE_CONFIGS: dict[str, dict] = {
     "drop-layers": {"keep": [0, 2]},
     "finetune": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
+    "quantize": {"mode": "dynamic-int8", "per_channel": True},
 }
 
 # A bundle that already has a history, so that appending (not replacing) is checked.

@@ -1,0 +1,263 @@
+"""Export a bundle to an ONNX model dir, behind a parity gate.
+
+An export dir holds:
+
+    model.onnx       the graph: opset 17, dynamic batch and sequence axes; inputs input_ids,
+                     attention_mask (and token_type_ids when the model takes them), output logits
+    config.json      the model's HF config (labels, model_type): what Optimum needs to load it
+    tokenizer files  so `pipeline("text-classification", ...)` and `compressor evaluate` work
+    compressor.json  the source bundle's task, labels, pass history and deploy settings
+    export.json      what the export did and measured (parity, accuracy, fusions, sizes)
+
+The gate runs on real test batches, padded to each batch's longest member as in
+pretrain/batching.py. The fp32 graph (and the fused graph) must match PyTorch's logits to
+`parity_tolerance`; a quantized graph must keep test accuracy within `accuracy_tolerance`
+of the fp32 graph. A model that fails is not written: everything goes to a temporary dir
+that is renamed only at the end.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from transformers import PreTrainedModel
+
+from compressor.atomic import atomic_dir, write_json
+from compressor.bundle import ModelBundle
+from compressor.evaluate import label_permutation, onnx_logits_fn
+from compressor.export.optimize import Fusion, fuse
+from compressor.export.quantize import QuantizeConfig, quantize_onnx
+from pretrain.batching import Encoded, encode
+from pretrain.data import Split, TaskData
+from pretrain.errors import UserError
+from pretrain.finetune import predict_logits
+from pretrain.metrics import agreement, classification_metrics
+from pretrain.models import SUPPORTED_FAMILIES, first_line
+
+OPSET = 17
+ONNX_FILE = "model.onnx"
+EXPORT_FILE = "export.json"
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class ExportSettings(BaseModel):
+    """The recipe's `export:` section (also what `compressor export` builds from its flags)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    onnx: bool = True                                     # write DIR/<stage>-onnx/ per stage
+    optimize: bool = True                                 # ORT transformer fusion, with fallback
+    parity_tolerance: float = Field(1e-4, gt=0)           # max |logit diff| vs PyTorch, fp32 graphs
+    accuracy_tolerance: float = Field(0.01, ge=0, le=1)   # max accuracy drop of a quantized graph
+    parity_samples: int = Field(512, ge=1)                # first N test examples for the parity check
+
+
+class GateFailure(UserError):
+    """An export failed its parity or accuracy gate (a one-line message with the numbers)."""
+
+
+def export_bundle(bundle: ModelBundle, out: Path, settings: ExportSettings, task: TaskData,
+                  max_eval_samples: int | None = None) -> dict:
+    """Export, gate and write `out` atomically; return the export record (also in export.json)."""
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        record = export_into(tmp, bundle, settings, task, max_eval_samples)
+        record["path"] = str(out)
+        write_json(tmp / EXPORT_FILE, record)
+    return record
+
+
+def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, task: TaskData,
+                max_eval_samples: int | None = None) -> dict:
+    """Write the export files into an existing (temporary) dir; raise GateFailure on a bad graph."""
+    check_exportable(bundle.model)
+    quantize = requested_quantization(bundle)
+    test = task.split("test").head(max_eval_samples)
+    gate = Gate(settings, bundle, task, test)
+    with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
+        work = Path(work_dir)
+        graph = work / "fp32.onnx"
+        names = input_names(bundle.model, bundle.tokenizer.model_input_names)
+        write_onnx(bundle.model, graph, names)
+        record = {"format": "onnx", "opset": OPSET, "inputs": list(names),
+                  "parity_tolerance": settings.parity_tolerance,
+                  "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
+        if settings.optimize:
+            graph, fusion_record = optimized(graph, work / "fused.onnx", gate)
+            record.update(fusion_record)
+        else:
+            record.update({"optimized": False, "fusions": {}, "fusion_fallback": None})
+        fp32_logits = gate.onnx_logits(graph)
+        record.update(gate.fp32_metrics(fp32_logits, graph))
+        if quantize is not None:
+            quantized = work / "quantized.onnx"
+            quantize_onnx(graph, quantized, quantize)
+            record.update(gate.quantized_metrics(fp32_logits, quantized, quantize))
+            graph = quantized
+        record["size_bytes"] = graph.stat().st_size
+        record["size_ratio_to_fp32"] = record["size_bytes"] / record["fp32_size_bytes"]
+        shutil.copyfile(graph, directory / ONNX_FILE)
+    bundle.model.config.save_pretrained(str(directory))
+    bundle.tokenizer.save_pretrained(str(directory))
+    bundle.write_provenance(directory)
+    return record
+
+
+def optimized(graph: Path, target: Path, gate: "Gate") -> tuple[Path, dict]:
+    """The fused graph if fusion applies and keeps parity; otherwise the input graph."""
+    fusion, parity = fuse(graph, target), {}
+    if fusion.path is not None:
+        try:
+            parity = gate.parity(fusion.path, "the fused graph")   # the shipped graph's parity
+        except GateFailure as err:
+            fusion = Fusion(None, {}, f"fused graph failed parity: {err}")
+    record = {"optimized": fusion.path is not None, "fusions": fusion.fusions,
+              "fusion_fallback": fusion.fallback, **parity}
+    return (fusion.path or graph), record
+
+
+class Gate:
+    """Reference logits and test data of one export, and the checks every graph must pass."""
+
+    def __init__(self, settings: ExportSettings, bundle: ModelBundle, task: TaskData, test: Split) -> None:
+        self.settings = settings
+        self.labels = np.asarray(test.labels)
+        self.to_task = label_permutation(bundle.label_names, task)   # model class id -> task class id
+        self.data = encode(bundle.tokenizer, test)
+        parity_split = test.head(settings.parity_samples)
+        self.parity_data = encode(bundle.tokenizer, parity_split)
+        self.parity_samples = len(parity_split)
+        self.reference = predict_logits(bundle.model, self.parity_data)
+
+    def onnx_logits(self, graph: Path, data: Encoded | None = None) -> np.ndarray:
+        return onnx_logits_fn(graph)(self.data if data is None else data)
+
+    def parity(self, graph: Path, what: str) -> dict:
+        diff = max_abs_diff(self.reference, self.onnx_logits(graph, self.parity_data))
+        tolerance = self.settings.parity_tolerance
+        if not diff <= tolerance:   # also catches NaN
+            raise GateFailure(f"{what} does not match PyTorch: max |logit difference| {diff:.3g} on "
+                              f"{self.parity_samples} test examples exceeds parity_tolerance "
+                              f"{tolerance:g} by {diff - tolerance:.3g}")
+        return {"parity_max_abs_diff": diff}
+
+    def predictions(self, logits: np.ndarray) -> np.ndarray:
+        return self.to_task[logits.argmax(axis=1)]
+
+    def fp32_metrics(self, logits: np.ndarray, graph: Path) -> dict:
+        metrics = classification_metrics(self.labels, self.predictions(logits))
+        return {"precision": "fp32", "quantization": None, "accuracy": metrics["accuracy"],
+                "macro_f1": metrics["macro_f1"], "eval_samples": metrics["samples"],
+                "accuracy_fp32": metrics["accuracy"], "accuracy_change": 0.0,
+                "accuracy_tolerance": self.settings.accuracy_tolerance,
+                "agreement_with_fp32": None, "fp32_size_bytes": graph.stat().st_size}
+
+    def quantized_metrics(self, fp32_logits: np.ndarray, graph: Path, cfg: QuantizeConfig) -> dict:
+        fp32 = self.predictions(fp32_logits)
+        quantized = self.predictions(self.onnx_logits(graph))
+        fp32_accuracy = classification_metrics(self.labels, fp32)["accuracy"]
+        metrics = classification_metrics(self.labels, quantized)
+        change = metrics["accuracy"] - fp32_accuracy
+        agree = agreement(quantized, fp32)
+        tolerance = self.settings.accuracy_tolerance
+        # Only a drop fails: a quantized model may score higher by chance on near-ties.
+        if not -change <= tolerance + 1e-12:
+            raise GateFailure(
+                f"{cfg.mode} model fails the accuracy gate: test accuracy {metrics['accuracy']:.4f} vs "
+                f"fp32 {fp32_accuracy:.4f} on {len(fp32)} examples, a drop of {-change * 100:.2f} "
+                f"points where accuracy_tolerance allows {tolerance * 100:.2f} (agreement with fp32 "
+                f"{agree:.3f}); not written")
+        return {"precision": cfg.mode, "quantization": cfg.model_dump(mode="json"),
+                "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"],
+                "accuracy_change": change, "agreement_with_fp32": agree}
+
+
+def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    return float(np.abs(a - b).max()) if a.size else 0.0
+
+
+def check_exportable(model: PreTrainedModel) -> None:
+    family = model.config.model_type
+    if family not in SUPPORTED_FAMILIES:
+        raise UserError(f"cannot export model family {family!r}: the ONNX exporter supports "
+                        f"{', '.join(SUPPORTED_FAMILIES)}")
+
+
+def requested_quantization(bundle: ModelBundle) -> QuantizeConfig | None:
+    """The precision a `quantize` pass recorded on the bundle, if any."""
+    spec = bundle.deploy.get("quantize")
+    if spec is None:
+        return None
+    try:
+        return QuantizeConfig.model_validate(spec)
+    except ValidationError as err:   # a hand-edited compressor.json
+        raise UserError(f"compressor.json deploy.quantize: {err.errors()[0]['msg']}") from None
+
+
+def input_names(model: PreTrainedModel, tokenizer_outputs: list[str] | None = None) -> tuple[str, ...]:
+    """The graph's inputs, in the order of model.forward's parameters.
+
+    token_type_ids only when the tokenizer produces them too: a RoBERTa tokenizer does not,
+    and a graph that required them would fail on what the tokenizer feeds it (the model
+    then uses its own all-zero default, traced into the graph).
+    """
+    params = list(inspect.signature(model.forward).parameters)
+    wanted = [n for n in INPUT_NAMES if n in params]
+    if tokenizer_outputs is not None and "token_type_ids" not in tokenizer_outputs:
+        wanted = [n for n in wanted if n != "token_type_ids"]
+    return tuple(sorted(wanted, key=params.index))
+
+
+def write_onnx(model: PreTrainedModel, path: Path, names: tuple[str, ...] | None = None) -> None:
+    """Trace `model` to an ONNX file with dynamic batch and sequence axes.
+
+    The TorchScript exporter (dynamo=False), because it is the one that works here: the
+    dynamo exporter needs onnxscript, which is not a dependency, and torch.export
+    specialises on the example's shapes unless every dimension is declared. Tracing records
+    each layer's own head count and FFN width as constants, so models with per-layer head
+    counts (prune_heads) or sliced FFNs export as they are.
+    """
+    check_exportable(model)
+    names = names or input_names(model)
+    example = example_inputs(names, model.config.vocab_size)
+    axes = {name: {0: "batch", 1: "sequence"} for name in names} | {"logits": {0: "batch"}}
+    model.eval()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # the TorchScript exporter's tracer notices
+            torch.onnx.export(model, tuple(example[n] for n in names), str(path),
+                              input_names=list(names), output_names=["logits"],
+                              dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+    except Exception as err:  # tracing raises many types on modules it cannot follow
+        raise UserError(f"ONNX export of the {model.config.model_type} model failed: {first_line(err)}") from None
+
+
+def example_inputs(names: tuple[str, ...], vocab_size: int) -> dict[str, torch.Tensor]:
+    """A padded batch of 2 x 8: the second row ends in padding so the mask path is traced.
+
+    (An all-ones mask lets some attention implementations skip the mask, which tracing
+    would then bake into the graph.)
+    """
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, vocab_size, (2, 8), generator=generator)
+    mask = torch.ones((2, 8), dtype=torch.long)
+    mask[1, 5:] = 0
+    return {"input_ids": ids, "attention_mask": mask,
+            "token_type_ids": torch.zeros((2, 8), dtype=torch.long)}
+
+
+def read_export_record(path: Path) -> dict:
+    try:
+        return json.loads((Path(path) / EXPORT_FILE).read_text())
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,45 @@
+"""ONNX Runtime transformer fusion (attention, skip-layernorm, bias-gelu, embed-layernorm).
+
+Fusion is an optimisation, never a requirement: if ORT's optimizer raises or finds no
+pattern, the caller keeps the unfused graph and records why (`Fusion.fallback`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from compressor.export.quiet import quiet_logs
+from pretrain.models import first_line
+
+
+@dataclass(frozen=True)
+class Fusion:
+    path: Path | None               # the fused graph; None when the unfused one is kept
+    fusions: dict[str, int]         # fused operator -> count, only those that applied
+    fallback: str | None = None     # why the unfused graph is kept
+
+
+def fuse(source: Path, target: Path) -> Fusion:
+    """Fuse the BERT-family graph at `source` into `target`.
+
+    num_heads=0 and hidden_size=0 make ORT read both from each attention's Reshape nodes,
+    so models whose layers have different head counts (prune_heads) fuse too; fixed values
+    would be wrong for every pruned layer. opt_level=0 applies only the Python fusions,
+    so the saved graph stays portable across CPUs (no hardware-specific ORT rewrites).
+    model_type "bert" covers every supported family (RoBERTa, ELECTRA, DistilBERT share
+    the encoder pattern), as in Optimum.
+    """
+    from onnxruntime.transformers.optimizer import optimize_model
+    try:
+        with quiet_logs():
+            model = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0,
+                                   opt_level=0)
+            counts = model.get_fused_operator_statistics()
+    except Exception as err:  # the optimizer raises many types on graphs it cannot read
+        return Fusion(None, {}, f"fusion failed: {first_line(err)}")
+    applied = {op: int(n) for op, n in counts.items() if n}
+    if not applied:
+        return Fusion(None, {}, "no fusion pattern matched the graph")
+    model.save_model_to_file(str(target))
+    return Fusion(target, applied)

@@ -1,0 +1,31 @@
+"""Silence library logging for the duration of one call.
+
+ONNX Runtime's fusion and quantization tools log advice on the root logger (e.g. "consider
+pre-processing"); on a CLI whose errors are one line, that chatter buries the message. The
+previous levels are restored afterwards, so nothing global outlives the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator
+
+NOISY_LOGGERS = ("", "onnxruntime", "onnxruntime.transformers", "fusion", "onnx_model",
+                 "onnx_model_bert")
+
+
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
+    # ORT's transformer tools create module-level loggers named after their modules.
+    loggers += [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+                if name.startswith(("onnxruntime", "fusion_", "onnx_model"))]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)

@@ -1,0 +1,70 @@
+"""`compressor export`: an HF model dir -> a gated ONNX model dir (optionally fused, int8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from compressor.bundle import ModelBundle
+from compressor.evaluate import find_onnx
+from compressor.export.onnx import ExportSettings, export_bundle
+from compressor.export.quantize import QuantizeConfig
+from pretrain.data import load_task
+from pretrain.errors import UserError
+from pretrain.models import set_threads
+
+NO_QUANTIZATION = "none"
+FLAGS = {"mode": "--quantize"}     # config fields whose flag is not --<field>
+
+
+def export_command(model: Path, out: Path, task_spec: str | dict | None, settings: dict,
+                   quantize: str | None, quantize_options: dict, max_eval_samples: int | None = None,
+                   seed: int = 0) -> dict:
+    """Validate everything, then export; return the export record."""
+    export_settings = validated(ExportSettings, settings)
+    quantize_cfg = quantize_config(quantize, quantize_options)
+    check_source(model)
+    bundle = ModelBundle.load(model)
+    task_spec = task_spec if task_spec is not None else bundle.task
+    if task_spec is None:
+        raise UserError(f"no --task given and {model} records no task; pass --task")
+    task = load_task(task_spec, seed=seed)
+    bundle = bundle.replace(task=task.spec)   # the export records the task it was gated on
+    if quantize is not None:   # the flag wins over what a `quantize` pass recorded
+        deploy = {k: v for k, v in bundle.deploy.items() if k != "quantize"}
+        if quantize_cfg is not None:
+            deploy["quantize"] = quantize_cfg.model_dump(mode="json")
+        bundle = bundle.replace(deploy=deploy)
+    set_threads(None)
+    return export_bundle(bundle, out, export_settings, task, max_eval_samples)
+
+
+def quantize_config(mode: str | None, options: dict) -> QuantizeConfig | None:
+    given = {k: v for k, v in options.items() if v is not None}
+    if mode in (None, NO_QUANTIZATION):
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise UserError(f"{flags}: only meaningful with --quantize dynamic-int8")
+        return None
+    return validated(QuantizeConfig, {"mode": mode, **given})
+
+
+def validated(config_type, values: dict):
+    """The config, or a one-line error naming the flag: `--parity-tolerance: Input should be ...`."""
+    try:
+        return config_type.model_validate(values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        flag = FLAGS.get(field, "--" + field.replace("_", "-"))
+        raise UserError(f"{flag}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+def check_source(model: Path) -> None:
+    """Export starts from the PyTorch model: an ONNX file or dir is not a valid source."""
+    is_onnx = model.suffix == ".onnx" or (find_onnx(model) is not None and not any(
+        (model / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")))
+    if is_onnx:
+        raise UserError(f"{model} is an ONNX model; export takes the Hugging Face model dir "
+                        "(config.json + model.safetensors) it was made from")

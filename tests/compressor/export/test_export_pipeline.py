@@ -1,0 +1,90 @@
+"""Export as a recipe stage: DIR/<name>-onnx/ per model, `onnx` entries in report.json, caching."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from compressor import pipeline
+from compressor.evaluate import evaluate_path
+from compressor.recipe import parse_recipe
+
+ONNX_FIELDS = {"path", "accuracy", "size_bytes", "fusions", "fusion_fallback", "optimized", "precision",
+               "parity_max_abs_diff", "agreement_with_fp32", "accuracy_change", "fp32_size_bytes"}
+
+
+def raw_recipe(model_dir, csv_path) -> dict:
+    return {"name": "tiny-export", "seed": 0,
+            "teacher": {"model": str(model_dir), "task": {"path": str(csv_path)}},
+            "variants": {"same": [], "int8": [{"drop-layers": {"keep": [0, 2]}},
+                                              {"quantize": {"mode": "dynamic-int8", "per_channel": True}}]},
+            # A random tiny model has near-ties everywhere: int8 may flip a few of 30 items.
+            "export": {"onnx": True, "optimize": True, "accuracy_tolerance": 1.0}}
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("a cached stage was rebuilt")
+
+
+def run(raw, out):
+    recipe, steps = parse_recipe(raw)
+    return pipeline.run_recipe(recipe, steps, out, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def done(tiny_bert_dir, tiny_csv, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "set_threads", lambda threads: None)
+        out = tmp_path_factory.mktemp("export-run") / "run"
+        raw = raw_recipe(tiny_bert_dir, tiny_csv)
+        return raw, out, run(raw, out)
+
+
+def test_every_model_is_exported_and_reported(done):
+    _, out, report = done
+    assert sorted(p.name for p in out.iterdir()) == ["int8", "int8-onnx", "report.json", "same", "same-onnx",
+                                                     "teacher", "teacher-onnx"]
+    entries = {"teacher": report["teacher"], **{m["name"]: m for m in report["models"]}}
+    for name, entry in entries.items():
+        onnx_entry = entry["onnx"]
+        assert ONNX_FIELDS <= set(onnx_entry)
+        assert onnx_entry["path"] == str(out / f"{name}-onnx")
+        assert onnx_entry["parity_max_abs_diff"] <= 1e-4 and onnx_entry["optimized"]
+        assert onnx_entry["fusions"]["Attention"] == (2 if name == "int8" else 4)
+        assert entry["path"] == str(out / name)          # the HF dir stays the entry's path
+        assert evaluate_path(onnx_entry["path"], None)["accuracy"] == onnx_entry["accuracy"]
+    assert entries["same"]["onnx"]["precision"] == "fp32"
+    assert entries["same"]["onnx"]["accuracy"] == entries["same"]["accuracy"]
+    int8 = entries["int8"]["onnx"]
+    assert int8["precision"] == "dynamic-int8" and int8["quantization"]["per_channel"] is True
+    assert 0 <= int8["agreement_with_fp32"] <= 1 and int8["size_bytes"] < 0.3 * int8["fp32_size_bytes"]
+    assert json.loads((out / "int8" / "compressor.json").read_text())["deploy"]["quantize"]["mode"] == "dynamic-int8"
+
+
+def test_rerun_reuses_the_exports(done, monkeypatch):
+    raw, out, report = done
+    monkeypatch.setattr(pipeline, "set_threads", lambda threads: None)
+    monkeypatch.setattr(pipeline, "export_into", refuse)
+    again = run(raw, out)
+    assert [m["onnx"] for m in again["models"]] == [m["onnx"] for m in report["models"]]
+
+
+def test_export_settings_change_rebuilds_only_the_exports(done, tmp_path, monkeypatch):
+    raw, out, _ = done
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    monkeypatch.setattr(pipeline, "set_threads", lambda threads: None)
+    monkeypatch.setattr(pipeline, "apply_pass", refuse)
+    report = run({**raw, "export": {**raw["export"], "optimize": False}}, copy)
+    assert all(not m["onnx"]["optimized"] and m["onnx"]["fusions"] == {} for m in report["models"])
+
+
+def test_summary_table_lists_every_export(done):
+    from compressor.report import exports_table
+    _, _, report = done
+    lines = exports_table(report).splitlines()
+    assert len(lines) == 2 + 3
+    assert lines[2].startswith("| teacher | fp32 | yes |")
+    assert lines[4].startswith("| int8 | dynamic-int8 | yes |")

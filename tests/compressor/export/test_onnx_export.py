@@ -1,0 +1,158 @@
+"""ONNX export: the graph's interface, parity with PyTorch, loading by Optimum and pipeline,
+per-layer head counts and FFN widths, fusion and its fallback, and the parity gate."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import onnx
+import pytest
+from transformers import GPT2Config, GPT2ForSequenceClassification
+
+from compressor.bundle import ModelBundle
+from compressor.evaluate import evaluate_path
+from compressor.export import onnx as export_onnx
+from compressor.export.onnx import ExportSettings, GateFailure, export_bundle, write_onnx
+from pretrain.batching import encode
+from pretrain.errors import UserError
+from pretrain.finetune import evaluate, predict_logits
+from pretrain.models import encoder_layers
+
+from .conftest import FFN_WIDTHS, PRUNED_HEADS
+
+EXPORT_FILES = {"model.onnx", "config.json", "compressor.json", "export.json", "tokenizer.json",
+                "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"}
+
+
+def nothing_left(parent, name) -> bool:
+    """No output dir and no temporary sibling of it."""
+    return not [p for p in parent.iterdir() if name in p.name]
+
+
+@pytest.mark.parametrize("family, inputs", [("bert", ["input_ids", "attention_mask", "token_type_ids"]),
+                                            ("distilbert", ["input_ids", "attention_mask"])])
+def test_export_interface_parity_and_accuracy(family, inputs, model_dirs, tiny_task, tmp_path):
+    bundle = ModelBundle.load(model_dirs[family]).replace(task=tiny_task.spec)
+    record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task)
+    out = tmp_path / "out"
+    assert EXPORT_FILES <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "export.json").read_text()) == record
+    assert json.loads((out / "compressor.json").read_text())["task"] == tiny_task.spec
+
+    graph = onnx.load(str(out / "model.onnx"))
+    assert max(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) >= 17
+    assert [i.name for i in graph.graph.input] == inputs == record["inputs"]
+    assert [o.name for o in graph.graph.output] == ["logits"]
+    for tensor in graph.graph.input:      # batch and sequence are named (dynamic) axes
+        assert [d.dim_param for d in tensor.type.tensor_type.shape.dim] == ["batch", "sequence"]
+
+    torch_metrics, _ = evaluate(bundle.model, bundle.tokenizer, tiny_task.split("test"))
+    assert record["parity_max_abs_diff"] <= 1e-4 and record["parity_samples"] == 30
+    assert record["precision"] == "fp32" and record["accuracy"] == torch_metrics["accuracy"]
+    assert record["size_bytes"] == (out / "model.onnx").stat().st_size
+    assert evaluate_path(str(out), None)["accuracy"] == record["accuracy"]   # `compressor evaluate`
+
+
+def test_sliced_heads_and_ffn_export_fuse_and_match(sliced_bundle, tiny_task, tmp_path):
+    model = sliced_bundle.model
+    assert [layer.attention.self.num_attention_heads for layer in encoder_layers(model)] == [3, 2, 1, 4]
+    assert [layer.intermediate.dense.out_features for layer in encoder_layers(model)] == list(FFN_WIDTHS)
+    assert {k: sorted(v) for k, v in model.config.pruned_heads.items()} == PRUNED_HEADS
+
+    record = export_bundle(sliced_bundle, tmp_path / "out", ExportSettings(optimize=True), tiny_task)
+    assert record["optimized"] and record["fusion_fallback"] is None
+    assert record["fusions"]["Attention"] == 4          # every layer, whatever its head count
+    assert record["fusions"]["SkipLayerNormalization"] == 8
+    assert record["parity_max_abs_diff"] <= 1e-4
+
+    torch_logits = predict_logits(model, encode(sliced_bundle.tokenizer, tiny_task.split("test")))
+    onnx_logits = export_onnx.onnx_logits_fn(tmp_path / "out" / "model.onnx")(
+        encode(sliced_bundle.tokenizer, tiny_task.split("test")))
+    np.testing.assert_allclose(onnx_logits, torch_logits, atol=1e-4)
+
+
+def test_optimum_and_pipeline_load_the_export(sliced_bundle, tiny_task, tmp_path):
+    from optimum.onnxruntime import ORTModelForSequenceClassification
+    from transformers import pipeline
+    bundle = sliced_bundle.replace(deploy={"quantize": {"mode": "dynamic-int8"}})
+    export_bundle(bundle, tmp_path / "out", ExportSettings(accuracy_tolerance=1.0), tiny_task)
+    ort_model = ORTModelForSequenceClassification.from_pretrained(str(tmp_path / "out"))
+    classify = pipeline("text-classification", model=ort_model, tokenizer=bundle.tokenizer)
+    texts = tiny_task.split("test").texts[:4]
+    results = classify(texts)
+    assert len(results) == 4 and all(r["label"] in bundle.label_names for r in results)
+
+    # Optimum feeds the same graph the gate checked: its logits are the session's.
+    batch = bundle.tokenizer(texts[:1], return_tensors="pt")
+    expected = export_onnx.onnx_logits_fn(tmp_path / "out" / "model.onnx")(
+        encode(bundle.tokenizer, tiny_task.split("test").head(1)))
+    np.testing.assert_allclose(ort_model(**batch).logits.numpy(), expected, atol=1e-5)
+
+
+def test_parity_failure_writes_nothing_and_says_by_how_much(tiny_bundle, tiny_task, tmp_path, monkeypatch):
+    real = export_onnx.predict_logits
+    monkeypatch.setattr(export_onnx, "predict_logits", lambda model, data: real(model, data) + 1e-3)
+    with pytest.raises(GateFailure) as err:
+        export_bundle(tiny_bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task)
+    message = str(err.value)
+    assert "does not match PyTorch" in message and "exceeds parity_tolerance 0.0001 by 0.0009" in message
+    assert "\n" not in message
+    assert nothing_left(tmp_path, "out")
+
+
+def test_fusion_failure_falls_back_to_the_unfused_graph(tiny_bundle, tiny_task, tmp_path, monkeypatch):
+    import onnxruntime.transformers.optimizer as ort_optimizer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("pattern matcher exploded\nsecond line")
+    monkeypatch.setattr(ort_optimizer, "optimize_model", broken)
+    record = export_bundle(tiny_bundle, tmp_path / "out", ExportSettings(optimize=True), tiny_task)
+    assert record["optimized"] is False and record["fusions"] == {}
+    assert record["fusion_fallback"] == "fusion failed: pattern matcher exploded"
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "out" / "model.onnx")).graph.node}
+    assert "Attention" not in ops and "MatMul" in ops
+
+
+def test_fused_graph_that_breaks_parity_is_not_used(tiny_bundle, tiny_task, tmp_path, monkeypatch):
+    other = tiny_bundle.copy_model()
+    other.classifier.bias.data += 0.01    # logits off by 0.01 everywhere
+
+    def wrong_fusion(source, target):      # "fuses" into another model's graph
+        write_onnx(other, target)
+        return export_onnx.Fusion(target, {"Attention": 4})
+    monkeypatch.setattr(export_onnx, "fuse", wrong_fusion)
+    record = export_bundle(tiny_bundle, tmp_path / "out", ExportSettings(optimize=True), tiny_task)
+    assert record["optimized"] is False and record["fusions"] == {}
+    assert record["fusion_fallback"].startswith("fused graph failed parity: the fused graph does not match")
+    assert record["parity_max_abs_diff"] <= 1e-4
+
+
+def test_unsupported_family_is_named(tokenizer, tiny_task, tmp_path):
+    labels = tiny_task.label_names
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, n_positions=64,
+                        num_labels=len(labels), id2label=dict(enumerate(labels)),
+                        label2id={n: i for i, n in enumerate(labels)}, pad_token_id=0)
+    bundle = ModelBundle(GPT2ForSequenceClassification(config), tokenizer, tiny_task.spec)
+    with pytest.raises(UserError, match=r"cannot export model family 'gpt2'.*bert.*distilbert"):
+        export_bundle(bundle, tmp_path / "out", ExportSettings(), tiny_task)
+    assert nothing_left(tmp_path, "out")
+
+
+def test_corrupted_onnx_is_a_user_error(tmp_path, tiny_bert_dir):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"this is not a protobuf")
+    with pytest.raises(UserError, match="cannot load ONNX model"):
+        export_onnx.onnx_logits_fn(bad)
+
+
+def test_no_token_type_input_when_the_tokenizer_makes_none(tiny_bundle, tiny_task, tmp_path):
+    """RoBERTa-style tokenizers return no token_type_ids: the graph must not require them."""
+    tokenizer = copy.deepcopy(tiny_bundle.tokenizer)
+    tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    record = export_bundle(tiny_bundle.replace(tokenizer=tokenizer), tmp_path / "out",
+                           ExportSettings(optimize=False), tiny_task)
+    assert record["inputs"] == ["input_ids", "attention_mask"]
+    assert record["parity_max_abs_diff"] <= 1e-4
+    assert evaluate_path(str(tmp_path / "out"), None)["accuracy"] == record["accuracy"]

@@ -1,0 +1,122 @@
+"""The `quantize` pass and dynamic int8 at export: size, embeddings, options and the accuracy gate."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from compressor.bundle import ModelBundle
+from compressor.cli import main
+from compressor.export import onnx as export_onnx
+from compressor.export.onnx import ExportSettings, GateFailure, export_bundle, write_onnx
+from compressor.passes import Context, apply_pass, get_pass
+from compressor.recipe import parse_step
+from pretrain.batching import encode
+from pretrain.errors import UserError
+from pretrain.finetune import predict_logits
+
+from .conftest import relabelled
+
+NOT_YET = ["static-int8", "inc", "torch-dynamic-int8", "fp16", "int4-weight-only"]
+
+
+def quantize_step(**config):
+    return parse_step({"quantize": config}, "variants.v[0]").config
+
+
+def test_pass_records_the_precision_and_keeps_the_weights(tiny_bundle, tiny_task, tmp_path):
+    cfg = quantize_step(per_channel=True)
+    out = apply_pass(tiny_bundle, "quantize", cfg, Context(task=tiny_task, show_progress=False))
+    assert out.deploy == {"quantize": {"mode": "dynamic-int8", "per_channel": True,
+                                       "reduce_range": False, "weight_type": "qint8"}}
+    assert tiny_bundle.deploy == {}
+    assert get_pass("quantize").preserves_function
+    loaded = ModelBundle.load(out.save(tmp_path / "q"))
+    assert loaded.deploy == out.deploy and loaded.history == out.history
+
+
+@pytest.mark.parametrize("mode", NOT_YET)
+def test_modes_not_implemented_yet_say_so(mode):
+    with pytest.raises(UserError) as err:
+        quantize_step(mode=mode)
+    assert f"quantize mode '{mode}' is not implemented yet" in str(err.value)
+    assert "variants.v[0].quantize.mode" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_mode_and_weight_type_are_rejected():
+    with pytest.raises(UserError, match="dynamic-int8"):
+        quantize_step(mode="int2")
+    with pytest.raises(UserError, match="qint8"):
+        quantize_step(weight_type="int4")
+
+
+def fp32_initializers(path) -> list[tuple[str, tuple[int, ...]]]:
+    graph = onnx.load(str(path)).graph
+    return [(t.name, tuple(t.dims)) for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
+
+
+@pytest.mark.parametrize("optimize, options", [
+    (False, {}),
+    (True, {"per_channel": True, "weight_type": "quint8"}),
+    (True, {"reduce_range": True}),
+])
+def test_dynamic_int8_quantizes_embeddings_and_shrinks_the_file(sliced_bundle, tiny_task, tmp_path, optimize, options):
+    bundle = sliced_bundle.replace(deploy={"quantize": {"mode": "dynamic-int8", **options}})
+    settings = ExportSettings(optimize=optimize, accuracy_tolerance=1.0)
+    record = export_bundle(bundle, tmp_path / "q", settings, tiny_task)
+    assert record["precision"] == "dynamic-int8" and record["quantization"]["mode"] == "dynamic-int8"
+    assert record["optimized"] is optimize
+    # The word embeddings (vocab x hidden) dominate the tiny model: int8 must cover them.
+    vocab = bundle.model.config.vocab_size
+    assert not [name for name, dims in fp32_initializers(tmp_path / "q" / "model.onnx") if vocab in dims]
+    # int8 weights are a quarter of fp32; the graph's own nodes weigh more in a tiny model
+    # (MiniLM's int8 file is about 25.5% of fp32).
+    assert record["size_ratio_to_fp32"] <= 0.30
+    assert record["size_bytes"] == (tmp_path / "q" / "model.onnx").stat().st_size
+    assert 0 <= record["agreement_with_fp32"] <= 1
+    assert record["accuracy_change"] == pytest.approx(record["accuracy"] - record["accuracy_fp32"])
+
+
+@pytest.fixture
+def self_labelled(tiny_bundle, tiny_task):
+    """The tiny task with test labels = the fp32 model's predictions: fp32 accuracy is 1.0."""
+    return relabelled(tiny_task, split_logits(tiny_bundle, tiny_task).argmax(axis=1))
+
+
+def split_logits(bundle, task) -> np.ndarray:
+    return predict_logits(bundle.model, encode(bundle.tokenizer, task.split("test")))
+
+
+@pytest.fixture
+def wrong_quantizer(tiny_bundle, self_labelled, monkeypatch):
+    """A "quantizer" whose graph always predicts the fp32 model's rarest class."""
+    predicted = split_logits(tiny_bundle, self_labelled).argmax(axis=1)
+    rarest = np.bincount(predicted, minlength=len(self_labelled.label_names)).argmin()
+    broken = tiny_bundle.copy_model()
+    broken.classifier.bias.data[rarest] += 100.0
+    monkeypatch.setattr(export_onnx, "quantize_onnx", lambda source, target, cfg: write_onnx(broken, target))
+
+
+def test_accuracy_gate_failure_writes_nothing(tiny_bundle, self_labelled, wrong_quantizer, tmp_path):
+    bundle = tiny_bundle.replace(deploy={"quantize": {"mode": "dynamic-int8"}})
+    with pytest.raises(GateFailure) as err:
+        export_bundle(bundle, tmp_path / "q", ExportSettings(optimize=False), self_labelled)
+    message = str(err.value)
+    assert "dynamic-int8 model fails the accuracy gate" in message
+    assert "fp32 1.0000" in message and "accuracy_tolerance allows 1.00" in message
+    assert "agreement with fp32" in message and "\n" not in message
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_accuracy_gate_failure_is_one_line_exit_2(tiny_bert_dir, self_labelled, wrong_quantizer,
+                                                      tmp_path, monkeypatch, capsys):
+    from compressor import export_command
+    monkeypatch.setattr(export_command, "load_task", lambda spec, seed=0: self_labelled)
+    monkeypatch.setattr(export_command, "set_threads", lambda threads: None)
+    code = main(["export", "--model", str(tiny_bert_dir), "--out", str(tmp_path / "q"),
+                 "--quantize", "dynamic-int8", "--task", "wordnet-supersense"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert len(captured.err.splitlines()) == 1 and captured.err.startswith("error: dynamic-int8 model fails")
+    assert not list(tmp_path.iterdir())
