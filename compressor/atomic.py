@@ -17,6 +17,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; outputs are for sharing
     try:
         yield tmp
         if target.exists():
@@ -37,6 +38,7 @@ def write_json(path: Path, data: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, default=str)
@@ -46,3 +48,9 @@ def write_json(path: Path, data: Any) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

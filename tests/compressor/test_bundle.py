@@ -120,3 +120,18 @@ def test_loading_a_missing_dir_is_a_user_error(tmp_path):
 def test_hf_dir_without_provenance_loads_with_empty_history(tiny_bert_dir):
     bundle = ModelBundle.load(tiny_bert_dir)
     assert bundle.history == () and bundle.task is None
+
+
+def test_outputs_get_ordinary_permissions(tmp_path):
+    """Temp-then-rename must not leave the 0700/0600 modes of mkdtemp/mkstemp behind."""
+    import os
+    import stat
+    from compressor.atomic import atomic_dir, write_json
+    mask = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "out") as tmp:
+            write_json(tmp / "report.json", {"a": 1})
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "out" / "report.json").stat().st_mode) == 0o644
