@@ -35,14 +35,18 @@ def atomic_dir(target: Path) -> Iterator[Path]:
 
 def write_json(path: Path, data: Any) -> None:
     """Write JSON to a temporary file in the same dir, then rename over `path`."""
+    atomic_file(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
+
+
+def atomic_file(path: Path, content: bytes) -> None:
+    """Write bytes to a temporary file in the same dir, then rename over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

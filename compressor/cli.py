@@ -79,8 +79,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("recipe", type=Path)
     run.add_argument("--out", required=True, type=Path)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--force", action="store_true", help="replace another recipe's results in --out")
+    run.add_argument("--rebenchmark", action="store_true",
+                     help="measure again even when the benchmark stage is cached")
     run.set_defaults(handler=cmd_run)
+
+    be = sub.add_parser("bench", help="latency, throughput, memory and accuracy of one model on a profile")
+    be.add_argument("--model", required=True, help="an HF model dir, an ONNX export dir or a .onnx file")
+    be.add_argument("--profile", default="cpu", help="a profile name (profiles/NAME.yaml) or a profile file")
+    be.add_argument("--batch-sizes", type=int_list, help="e.g. 1,8 (default: the profile's)")
+    be.add_argument("--sequence-lengths", type=length_list, help="e.g. real,128 (default: the profile's)")
+    be.add_argument("--iterations", type=positive_int, help="timed iterations (default: the profile's)")
+    be.add_argument("--task", help="default: the task recorded with the model")
+    be.add_argument("--max-eval-samples", type=positive_int, help="test examples for accuracy and batches")
+    be.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
+    be.set_defaults(handler=cmd_bench)
     return parser
+
+
+def int_list(value: str) -> list[int]:
+    return [positive_int(v) for v in value.split(",") if v.strip()]
+
+
+def length_list(value: str) -> list[int | str]:
+    return [v.strip() if v.strip() == "real" else positive_int(v) for v in value.split(",") if v.strip()]
 
 
 def task_arg(value: str) -> str | dict:
@@ -128,13 +150,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     from compressor.pipeline import run_recipe
     from compressor.recipe import load_recipe
     recipe, steps = load_recipe(args.recipe)
-    report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet)
+    report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet,
+                        force=args.force, rebenchmark=args.rebenchmark)
     from compressor.report import exports_table, markdown_table
     print(markdown_table(report))
     exports = exports_table(report)
     if exports:
         print(f"\n{exports}")
-    print(f"report: {args.out / 'report.json'}")
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}")
+    print(f"report: {args.out / 'report.json'} (also report.md, report.html)")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from compressor.bench_command import bench_command
+    result = bench_command(args.model, args.profile, batch_sizes=args.batch_sizes,
+                           sequence_lengths=args.sequence_lengths, iterations=args.iterations,
+                           task_spec=task_arg(args.task) if args.task else None,
+                           max_eval_samples=args.max_eval_samples, seed=args.seed)
+    print(json.dumps(result, indent=2))
     return 0
 
 

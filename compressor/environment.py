@@ -25,7 +25,8 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def cpu_info() -> dict:
+def read_cpuinfo() -> tuple[str, set[str]]:
+    """The CPU's model name and feature flags (x86 `flags`, ARM `Features`)."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -38,6 +39,15 @@ def cpu_info() -> dict:
                     flags.update(value.split())
     except OSError:
         pass
+    return model, flags
+
+
+def cpu_flags() -> set[str]:
+    return read_cpuinfo()[1]
+
+
+def cpu_info() -> dict:
+    model, flags = read_cpuinfo()
     return {"model": model, "cores": os.cpu_count(), "machine": platform.machine(),
             "flags": sorted(f for f in INTERESTING_CPU_FLAGS if f in flags)}
 

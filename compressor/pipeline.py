@@ -1,11 +1,17 @@
-"""Recipe -> stages -> report.json.
+"""Recipe -> stages -> report.json (+ report.md, report.html, pareto.png).
 
-Stages: the teacher (load, optionally fine-tune), then each variant (the teacher with the
-variant's passes applied in order), then, when the recipe has `export: {onnx: true}`, one
-ONNX export per model (DIR/<name>-onnx/, gated for parity and accuracy). Each stage's
-output dir is written atomically and carries `stage.json` with a content key (its input's
-key, its config, the tool's version): rerunning a recipe reuses every stage whose key is
-unchanged, and an interrupted run picks up after the last finished stage.
+Stages, in order: the teacher (load, optionally fine-tune); each variant (the teacher with
+the variant's passes applied in order); one ONNX export per model when the recipe has
+`export: {onnx: true}` (DIR/<name>-onnx/, gated for parity and accuracy); the baselines and
+one benchmark of every deployable model on the recipe's hardware profiles when it has
+`benchmark:`. Every stage goes through `cached`: its output dir is written atomically
+(temporary name, then rename) and carries `stage.json` with a content key (the key of its
+input, its config, the tool's version). Rerunning a recipe reuses every stage whose key is
+unchanged; an interrupted run (even `kill -9`) resumes after the last finished stage.
+
+Variants that begin with the same passes share them: after a pass that trains, the
+intermediate model is kept under DIR/prefixes/<key>/ and a later variant with the same
+prefix starts from it instead of training again.
 """
 
 from __future__ import annotations
@@ -15,28 +21,39 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from compressor import __version__
 from compressor.atomic import atomic_dir, write_json
+from compressor.baselines import BUILDERS, baseline_kind, model_file
+from compressor.bench import Deployable
+from compressor.benchmark_stage import run_benchmarks
 from compressor.bundle import ModelBundle
 from compressor.environment import environment
-from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_into
-from compressor.passes import Context, apply_pass
-from compressor.recipe import Recipe, Step, export_dir_name
+from compressor.evaluate import load_predictor, predict_classes
+from compressor.export.onnx import EXPORT_FILE, ONNX_FILE, ExportSettings, export_into
+from compressor.passes import Context, apply_pass, get_pass
+from compressor.recipe import (BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR, RUN_FILE, Recipe, Step,
+                               export_dir_name)
+from compressor.report import pareto_fronts, write_human_reports
 from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, finetune
+from pretrain.metrics import agreement, classification_metrics
 from pretrain.models import BUNDLED_MODELS, check_model_ref, load_classifier, set_threads
 
 STAGE_FILE = "stage.json"
 
 
+class WriteError(UserError):
+    """The disk refused a write (full, read-only, permissions): finished stages stay usable."""
+
+
 @dataclass(frozen=True)
 class Stage:
-    """A finished stage: where it lives, its cache key and its test metrics."""
+    """A finished model stage: where it lives, its cache key and its test metrics."""
 
     name: str
     path: Path
@@ -48,22 +65,33 @@ class Stage:
 
 
 def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
-               base_dir: Path = Path("."), show_progress: bool = True) -> dict:
+               base_dir: Path = Path("."), show_progress: bool = True, force: bool = False,
+               rebenchmark: bool = False) -> dict:
     """Run every stage of a validated recipe into out_dir and return the report."""
     set_threads(None)
     teacher_ref = resolve_path(recipe.teacher.model, base_dir, keep=BUNDLED_MODELS)
     teacher_path = check_model_ref(teacher_ref)
-    task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
-    task = load_task(task_spec, seed=recipe.seed)
-    created = not out_dir.exists()
+    task = load_task(resolve_task_paths(recipe.teacher.task, base_dir), seed=recipe.seed)
+    created = claim_out_dir(out_dir, recipe, force)
     try:
         teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)
-        variants = [variant_stage(name, variant_steps, teacher, recipe, task, out_dir, show_progress)
-                    for name, variant_steps in steps.items()]
+        variants: list[Stage] = []
+        for name, variant_steps in steps.items():
+            variants.append(variant_stage(name, variant_steps, teacher, variants, recipe, task,
+                                          out_dir, show_progress))
         exports = {}
         if recipe.export is not None and recipe.export.onnx:
             exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir)
                        for stage in [teacher, *variants]}
+        baselines, benchmark = [], None
+        if recipe.benchmark is not None:
+            baselines = [baseline_stage(name, teacher, recipe, task, out_dir)
+                         for name in recipe.benchmark.baselines]
+            deployables = [baseline_deployable(b) for b in baselines] + \
+                [variant_deployable(stage, exports.get(stage.name)) for stage in variants]
+            benchmark = benchmark_stage(deployables, teacher, recipe, task, out_dir, rebenchmark)
+    except WriteError:
+        raise   # finished stages are complete and cached: keep them for the rerun
     except UserError:
         # Bad input found late (e.g. a layer index out of range for this model) leaves
         # nothing behind in a dir this run created. An interrupted run keeps its finished
@@ -71,10 +99,87 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
-    report = build_report(recipe, teacher, variants, exports)
-    write_json(out_dir / "report.json", report)
+    report = build_report(recipe, teacher, variants, exports, baselines, benchmark)
+    with disk_errors(out_dir):
+        write_json(out_dir / "report.json", report)
+        write_human_reports(report, out_dir)
     return report
 
+
+# -- the output dir --------------------------------------------------------------------
+
+def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> bool:
+    """Check that out_dir is free or holds this recipe's results; True if it is new.
+
+    A dir holding another recipe's results (or anything not written by a run) is refused
+    unless `force`, which replaces its contents.
+    """
+    if not out_dir.exists():
+        with disk_errors(out_dir):
+            out_dir.mkdir(parents=True)
+            write_json(out_dir / RUN_FILE, {"recipe": recipe.name, "tool_version": __version__})
+        return True
+    if not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file; expected a directory for the run's results")
+    owner = read_json(out_dir / RUN_FILE).get("recipe")
+    contents = [p for p in out_dir.iterdir() if p.name != RUN_FILE]
+    if contents and owner != recipe.name:
+        if not force:
+            holder = f"results of recipe {owner!r}" if owner else "files not written by `compressor run`"
+            raise UserError(f"{out_dir} holds {holder}; refusing to mix them with recipe "
+                            f"{recipe.name!r} (choose another --out, or pass --force to replace them)")
+        for path in contents:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    with disk_errors(out_dir):
+        write_json(out_dir / RUN_FILE, {"recipe": recipe.name, "tool_version": __version__})
+    return False
+
+
+class disk_errors:
+    """Turn an OSError while writing under out_dir into a one-line WriteError."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, err, tb) -> bool:
+        if isinstance(err, OSError) and not isinstance(err, UserError):
+            what = err.strerror or str(err)
+            where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+            raise WriteError(f"cannot write under {self.out_dir}: {what}{where}; finished stages are "
+                             "kept, fix the disk or permissions and rerun the same command to resume") from None
+        return False
+
+
+def cached(path: Path, key: str, write: Callable[[Path], dict]) -> dict:
+    """The record of the stage at `path` if its key matches; else build it atomically.
+
+    `write(tmp_dir)` fills a temporary dir and returns the record, which is saved as
+    stage.json beside what it wrote; the dir then replaces `path` in one rename.
+    """
+    record = read_json(path / STAGE_FILE)
+    if record.get("key") == key:
+        return record
+    with disk_errors(path.parent), atomic_dir(path) as tmp:
+        record = {"key": key, **write(tmp)}
+        write_json(tmp / STAGE_FILE, record)
+    return record
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+read_stage_record = lambda path: read_json(Path(path) / STAGE_FILE)  # noqa: E731  (tests, tools)
+
+
+# -- model stages ----------------------------------------------------------------------
 
 def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir: Path,
                   show_progress: bool) -> Stage:
@@ -90,45 +195,69 @@ def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir:
         if finetune_cfg is not None:
             finetune(model, tokenizer, task, finetune_cfg, desc="teacher finetune", show_progress=show_progress)
         return ModelBundle(model=model, tokenizer=tokenizer, task=task.spec)
-    return cached_stage("teacher", key, build, task, recipe, out_dir)
+    return model_stage("teacher", key, build, task, recipe, out_dir)
 
 
-def variant_stage(name: str, steps: list[Step], teacher: Stage, recipe: Recipe, task: TaskData,
-                  out_dir: Path, show_progress: bool) -> Stage:
+def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[Stage], recipe: Recipe,
+                  task: TaskData, out_dir: Path, show_progress: bool) -> Stage:
     ctx = Context(task=task, seed=recipe.seed, max_train_samples=recipe.data.max_train_samples,
                   show_progress=show_progress)
-    key = content_key({"input": teacher.key, "seed": recipe.seed,
-                       "max_train_samples": recipe.data.max_train_samples,
-                       "steps": [[s.name, s.config.model_dump(mode="json")] for s in steps]})
+
+    def key_of(prefix: list[Step]) -> str:
+        return content_key({"input": teacher.key, "seed": recipe.seed,
+                            "max_train_samples": recipe.data.max_train_samples,
+                            "steps": [[s.name, s.config.model_dump(mode="json")] for s in prefix]})
 
     def build() -> ModelBundle:
-        bundle = ModelBundle.load(teacher.path)
-        for step in steps:
-            bundle = apply_pass(bundle, step.name, step.config, ctx)
+        known = {stage.key: stage.path for stage in earlier}
+        done, start = longest_finished_prefix(steps, key_of, known, out_dir)
+        bundle = ModelBundle.load(start or teacher.path)
+        for i in range(done, len(steps)):
+            bundle = apply_pass(bundle, steps[i].name, steps[i].config, ctx)
+            if get_pass(steps[i].name).trains and i + 1 < len(steps):
+                keep_prefix(bundle, out_dir / PREFIXES_DIR / key_of(steps[:i + 1]), out_dir)
         return bundle
-    return cached_stage(name, key, build, task, recipe, out_dir)
+    return model_stage(name, key_of(steps), build, task, recipe, out_dir)
 
 
-def cached_stage(name: str, key: str, build, task: TaskData, recipe: Recipe, out_dir: Path) -> Stage:
-    """Reuse out_dir/name if its key matches; otherwise build, evaluate and write it atomically."""
-    path = out_dir / name
-    record = read_stage_record(path)
-    if record.get("key") != key:
+def longest_finished_prefix(steps: list[Step], key_of: Callable[[list[Step]], str],
+                            known: dict[str, Path], out_dir: Path) -> tuple[int, Path | None]:
+    """(number of steps already done, dir of that model) for the longest finished prefix."""
+    for n in range(len(steps) - 1, 0, -1):
+        key = key_of(steps[:n])
+        if key in known:
+            return n, known[key]
+        kept = out_dir / PREFIXES_DIR / key
+        if read_json(kept / STAGE_FILE).get("key") == key:
+            return n, kept
+    return 0, None
+
+
+def keep_prefix(bundle: ModelBundle, path: Path, out_dir: Path) -> None:
+    def write(tmp: Path) -> dict:
+        bundle.save_into(tmp)
+        return {"history": list(bundle.history)}
+    cached(path, path.name, write)
+
+
+def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: TaskData, recipe: Recipe,
+                out_dir: Path) -> Stage:
+    """Reuse out_dir/name if its key matches; otherwise build, evaluate and write it."""
+    def write(tmp: Path) -> dict:
         bundle = build()
         test = task.split("test").head(recipe.data.max_eval_samples)
         metrics, predictions = evaluate(bundle.model, bundle.tokenizer, test)
-        record = {"key": key, "metrics": metrics, "params": bundle.params,
-                  "history": list(bundle.history), "predictions": predictions.tolist()}
-        with atomic_dir(path) as tmp:
-            bundle.save_into(tmp)
-            write_json(tmp / STAGE_FILE, record)
-    return Stage(name, path, key, record["metrics"], np.asarray(record["predictions"]),
+        bundle.save_into(tmp)
+        return {"metrics": metrics, "params": bundle.params, "history": list(bundle.history),
+                "predictions": predictions.tolist()}
+    record = cached(out_dir / name, key, write)
+    return Stage(name, out_dir / name, key, record["metrics"], np.asarray(record["predictions"]),
                  record["params"], record["history"])
 
 
 def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: TaskData,
                  out_dir: Path) -> dict:
-    """Export a finished stage to DIR/<name>-onnx/ unless an export with the same key is there.
+    """Export a finished stage to DIR/<name>-onnx/ (gated); the record plus test predictions.
 
     The key covers the stage's own key (its weights, passes and deploy settings), the export
     settings and the test-sample limit the gate evaluates on.
@@ -136,56 +265,162 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
     path = out_dir / export_dir_name(stage.name)
     key = content_key({"input": stage.key, "export": settings.model_dump(mode="json"),
                        "eval": recipe.data.max_eval_samples})
-    record = read_stage_record(path)
-    if record.get("key") != key:
-        bundle = ModelBundle.load(stage.path)
-        with atomic_dir(path) as tmp:
-            export = export_into(tmp, bundle, settings, task, recipe.data.max_eval_samples)
-            record = {"key": key, "export": export}
-            write_json(tmp / EXPORT_FILE, {**export, "path": str(path)})
-            write_json(tmp / STAGE_FILE, record)
-    return {"path": str(path), **record["export"]}
+
+    def write(tmp: Path) -> dict:
+        export = export_into(tmp, ModelBundle.load(stage.path), settings, task, recipe.data.max_eval_samples)
+        write_json(tmp / EXPORT_FILE, {**export, "path": str(path)})
+        return {"export": export, "predictions": test_predictions(tmp, task, recipe).tolist()}
+    record = cached(path, key, write)
+    return {"path": str(path), **record["export"], "predictions": record["predictions"]}
 
 
-def read_stage_record(path: Path) -> dict:
-    try:
-        return json.loads((path / STAGE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+def test_predictions(model_path: Path, task: TaskData, recipe: Recipe) -> np.ndarray:
+    """Class predictions of a saved model (HF or ONNX dir) on the recipe's test examples."""
+    return predict_classes(load_predictor(model_path), task.split("test").head(recipe.data.max_eval_samples), task)
 
 
-def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage],
-                 exports: dict[str, dict] | None = None) -> dict:
-    exports = exports or {}
+# -- baselines and the benchmark ---------------------------------------------------------
+
+def baseline_stage(name: str, teacher: Stage, recipe: Recipe, task: TaskData, out_dir: Path) -> dict:
+    """Build (or reuse) one baseline from the teacher; its record with test metrics."""
+    kind, precision = baseline_kind(name)
+    if name == "pytorch-eager-fp32":   # the teacher itself: nothing to build or re-evaluate
+        return {"name": name, "path": str(teacher.path), "file": str(teacher.path), "kind": kind,
+                "precision": precision, "metrics": teacher.metrics,
+                "predictions": teacher.predictions.tolist(), "size_bytes": weights_size(teacher.path),
+                "params": teacher.params}
+    path = out_dir / BASELINES_DIR / name
+    key = content_key({"baseline": name, "input": teacher.key, "eval": recipe.data.max_eval_samples})
+
+    def write(tmp: Path) -> dict:
+        BUILDERS[name](teacher.path, tmp)
+        predictions = test_predictions(tmp, task, recipe)
+        labels = np.asarray(task.split("test").head(recipe.data.max_eval_samples).labels)
+        return {"metrics": classification_metrics(labels, predictions), "predictions": predictions.tolist(),
+                "size_bytes": model_file(name, tmp).stat().st_size}
+    record = cached(path, key, write)
+    return {"name": name, "path": str(path), "file": str(model_file(name, path)), "kind": kind,
+            "precision": precision, "params": teacher.params, **record}
+
+
+def baseline_deployable(baseline: dict) -> Deployable:
+    return Deployable(baseline["name"], baseline["kind"], Path(baseline["file"]), baseline["precision"])
+
+
+def variant_deployable(stage: Stage, export: dict | None) -> Deployable:
+    if export is None:
+        return Deployable(stage.name, "torch", stage.path, "fp32")
+    return Deployable(stage.name, "onnx", Path(export["path"]) / ONNX_FILE, export["precision"])
+
+
+def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, task: TaskData,
+                    out_dir: Path, rebenchmark: bool) -> dict:
+    """Measure every deployable model on every profile in one run (cached as a whole)."""
+    settings = recipe.benchmark
+    key = content_key({"models": [[m.name, m.kind, m.precision, fingerprint_file(m.path)] for m in models],
+                       "benchmark": settings.model_dump(mode="json"), "eval": recipe.data.max_eval_samples,
+                       "profiles": settings.resolved_profiles()})
+    path = out_dir / BENCHMARK_DIR
+    if rebenchmark:
+        key += "-rerun"   # never equal to a stored key: measure again
+    test = task.split("test").head(recipe.data.max_eval_samples)
+    tokenizer = ModelBundle.load(teacher.path).tokenizer
+
+    def write(tmp: Path) -> dict:
+        results = run_benchmarks(models, settings, tokenizer, test)
+        write_json(tmp / "benchmark.json", results)
+        return results
+    record = cached(path, key, write)
+    return {k: v for k, v in record.items() if k != "key"}
+
+
+# -- the report ------------------------------------------------------------------------
+
+def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports: dict[str, dict] | None = None,
+                 baselines: list[dict] | None = None, benchmark: dict | None = None) -> dict:
+    exports, baselines = exports or {}, baselines or []
+    latency = latency_by_model(benchmark)
     teacher_acc = teacher.metrics["accuracy"]
-    models = []
-    for stage in variants:
-        models.append({
-            "name": stage.name, "path": str(stage.path),
-            "accuracy": stage.metrics["accuracy"], "macro_f1": stage.metrics["macro_f1"],
-            "retention": stage.metrics["accuracy"] / teacher_acc if teacher_acc else None,
-            "agreement": float(np.mean(stage.predictions == teacher.predictions)),
-            "params": stage.params, "size_bytes": weights_size(stage.path),
-            "passes": stage.history, **onnx_entry(exports, stage.name)})
-    return {
+
+    def scored(entry: dict, predictions: np.ndarray) -> dict:
+        entry["retention"] = entry["accuracy"] / teacher_acc if teacher_acc else None
+        entry["agreement"] = agreement(np.asarray(predictions), teacher.predictions)
+        entry["latency"] = latency.get(entry["name"], [])
+        return entry
+
+    models = [scored(variant_entry(stage, exports.get(stage.name)), deployed_predictions(stage, exports))
+              for stage in variants]
+    models += [scored(baseline_entry(b), np.asarray(b["predictions"])) for b in baselines]
+    report = {
         "recipe": recipe.model_dump(mode="json"),
         "environment": environment(),
         "teacher": {"path": str(teacher.path), "accuracy": teacher_acc,
                     "macro_f1": teacher.metrics["macro_f1"], "eval_samples": teacher.metrics["samples"],
-                    "params": teacher.params,
-                    "size_bytes": weights_size(teacher.path), **onnx_entry(exports, "teacher")},
+                    "params": teacher.params, "size_bytes": weights_size(teacher.path),
+                    **onnx_entry(exports, "teacher")},
         "models": models,
     }
+    if benchmark is not None:
+        report["benchmark"] = {"profiles": benchmark["profiles"], "skipped": benchmark["skipped"]}
+        report["pareto"] = pareto_fronts(models)
+        from compressor.report import runtime_warnings
+        report["warnings"] = runtime_warnings(report)
+    return report
+
+
+def variant_entry(stage: Stage, export: dict | None) -> dict:
+    """A variant as deployed: its ONNX export when there is one, else its HF dir.
+
+    `path`, `kind`, `precision`, `accuracy` and `size_bytes` describe the deployed artifact;
+    `model_dir`, `torch_accuracy` and `torch_size_bytes` the PyTorch model it came from.
+    """
+    torch_size = weights_size(stage.path)
+    entry = {"name": stage.name, "baseline": False, "model_dir": str(stage.path),
+             "params": stage.params, "passes": stage.history,
+             "torch_accuracy": stage.metrics["accuracy"], "torch_size_bytes": torch_size}
+    if export is None:
+        entry.update(path=str(stage.path), kind="torch", precision="fp32",
+                     accuracy=stage.metrics["accuracy"], macro_f1=stage.metrics["macro_f1"],
+                     size_bytes=torch_size)
+    else:
+        entry.update(path=export["path"], kind="onnx", precision=export["precision"],
+                     accuracy=export["accuracy"], macro_f1=export["macro_f1"],
+                     size_bytes=export["size_bytes"],
+                     onnx={k: v for k, v in export.items() if k != "predictions"})
+    return entry
+
+
+def deployed_predictions(stage: Stage, exports: dict[str, dict]) -> np.ndarray:
+    export = exports.get(stage.name)
+    return np.asarray(export["predictions"]) if export is not None else stage.predictions
+
+
+def baseline_entry(b: dict) -> dict:
+    return {"name": b["name"], "baseline": True, "path": b["path"], "kind": b["kind"],
+            "precision": b["precision"], "accuracy": b["metrics"]["accuracy"],
+            "macro_f1": b["metrics"]["macro_f1"], "params": b["params"], "size_bytes": b["size_bytes"],
+            "passes": []}
+
+
+def latency_by_model(benchmark: dict | None) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for row in (benchmark or {}).get("measurements", []):
+        out.setdefault(row["model"], []).append({k: v for k, v in row.items() if k != "model"})
+    return out
 
 
 def onnx_entry(exports: dict[str, dict], name: str) -> dict:
     """{"onnx": export record} for a model that was exported; nothing when export is off."""
-    return {"onnx": exports[name]} if name in exports else {}
+    if name not in exports:
+        return {}
+    return {"onnx": {k: v for k, v in exports[name].items() if k != "predictions"}}
 
 
 def weights_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
+
+# -- cache keys --------------------------------------------------------------------------
 
 def content_key(parts: dict) -> str:
     payload = json.dumps({"code": code_version(), **parts}, sort_keys=True, default=str)
@@ -208,9 +443,19 @@ def fingerprint(path: Path) -> str:
     for file in sorted(path.iterdir()):
         if file.is_file() and file.suffix in (".json", ".safetensors", ".bin", ".txt"):
             digest.update(file.name.encode())
-            with open(file, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
+            digest.update(file_digest(file).encode())
+    return digest.hexdigest()[:20]
+
+
+def fingerprint_file(path: Path) -> str:
+    return fingerprint(path) if path.is_dir() else file_digest(path)
+
+
+def file_digest(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
     return digest.hexdigest()[:20]
 
 

@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from compressor.baselines import BASELINES
 from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig
 
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-RESERVED_NAMES = {"teacher", "report.json"}
 EXPORT_SUFFIX = "-onnx"            # stage `x` exports to DIR/x-onnx/
+RUN_FILE = "run.json"              # which recipe owns an output dir
+BASELINES_DIR = "baselines"        # DIR/baselines/<name>/
+BENCHMARK_DIR = "benchmark"        # DIR/benchmark/benchmark.json
+PREFIXES_DIR = "prefixes"          # DIR/prefixes/<key>/: shared variant prefixes
+RESERVED_NAMES = {"teacher", "report.json", "report.md", "report.html", "pareto.png", RUN_FILE,
+                  BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR}
 
 
 def export_dir_name(stage_name: str) -> str:
@@ -43,6 +49,45 @@ class DataLimits(Strict):
     max_train_samples: int | None = Field(None, ge=1)   # default cap for passes that train
 
 
+class BenchmarkSettings(Strict):
+    """The recipe's `benchmark:` section: where and against what the models are measured."""
+
+    profiles: list[str] = Field(default=["cpu"], min_length=1)     # names in profiles/ or YAML paths
+    batch_sizes: list[int] | None = None            # default: each profile's own
+    sequence_lengths: list[int | Literal["real"]] | None = None   # default: each profile's own
+    iterations: int | None = Field(None, ge=1)      # default: each profile's own
+    baselines: list[Literal[BASELINES]] = list(BASELINES)   # type: ignore[valid-type]
+
+    @field_validator("profiles")
+    @classmethod
+    def _known_profiles(cls, profiles: list[str]) -> list[str]:
+        from compressor.profiles import load_profile
+        for ref in profiles:
+            try:
+                load_profile(ref)
+            except UserError as err:    # unknown name or a bad profile file
+                raise ValueError(str(err)) from None
+        return profiles
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is not None and (not sizes or min(sizes) < 1):
+            raise ValueError(f"batch sizes must be a non-empty list of integers >= 1 (got {sizes})")
+        return sizes
+
+    def profile_objects(self) -> list:
+        """The profiles with this section's overrides applied."""
+        from compressor.profiles import load_profile
+        overrides = {k: v for k, v in (("batch_sizes", self.batch_sizes),
+                                         ("sequence_lengths", self.sequence_lengths),
+                                         ("iterations", self.iterations)) if v is not None}
+        return [load_profile(ref).model_copy(update=overrides) for ref in self.profiles]
+
+    def resolved_profiles(self) -> list[dict]:
+        return [p.model_dump(mode="json") for p in self.profile_objects()]
+
+
 class Step(Strict):
     """One pass application: the registered name and its validated config."""
 
@@ -58,6 +103,7 @@ class Recipe(Strict):
     variants: dict[str, list[dict[str, Any] | str]] | None = None
     passes: list[dict[str, Any] | str] | None = None     # shorthand: one variant named "main"
     export: ExportSettings | None = None                  # omitted: no export
+    benchmark: BenchmarkSettings | None = None            # omitted: no benchmark
 
     @field_validator("variants")
     @classmethod

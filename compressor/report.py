@@ -1,21 +1,153 @@
-"""Human-readable views of report.json (the JSON itself is built by the pipeline)."""
+"""Views of report.json: the Pareto front, runtime warnings, report.md, report.html, pareto.png.
+
+The JSON is built by the pipeline; everything here derives from it, so report.md and
+report.html can be regenerated from a report.json alone (`write_human_reports`).
+"""
 
 from __future__ import annotations
 
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+from compressor.atomic import write_json  # noqa: F401  (re-exported for callers writing reports)
+from compressor.profiles import precision_family
+
+Table = tuple[list[str], list[list[str]]]
+
+
+# -- derived data ----------------------------------------------------------------------
+
+def measurement_keys(models: list[dict]) -> list[tuple]:
+    """(profile, batch_size, sequence_length) of every measurement, in first-seen order."""
+    keys: list[tuple] = []
+    for m in models:
+        for row in m.get("latency", []):
+            key = (row["profile"], row["batch_size"], row["sequence_length"])
+            if key not in keys:
+                keys.append(key)
+    return keys
+
+
+def latency_row(model: dict, key: tuple) -> dict | None:
+    for row in model.get("latency", []):
+        if (row["profile"], row["batch_size"], row["sequence_length"]) == key:
+            return row
+    return None
+
+
+def pareto_fronts(models: list[dict]) -> list[dict]:
+    """Per measurement, the models no other model beats on both accuracy and p50 latency."""
+    fronts = []
+    for key in measurement_keys(models):
+        points = [(m["name"], m["accuracy"], row["p50_ms"]) for m in models
+                  if (row := latency_row(m, key)) is not None]
+        front = [name for name, acc, lat in points
+                 if not any(a >= acc and t <= lat and (a > acc or t < lat) for _, a, t in points)]
+        fronts.append({"profile": key[0], "batch_size": key[1], "sequence_length": key[2],
+                       "models": sorted(front, key=lambda n: next(t for m, _, t in points if m == n))})
+    return fronts
+
+
+def encoder_params(model_dir: str | None, params: int) -> int | None:
+    """Parameters outside the embedding tables: what the per-token compute scales with."""
+    if not model_dir:
+        return None
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    hidden = config.get("hidden_size") or config.get("dim")
+    rows = sum(config.get(k) or 0 for k in ("vocab_size", "max_position_embeddings", "type_vocab_size"))
+    return params - rows * hidden if hidden else None
+
+
+def runtime_warnings(report: dict) -> list[str]:
+    """Where a pass saved compute or bytes that the runtime did not turn into speed."""
+    models = report["models"]
+    profiles = {p["name"]: p for p in report.get("benchmark", {}).get("profiles", [])}
+    teacher_encoder = encoder_params(report["teacher"]["path"], report["teacher"]["params"])
+    reference = next((m for m in models if m["name"] == "onnxruntime-fp32"), None)
+    warnings = []
+    for m in models:
+        if m.get("baseline"):
+            continue
+        for name in sorted({row["profile"] for row in m.get("latency", [])}):
+            suited = profiles.get(name, {}).get("precisions", [])
+            if suited and precision_family(m["precision"]) not in suited:
+                warnings.append(f"{m['name']} is {m['precision']}, which profile {name} does not run fast "
+                                f"(it suits {', '.join(suited)}): expect no speed-up from the precision there")
+        if reference is None:
+            continue
+        encoder = encoder_params(m.get("model_dir"), m["params"])
+        for key in measurement_keys([m]):
+            row, ref = latency_row(m, key), latency_row(reference, key)
+            if ref is None:
+                continue
+            speedup = ref["p50_ms"] / row["p50_ms"]
+            where = f"on {key[0]} at batch {key[1]}"
+            if encoder and teacher_encoder and teacher_encoder / encoder >= 1.25:
+                expected = teacher_encoder / encoder
+                if speedup < 1 + 0.5 * (expected - 1):
+                    warnings.append(
+                        f"{m['name']} removed {1 - encoder / teacher_encoder:.0%} of the encoder's parameters "
+                        f"(up to {expected:.1f}x less compute) but runs only {speedup:.2f}x as fast as "
+                        f"onnxruntime-fp32 {where}")
+            if m["size_bytes"] <= 0.6 * reference["size_bytes"] and speedup < 1.1:
+                warnings.append(
+                    f"{m['name']} is {1 - m['size_bytes'] / reference['size_bytes']:.0%} smaller than "
+                    f"onnxruntime-fp32 but only {speedup:.2f}x as fast {where}: the runtime does not turn "
+                    "the saved bytes into speed")
+    return warnings
+
+
+# -- tables ----------------------------------------------------------------------------
+
+def baselines_of(report: dict) -> list[dict]:
+    return [m for m in report["models"] if m.get("baseline")]
+
+
+def summary_table(report: dict) -> Table:
+    """Every model and baseline: accuracy, retention, size, and size ratios vs each baseline."""
+    teacher = report["teacher"]
+    bases = baselines_of(report)
+    head = ["model", "kind", "precision", "accuracy", "retention", "agreement with teacher", "params", "MB"]
+    head += [f"size vs {b['name']}" for b in bases]
+    rows = [["teacher (PyTorch)", "torch", "fp32", f"{teacher['accuracy']:.4f}", "1.000", "1.000",
+             f"{teacher['params']:,}", f"{teacher['size_bytes'] / 1e6:.1f}"] +
+            [ratio(teacher["size_bytes"], b["size_bytes"]) for b in bases]]
+    for m in report["models"]:
+        rows.append([m["name"] + (" (baseline)" if m.get("baseline") else ""), m.get("kind", "torch"),
+                     m.get("precision", "fp32"), f"{m['accuracy']:.4f}", fmt(m.get("retention"), 3),
+                     fmt(m.get("agreement"), 3), f"{m['params']:,}", f"{m['size_bytes'] / 1e6:.1f}"] +
+                    [ratio(m["size_bytes"], b["size_bytes"]) for b in bases])
+    return head, rows
+
+
+def latency_table(report: dict, key: tuple) -> Table:
+    """One measurement (profile, batch, length): latency percentiles, throughput, memory, speedups."""
+    bases = [b for b in baselines_of(report) if latency_row(b, key)]
+    front = next((f["models"] for f in report.get("pareto", [])
+                  if (f["profile"], f["batch_size"], f["sequence_length"]) == key), [])
+    head = ["model", "accuracy", "p50 ms", "p90 ms", "p99 ms", "samples/s", "peak RSS MB"]
+    head += [f"speedup vs {b['name']}" for b in bases] + ["Pareto"]
+    rows = []
+    for m in sorted(report["models"], key=lambda m: (latency_row(m, key) or {}).get("p50_ms", float("inf"))):
+        row = latency_row(m, key)
+        if row is None:
+            continue
+        rows.append([m["name"], f"{m['accuracy']:.4f}", f"{row['p50_ms']:.2f}", f"{row['p90_ms']:.2f}",
+                     f"{row['p99_ms']:.2f}", f"{row['throughput']:.0f}", fmt(row.get("peak_rss_mb"), 0)] +
+                    [f"{latency_row(b, key)['p50_ms'] / row['p50_ms']:.2f}x" for b in bases] +
+                    ["yes" if m["name"] in front else ""])
+    return head, rows
+
 
 def markdown_table(report: dict) -> str:
-    """The teacher and every variant: accuracy, retention, agreement, size."""
-    teacher = report["teacher"]
-    rows = [("teacher", teacher["accuracy"], teacher.get("macro_f1"), 1.0, 1.0, teacher["params"],
-             teacher["size_bytes"])]
-    rows += [(m["name"], m["accuracy"], m.get("macro_f1"), m["retention"], m.get("agreement"),
-              m["params"], m["size_bytes"]) for m in report["models"]]
-    lines = ["| model | accuracy | macro-F1 | retention | agreement with teacher | params | weights (MB) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, acc, f1, retention, agree, params, size in rows:
-        lines.append(f"| {name} | {acc:.4f} | {fmt(f1)} | {fmt(retention, 3)} | {fmt(agree, 3)} | "
-                     f"{params:,} | {size / 1e6:.1f} |")
-    return "\n".join(lines)
+    """The summary table in Markdown (printed by `compressor run`)."""
+    return render_markdown(summary_table(report))
 
 
 def exports_table(report: dict) -> str:
@@ -24,16 +156,158 @@ def exports_table(report: dict) -> str:
     rows = [(name, entry["onnx"]) for name, entry in entries if "onnx" in entry]
     if not rows:
         return ""
-    lines = ["| export | precision | fused | accuracy | change vs fp32 | agreement with fp32 | "
-             "max logit diff | MB |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
-    for name, onnx in rows:
-        lines.append(f"| {name} | {onnx['precision']} | {'yes' if onnx['optimized'] else 'no'} | "
-                     f"{onnx['accuracy']:.4f} | {onnx['accuracy_change'] * 100:+.2f} pt | "
-                     f"{fmt(onnx['agreement_with_fp32'], 3)} | {onnx['parity_max_abs_diff']:.1e} | "
-                     f"{onnx['size_bytes'] / 1e6:.1f} |")
-    return "\n".join(lines)
+    head = ["export", "precision", "fused", "accuracy", "change vs fp32", "agreement with fp32",
+            "max logit diff", "MB"]
+    body = [[name, onnx["precision"], "yes" if onnx["optimized"] else "no", f"{onnx['accuracy']:.4f}",
+             f"{onnx['accuracy_change'] * 100:+.2f} pt", fmt(onnx["agreement_with_fp32"], 3),
+             f"{onnx['parity_max_abs_diff']:.1e}", f"{onnx['size_bytes'] / 1e6:.1f}"] for name, onnx in rows]
+    return render_markdown((head, body))
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
 
 
 def fmt(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_markdown(table: Table) -> str:
+    head, rows = table
+    align = ["---"] + ["---:" if any(c[:1].isdigit() or c[:1] in "+-" for c in col) else "---"
+                       for col in list(zip(*rows))[1:]] if rows else ["---"] * len(head)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render_html_table(table: Table) -> str:
+    head, rows = table
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# -- the chart -------------------------------------------------------------------------
+
+def pareto_png(report: dict) -> bytes | None:
+    """Accuracy vs p50 latency, one panel per measurement; marker area ~ file size."""
+    keys = measurement_keys(report["models"])
+    if not keys:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 5), squeeze=False)
+    biggest = max(m["size_bytes"] for m in report["models"]) or 1
+    fronts = {(f["profile"], f["batch_size"], f["sequence_length"]): f["models"] for f in report.get("pareto", [])}
+    for ax, key in zip(axes[0], keys):
+        for m in report["models"]:
+            row = latency_row(m, key)
+            if row is None:
+                continue
+            ax.scatter(row["p50_ms"], m["accuracy"], s=40 + 600 * m["size_bytes"] / biggest, alpha=0.6,
+                       marker="s" if m.get("baseline") else "o",
+                       color="tab:gray" if m.get("baseline") else "tab:blue", edgecolors="black")
+            ax.annotate(m["name"], (row["p50_ms"], m["accuracy"]), fontsize=8,
+                        xytext=(5, 5), textcoords="offset points")
+        front = [(latency_row(m, key)["p50_ms"], m["accuracy"]) for name in fronts.get(key, [])
+                 for m in report["models"] if m["name"] == name]
+        if front:
+            xs, ys = zip(*sorted(front))
+            ax.step(xs, ys, where="post", color="tab:red", linewidth=1, label="Pareto front")
+            ax.legend(loc="lower right", fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlabel("p50 latency (ms, log scale)")
+        ax.set_ylabel("test accuracy")
+        ax.set_title(f"{key[0]}, batch {key[1]}, sequence {key[2]}")
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+# -- report.md / report.html -------------------------------------------------------------
+
+def environment_lines(env: dict) -> list[str]:
+    cpu = env.get("cpu", {})
+    packages = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v)
+    return [f"date: {env.get('date')}",
+            f"CPU: {cpu.get('model')} ({cpu.get('cores')} cores, {cpu.get('machine')}; "
+            f"flags: {', '.join(cpu.get('flags', [])) or 'none of interest'})",
+            f"threads: torch {env.get('torch_threads')}; Python {env.get('python')}; {env.get('platform')}",
+            f"packages: {packages}"]
+
+
+def sections(report: dict) -> list[tuple[str, str, object]]:
+    """(kind, title, content) in report order; kind is 'table', 'lines' or 'chart'."""
+    out: list[tuple[str, str, object]] = [("table", "Models", summary_table(report))]
+    exports = [("teacher", report["teacher"])] + [(m["name"], m) for m in report["models"]]
+    if any("onnx" in e for _, e in exports):
+        out.append(("markdown", "ONNX exports (parity and accuracy gate)", exports_table(report)))
+    for key in measurement_keys(report["models"]):
+        out.append(("table", f"Latency: profile {key[0]}, batch {key[1]}, sequence {key[2]}",
+                    latency_table(report, key)))
+    if report.get("pareto"):
+        out.append(("chart", "Accuracy vs latency (marker area: file size; squares: baselines)", None))
+    skipped = report.get("benchmark", {}).get("skipped", [])
+    if skipped:
+        out.append(("lines", "Skipped profiles", [f"{s['profile']}: {s['reason']}" for s in skipped]))
+    if report.get("warnings"):
+        out.append(("lines", "Warnings", report["warnings"]))
+    out.append(("lines", "Environment", environment_lines(report["environment"])))
+    return out
+
+
+def render_report_md(report: dict, chart_file: str | None) -> str:
+    parts = [f"# Report: {report['recipe']['name']}", ""]
+    for kind, title, content in sections(report):
+        parts += [f"## {title}", ""]
+        if kind == "table":
+            parts.append(render_markdown(content))
+        elif kind == "markdown":
+            parts.append(content)
+        elif kind == "chart":
+            parts.append(f"![Pareto chart]({chart_file})" if chart_file else "(no chart)")
+        else:
+            parts += [f"- {line}" for line in content]
+        parts.append("")
+    return "\n".join(parts)
+
+
+STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;"
+         "margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+         "th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%}")
+
+
+def render_report_html(report: dict, chart: bytes | None) -> str:
+    """Self-contained: styles and the chart are inline, nothing is fetched."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Report: "
+             f"{html.escape(report['recipe']['name'])}</title><style>{STYLE}</style></head><body>",
+             f"<h1>Report: {html.escape(report['recipe']['name'])}</h1>"]
+    for kind, title, content in sections(report):
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        if kind == "table":
+            parts.append(render_html_table(content))
+        elif kind == "markdown":
+            lines = [line for line in content.splitlines() if not line.startswith("|-")]
+            rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+            parts.append(render_html_table((rows[0], rows[1:])))
+        elif kind == "chart" and chart:
+            parts.append(f"<img alt='Pareto chart' src='data:image/png;base64,{base64.b64encode(chart).decode()}'>")
+        elif kind == "lines":
+            parts.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in content) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_human_reports(report: dict, out_dir: Path) -> None:
+    """report.md, report.html and pareto.png (when there are measurements), each atomically."""
+    from compressor.atomic import atomic_file
+    chart = pareto_png(report)
+    if chart is not None:
+        atomic_file(out_dir / "pareto.png", chart)
+    atomic_file(out_dir / "report.md", render_report_md(report, "pareto.png" if chart else None).encode())
+    atomic_file(out_dir / "report.html", render_report_html(report, chart).encode())

@@ -195,7 +195,7 @@ def test_run_recipe(cli):
     # A summary table (its layout may change) naming every stage, then where the report is.
     lines = result.stdout.splitlines()
     assert all(any(name in line for line in lines[:-1]) for name in ("teacher", "same", "two-layers"))
-    assert lines[-1] == f"report: {out / 'report.json'}"
+    assert lines[-1] == f"report: {out / 'report.json'} (also report.md, report.html)"
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUT))

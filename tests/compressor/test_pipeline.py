@@ -72,7 +72,8 @@ def forbid_building(monkeypatch, *, teacher: bool = True, passes: bool = True):
 
 def test_writes_teacher_variants_and_report(done):
     _, out, report = done
-    assert sorted(p.name for p in out.iterdir()) == ["report.json", "same", "teacher", "two-layers"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md", "run.json",
+                                                     "same", "teacher", "two-layers"]
     assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
     for name in ("teacher", "same", "two-layers"):
         stage_dir = out / name

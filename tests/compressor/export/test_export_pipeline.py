@@ -44,7 +44,8 @@ def done(tiny_bert_dir, tiny_csv, tmp_path_factory):
 
 def test_every_model_is_exported_and_reported(done):
     _, out, report = done
-    assert sorted(p.name for p in out.iterdir()) == ["int8", "int8-onnx", "report.json", "same", "same-onnx",
+    assert sorted(p.name for p in out.iterdir()) == ["int8", "int8-onnx", "report.html", "report.json",
+                                                     "report.md", "run.json", "same", "same-onnx",
                                                      "teacher", "teacher-onnx"]
     entries = {"teacher": report["teacher"], **{m["name"]: m for m in report["models"]}}
     for name, entry in entries.items():
@@ -53,8 +54,15 @@ def test_every_model_is_exported_and_reported(done):
         assert onnx_entry["path"] == str(out / f"{name}-onnx")
         assert onnx_entry["parity_max_abs_diff"] <= 1e-4 and onnx_entry["optimized"]
         assert onnx_entry["fusions"]["Attention"] == (2 if name == "int8" else 4)
-        assert entry["path"] == str(out / name)          # the HF dir stays the entry's path
         assert evaluate_path(onnx_entry["path"], None)["accuracy"] == onnx_entry["accuracy"]
+        if name == "teacher":
+            assert entry["path"] == str(out / "teacher")
+            continue
+        # A variant's entry describes what ships: the export dir, its kind, precision, accuracy, size.
+        assert entry["path"] == onnx_entry["path"] and entry["model_dir"] == str(out / name)
+        assert entry["kind"] == "onnx" and entry["precision"] == onnx_entry["precision"]
+        assert entry["accuracy"] == onnx_entry["accuracy"] and entry["size_bytes"] == onnx_entry["size_bytes"]
+        assert entry["torch_size_bytes"] == (out / name / "model.safetensors").stat().st_size
     assert entries["same"]["onnx"]["precision"] == "fp32"
     assert entries["same"]["onnx"]["accuracy"] == entries["same"]["accuracy"]
     int8 = entries["int8"]["onnx"]
