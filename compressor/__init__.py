@@ -1,3 +1,14 @@
 """Compression and deployment optimizer for pretrained NLP encoders."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+__all__ = ["Pipeline", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy: `import compressor` stays light (the memory probe child imports only what its
+    # runtime needs), and `from compressor import Pipeline` still works.
+    if name == "Pipeline":
+        from compressor.api import Pipeline
+        return Pipeline
+    raise AttributeError(f"module 'compressor' has no attribute {name!r}")

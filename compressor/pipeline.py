@@ -121,6 +121,7 @@ def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> bool:
         return True
     if not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file; expected a directory for the run's results")
+    remove_stale_temporaries(out_dir)
     owner = read_json(out_dir / RUN_FILE).get("recipe")
     contents = [p for p in out_dir.iterdir() if p.name != RUN_FILE]
     if contents and owner != recipe.name:
@@ -133,6 +134,13 @@ def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> bool:
     with disk_errors(out_dir):
         write_json(out_dir / RUN_FILE, {"recipe": recipe.name, "tool_version": __version__})
     return False
+
+
+def remove_stale_temporaries(out_dir: Path) -> None:
+    """Temporary dirs and files a killed run left behind (hidden `.<name>.tmp-*` / `.old-*`)."""
+    for pattern in (".*.tmp-*", ".*.old-*", "*/.*.tmp-*", "*/.*.old-*"):
+        for path in out_dir.glob(pattern):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 class disk_errors:
@@ -223,7 +231,7 @@ def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[St
 def longest_finished_prefix(steps: list[Step], key_of: Callable[[list[Step]], str],
                             known: dict[str, Path], out_dir: Path) -> tuple[int, Path | None]:
     """(number of steps already done, dir of that model) for the longest finished prefix."""
-    for n in range(len(steps) - 1, 0, -1):
+    for n in range(len(steps), 0, -1):
         key = key_of(steps[:n])
         if key in known:
             return n, known[key]

@@ -63,6 +63,16 @@ def pass_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def pass_name_of(config: BaseModel) -> str:
+    """The registered name whose config type `config` is (for the Python API)."""
+    names = [spec.name for spec in _REGISTRY.values() if type(config) is spec.config_type]
+    if len(names) != 1:
+        known = ", ".join(f"{s.config_type.__name__} ({s.name})" for s in _REGISTRY.values())
+        why = "is shared by several passes; pass a (name, config) pair" if names else "is not a pass config"
+        raise UserError(f"{type(config).__name__} {why}; pass configs: {known}")
+    return names[0]
+
+
 def get_pass(name: str) -> PassSpec:
     if name not in _REGISTRY:
         raise UserError(f"unknown pass {name!r}; known passes: {', '.join(pass_names())}")

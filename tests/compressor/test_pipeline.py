@@ -201,3 +201,59 @@ def test_a_relative_task_path_resolves_against_the_recipe_dir(tiny_bert_dir, tin
     report = pipeline.run_recipe(recipe, steps, tmp_path / "out", base_dir=recipe_dir, show_progress=False)
     assert report["models"][0]["agreement"] == 1.0
     assert report["teacher"]["eval_samples"] == 30
+
+
+def count_finetunes(monkeypatch) -> list[int]:
+    from compressor.passes import training
+    calls: list[int] = []
+    real = training.finetune
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(training, "finetune", counting)
+    return calls
+
+
+@pytest.mark.parametrize("order", [("short", "long"), ("long", "short")])
+def test_variants_share_a_common_trained_prefix(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch, order):
+    prefix = [{"drop-layers": {"keep": [0, 1]}}, {"finetune": {"epochs": 1}}]
+    variants = {"short": prefix, "long": prefix + [{"quantize": {"mode": "dynamic-int8"}}]}
+    calls = count_finetunes(monkeypatch)
+    report = run(raw_recipe(tiny_bert_dir, tiny_csv, {name: variants[name] for name in order}), tmp_path / "out")
+    assert len(calls) == 1                                   # the prefix trained once
+    by_name = {m["name"]: m for m in report["models"]}
+    assert by_name["short"]["accuracy"] == by_name["long"]["accuracy"]   # same weights (int8 is at export)
+    assert [p["pass"] for p in by_name["long"]["passes"]] == ["drop-layers", "finetune", "quantize"]
+    assert (tmp_path / "out" / "prefixes").is_dir() == (order[0] == "long")
+
+
+def test_kill_9_at_any_point_then_rerun_gives_the_same_results(done, tiny_bert_dir, tiny_csv, tmp_path):
+    """A run killed with SIGKILL leaves only finished stages visible; rerunning completes it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(raw_recipe(tiny_bert_dir, tiny_csv)))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "compressor", "run", str(recipe), "--out", str(out), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (out / "teacher" / "stage.json").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)        # mid-run: the teacher is done, the variants are not
+    proc.wait()
+    for path in out.iterdir():               # every visible stage dir is complete
+        if path.is_dir() and not path.name.startswith("."):
+            assert (path / "stage.json").is_file() and (path / "model.safetensors").is_file()
+    assert subprocess.run(command, env=env, capture_output=True).returncode == 0
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]      # stale temporaries cleared
+    report = json.loads((out / "report.json").read_text())
+    assert [(m["name"], m["accuracy"]) for m in report["models"]] == \
+        [(m["name"], m["accuracy"]) for m in done[2]["models"]]
+    assert report["teacher"]["accuracy"] == done[2]["teacher"]["accuracy"]
