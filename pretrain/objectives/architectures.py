@@ -30,5 +30,7 @@ def bart_config(specials: SpecialTokens, size: ModelSize, max_length: int) -> Ba
                       encoder_ffn_dim=size.intermediate, decoder_ffn_dim=size.intermediate,
                       max_position_embeddings=max_length, pad_token_id=specials.pad,
                       bos_token_id=specials.start, eos_token_id=specials.end,
-                      decoder_start_token_id=specials.end, forced_eos_token_id=specials.end,
-                      forced_bos_token_id=None)
+                      decoder_start_token_id=specials.end,
+                      # Generation settings belong in a generation config, not here (and
+                      # BartConfig's default forced_eos id 2 is some other token of ours).
+                      forced_eos_token_id=None, forced_bos_token_id=None)
