@@ -30,7 +30,7 @@ from transformers import BartForConditionalGeneration, PreTrainedModel, PreTrain
 from pretrain.errors import UserError
 from pretrain.objectives import Batch, Document, ModelSize, register_objective
 from pretrain.objectives.architectures import bart_config
-from pretrain.objectives.noising import (delete_tokens, flatten, infill, mask_tokens, pad,
+from pretrain.objectives.noising import (delete_tokens, fit_sentences, flatten, infill, mask_tokens, pad,
                                          permute_sentences, rotate, special_tokens, token_units,
                                          word_start_table, word_units)
 
@@ -95,19 +95,6 @@ def noise_document(sentences: Sequence[Sequence[int]], cfg: NoiseConfig, rng: np
     if cfg.rotate and rng.random() < cfg.rotate:
         ids, _ = rotate(ids, rng)
     return ids
-
-
-def fit_sentences(doc: Document, max_tokens: int) -> list[list[int]]:
-    """The leading whole sentences within `max_tokens` (the first one cut if it alone is longer)."""
-    out, used = [], 0
-    for sentence in doc:
-        if used + len(sentence) > max_tokens:
-            if not out:
-                out.append(list(sentence[:max_tokens]))
-            break
-        out.append(list(sentence))
-        used += len(sentence)
-    return out
 
 
 class DaeObjective:

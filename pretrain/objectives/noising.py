@@ -107,6 +107,19 @@ def flatten(doc: Sequence[Sequence[int]], max_tokens: int) -> list[int]:
     return out[:max_tokens]
 
 
+def fit_sentences(doc: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+    """The leading whole sentences within `max_tokens` (the first one cut if it alone is longer)."""
+    out, used = [], 0
+    for sentence in doc:
+        if used + len(sentence) > max_tokens:
+            if not out:
+                out.append(list(sentence[:max_tokens]))
+            break
+        out.append(list(sentence))
+        used += len(sentence)
+    return out
+
+
 def pad(seqs: Sequence[Sequence[int]], value: int, length: int | None = None) -> torch.Tensor:
     """Right-pad to the longest (or `length`); returns a LongTensor [batch, length]."""
     length = max((len(s) for s in seqs), default=0) if length is None else length
