@@ -93,4 +93,4 @@ def get_objective(name: str) -> Objective:
 
 
 # The objective families register themselves on import (kept last: they import from here).
-from pretrain.objectives import dae, plm, rtd, seq2seq, span, unilm  # noqa: E402,F401
+from pretrain.objectives import bilm, dae, plm, rtd, seq2seq, span, unilm  # noqa: E402,F401
