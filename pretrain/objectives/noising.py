@@ -129,6 +129,13 @@ def pad(seqs: Sequence[Sequence[int]], value: int, length: int | None = None) ->
     return out
 
 
+def require_targets(count: int, objective: str) -> None:
+    """An all-empty batch would give a NaN loss (a mean over nothing): refuse it instead."""
+    if count == 0:
+        raise UserError(f"objective {objective!r}: the batch has no text tokens to predict "
+                        "(all its documents are empty); expected documents with at least one token")
+
+
 def random_tokens(rng: np.random.Generator, n: int, specials: SpecialTokens) -> np.ndarray:
     """`n` ids drawn uniformly from the non-special vocabulary."""
     out = rng.integers(0, specials.vocab_size, size=n)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, XLNetConfig, XLNetLMHeadModel
 
 from pretrain.objectives import Batch, Document, ModelSize, register_objective
-from pretrain.objectives.noising import flatten, special_tokens
+from pretrain.objectives.noising import flatten, require_targets, special_tokens
 
 
 class PlmConfig(BaseModel):
@@ -86,6 +86,7 @@ class PlmObjective:
             perm_mask[row] = torch.from_numpy(mask)
             all_targets.append(targets)
         predict = max(len(t) for t in all_targets)
+        require_targets(predict, self.name)
         target_mapping = torch.zeros((len(seqs), predict, length))
         labels = torch.full((len(seqs), predict), -100, dtype=torch.long)
         for row, targets in enumerate(all_targets):

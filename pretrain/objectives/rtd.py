@@ -25,7 +25,7 @@ from transformers import (ElectraConfig, ElectraForMaskedLM, ElectraForPreTraini
 
 from pretrain.objectives import Batch, Document, ModelSize, register_objective
 from pretrain.objectives.noising import (SpecialTokens, corrupt, flatten, mask_budget, maskable, pad,
-                                         select_spans, special_tokens, token_units)
+                                         require_targets, select_spans, special_tokens, token_units)
 
 
 class RtdConfig(BaseModel):
@@ -106,6 +106,7 @@ class RtdObjective:
             originals.append([specials.start, *ids, specials.end])
             inputs.append([specials.start, *noised.tolist(), specials.end])
             labels.append([-100, *target.tolist(), -100])
+        require_targets(sum(sum(t != -100 for t in row) for row in labels), self.name)
         input_ids = pad(inputs, specials.pad)
         return {"input_ids": input_ids, "original_ids": pad(originals, specials.pad),
                 "attention_mask": (input_ids != specials.pad).long(), "labels": pad(labels, -100),

@@ -26,7 +26,7 @@ from transformers import BartForConditionalGeneration, PreTrainedModel, PreTrain
 
 from pretrain.objectives import Batch, Document, ModelSize, register_objective
 from pretrain.objectives.architectures import bart_config
-from pretrain.objectives.noising import corrupt, flatten, pad, special_tokens
+from pretrain.objectives.noising import corrupt, flatten, pad, require_targets, special_tokens
 
 
 class MassConfig(BaseModel):
@@ -73,6 +73,7 @@ class MassObjective:
             decoder = [specials.mask] * (len(ids) + 2)
             decoder[start + 2:end + 1] = ids[start:end - 1]
             decoder_inputs.append(decoder)
+        require_targets(sum(sum(t != -100 for t in row) for row in labels), self.name)
         input_ids = pad(sources, specials.pad)
         decoder_ids = pad(decoder_inputs, specials.pad)
         return {"input_ids": input_ids, "attention_mask": (input_ids != specials.pad).long(),

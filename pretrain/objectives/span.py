@@ -24,7 +24,7 @@ from transformers import BertForMaskedLM, PreTrainedModel, PreTrainedTokenizerBa
 from pretrain.objectives import Batch, Document, ModelSize, register_objective
 from pretrain.objectives.architectures import bert_config
 from pretrain.objectives.noising import (corrupt, flatten, geometric_sampler, mask_budget, maskable, pad,
-                                         select_spans, special_tokens, token_units, word_start_table,
+                                         require_targets, select_spans, special_tokens, token_units, word_start_table,
                                          word_units)
 
 
@@ -110,6 +110,7 @@ class SpanObjective:
             # the tokens just outside the span (at worst [CLS] / [SEP]).
             for start, end in spans:
                 sbo.extend((row, start, end + 1, i - start, ids[i]) for i in range(start, end))
+        require_targets(len(sbo), self.name)
         sbo_cols = torch.tensor(sbo, dtype=torch.long).reshape(-1, 5).T
         input_ids = pad(inputs, specials.pad)
         return {"input_ids": input_ids, "attention_mask": (input_ids != specials.pad).long(),

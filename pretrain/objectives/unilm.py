@@ -32,7 +32,7 @@ from transformers import BertForMaskedLM, PreTrainedModel, PreTrainedTokenizerBa
 from pretrain.objectives import Batch, Document, ModelSize, register_objective
 from pretrain.objectives.architectures import bert_config
 from pretrain.objectives.noising import (categorical_sampler, corrupt, fit_sentences, mask_budget, maskable, pad,
-                                         select_spans, special_tokens, token_units)
+                                         require_targets, select_spans, special_tokens, token_units)
 
 MODES = ("bidirectional", "seq2seq", "left-to-right", "right-to-left")
 
@@ -117,6 +117,7 @@ class UnilmObjective:
                 token_types += [kind] * (len(segment) + 1)
                 labels += [*target.tolist(), -100]
             rows.append((mode, tokens, token_types, labels, source_length))
+        require_targets(sum(sum(t != -100 for t in r[3]) for r in rows), self.name)
         padded = max(len(r[1]) for r in rows)
         masks = np.stack([attention_mask(mode, len(tokens), source_length, padded)
                           for mode, tokens, _, _, source_length in rows])
