@@ -57,6 +57,9 @@ class ElectraForRtd(nn.Module):
         generator.electra.embeddings = discriminator.electra.embeddings
         generator.generator_lm_head.weight = discriminator.electra.embeddings.word_embeddings.weight
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.discriminator.get_input_embeddings()
+
 
 def replace_with_samples(input_ids: torch.Tensor, original: torch.Tensor, selected: torch.Tensor,
                          logits: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

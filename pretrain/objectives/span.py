@@ -66,6 +66,9 @@ class SpanBertForPreTraining(nn.Module):
         self.sbo = SpanBoundaryHead(mlm.config.hidden_size, max_offsets, mlm.config.vocab_size,
                                     mlm.config.layer_norm_eps)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.mlm.get_input_embeddings()
+
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.mlm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        labels=batch["labels"], output_hidden_states=True)

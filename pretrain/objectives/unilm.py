@@ -121,15 +121,18 @@ class UnilmObjective:
         padded = max(len(r[1]) for r in rows)
         masks = np.stack([attention_mask(mode, len(tokens), source_length, padded)
                           for mode, tokens, _, _, source_length in rows])
-        return {"input_ids": pad([r[1] for r in rows], specials.pad),
+        input_ids = pad([r[1] for r in rows], specials.pad)
+        # attention_mask stays the usual 2-D padding mask (what generic code counts tokens
+        # with); the mode's 3-D mask travels as self_attention_mask.
+        return {"input_ids": input_ids, "attention_mask": (input_ids != specials.pad).long(),
+                "self_attention_mask": torch.from_numpy(masks),
                 "token_type_ids": pad([r[2] for r in rows], 0),
-                "attention_mask": torch.from_numpy(masks),
                 "labels": pad([r[3] for r in rows], -100),
                 "mode": torch.tensor([MODES.index(r[0]) for r in rows])}
 
     def loss(self, model: BertForMaskedLM, batch: Batch) -> torch.Tensor:
         return model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                     attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+                     attention_mask=batch["self_attention_mask"], labels=batch["labels"]).loss
 
     def deliverable(self, model: BertForMaskedLM) -> PreTrainedModel:
         return model

@@ -56,7 +56,7 @@ def test_training_reduces_loss_and_the_format_round_trips(wp_tokenizer, document
                                                           train_briefly, tmp_path):
     objective = get_objective("bilm")
     model, before, after = train_briefly(objective)
-    assert after < before - 0.3, (before, after)
+    assert after < before - 0.2, (before, after)   # same held-out batch, eval mode
     delivered = objective.deliverable(model)
     delivered.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

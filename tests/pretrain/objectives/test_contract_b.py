@@ -28,7 +28,10 @@ def test_batches_are_reproducible_bounded_and_trainable(name, wp_tokenizer, docu
     again = objective.make_batch(docs, wp_tokenizer, np.random.default_rng(7), 32)
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
     assert first["input_ids"].shape[1] <= 32, "sequences never exceed the model's positions"
+    # attention_mask is the 2-D padding mask everywhere (a generic loop counts tokens with it).
+    assert torch.equal(first["attention_mask"], (first["input_ids"] != wp_tokenizer.pad_token_id).long())
     model = objective.build_model(wp_tokenizer, SMALL, 32, seed=0)
+    assert model.get_input_embeddings().num_embeddings == len(wp_tokenizer)
     loss = objective.loss(model, first)
     assert loss.dim() == 0 and torch.isfinite(loss)
     loss.backward()

@@ -153,7 +153,7 @@ def test_plain_dae_is_barts_recipe(wp_tokenizer, documents):
 def test_training_reduces_loss_and_the_model_saves(wp_tokenizer, documents, max_length, train_briefly, tmp_path):
     objective = get_objective("dae")
     model, before, after = train_briefly(objective)
-    assert after < before - 0.3, (before, after)
+    assert after < before - 0.2, (before, after)   # same held-out batch, eval mode
     delivered = objective.deliverable(model)
     delivered.save_pretrained(tmp_path)
     loaded = BartForConditionalGeneration.from_pretrained(tmp_path)

@@ -55,7 +55,7 @@ def test_training_reduces_loss_and_only_the_discriminator_is_a_teacher(wp_tokeni
                                                                         train_briefly, tmp_path):
     objective = get_objective("rtd")
     model, before, after = train_briefly(objective)
-    assert after < before - 0.3, (before, after)
+    assert after < before - 0.2, (before, after)   # same held-out batch, eval mode
     batch = objective.make_batch(documents[:8], wp_tokenizer, np.random.default_rng(5), max_length)
     model.eval()                                       # no dropout: only the sampling could differ
     with torch.no_grad():

@@ -103,7 +103,7 @@ def test_whole_word_masking_rate_on_real_documents(wp_tokenizer, documents, max_
 def test_training_reduces_loss_and_delivers_a_bert(wp_tokenizer, documents, train_briefly, tmp_path):
     objective = get_objective("span")
     model, before, after = train_briefly(objective)
-    assert after < before - 0.3, (before, after)
+    assert after < before - 0.2, (before, after)   # same held-out batch, eval mode
     delivered = objective.deliverable(model)
     assert isinstance(delivered, BertForMaskedLM)
     delivered.save_pretrained(tmp_path)
