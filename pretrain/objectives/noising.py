@@ -283,8 +283,9 @@ def infill(ids: Sequence[int], units: Sequence[Span], rng: np.random.Generator, 
     """Text infilling: ceil(rate * units) units are covered by spans of Poisson(lam) length;
     each span becomes one [MASK]; each zero-length span inserts a [MASK] at a random place.
 
-    Spans do not overlap and are placed uniformly (a random interleaving of spans and free
-    units). Returns the noised ids and the masked token ranges of the input.
+    `units` must tile `ids` (word_units or token_units do). Spans do not overlap and are
+    placed uniformly (a random interleaving of spans and free units). Returns the noised ids
+    and the masked token ranges of the input.
     """
     total = math.ceil(len(units) * rate) if units else 0
     lengths = poisson_lengths(rng, total, lam) if total else np.zeros(0, dtype=int)

@@ -45,6 +45,19 @@ def wp_tokenizer(corpus_texts) -> PreTrainedTokenizerFast:
 
 
 @pytest.fixture(scope="session")
+def bpe_tokenizer(corpus_texts) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with RoBERTa's special tokens (<s> </s> <pad> <mask>)."""
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.train_from_iterator((line for doc in corpus_texts[:1000] for line in doc),
+                            trainers.BpeTrainer(vocab_size=600, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>", mask_token="<mask>")
+
+
+@pytest.fixture(scope="session")
 def documents(corpus_texts, wp_tokenizer) -> list[Document]:
     """The documents as the pretraining command hands them over: sentences of token ids."""
     return [[wp_tokenizer(s, add_special_tokens=False)["input_ids"] for s in doc]

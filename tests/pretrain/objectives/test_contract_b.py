@@ -51,3 +51,25 @@ def test_a_tokenizer_without_mask_token_is_refused(name, wp_tokenizer):
                                    pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]")
     with pytest.raises(UserError, match="needs a tokenizer with a mask token"):
         get_objective(name).build_model(bare, SMALL, 32, seed=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_minilm_and_byte_level_bpe_tokenizers(name, tokenizer, bpe_tokenizer, corpus_texts):
+    """The real MiniLM WordPiece vocabulary and a BPE one (<s> </s> framing, 'Ġ' word starts)."""
+    objective = get_objective(name)
+    for tok, start, end in ((tokenizer, "[CLS]", "[SEP]"), (bpe_tokenizer, "<s>", "</s>")):
+        docs = [[tok(s, add_special_tokens=False)["input_ids"] for s in doc] for doc in corpus_texts[:6]]
+        batch = objective.make_batch(docs, tok, np.random.default_rng(0), 48)
+        first = tok.convert_ids_to_tokens(batch["input_ids"][0].tolist())
+        assert {start, end} <= set(first)
+        if tok is bpe_tokenizer:
+            model = objective.build_model(tok, SMALL, 48, seed=0)
+            assert torch.isfinite(objective.loss(model, batch))
+
+
+def test_bpe_word_starts_follow_the_space_marker(bpe_tokenizer):
+    from pretrain.objectives.noising import word_start_table, word_units
+    starts = word_start_table(bpe_tokenizer)
+    ids = bpe_tokenizer("a flowering shrub", add_special_tokens=False)["input_ids"]
+    words = ["".join(bpe_tokenizer.convert_ids_to_tokens(ids[s:e])) for s, e in word_units(ids, starts)]
+    assert words == ["a", "Ġflowering", "Ġshrub"]
