@@ -90,3 +90,7 @@ def get_objective(name: str) -> Objective:
     if name not in _OBJECTIVES:
         raise UserError(f"unknown objective {name!r}; known objectives: {', '.join(objective_names())}")
     return _OBJECTIVES[name]()
+
+
+# The objective families register themselves on import (kept last: they import from here).
+from pretrain.objectives import bilm, dae, plm, rtd, seq2seq, span, unilm  # noqa: E402,F401

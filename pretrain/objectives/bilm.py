@@ -1,0 +1,192 @@
+"""`bilm`: ELMo's bidirectional LSTM language model (Peters et al. 2018).
+
+A forward LSTM LM reads [CLS] x1 .. xn [SEP] left to right and predicts each next token; a
+backward LSTM LM reads it right to left and predicts each previous token. The two share
+the token embedding and the softmax (tied to the embedding here, to keep the vocabulary
+matrices to one), as ELMo shares its token representation and softmax layer; each
+direction has its own stack of LSTMs with a projection back to the embedding width (ELMo's
+LSTMP cells) and residual connections between layers. Loss = mean of the two directions'
+token cross-entropies over non-pad targets. ELMo has two layers; so do these (`--size`
+sets the widths: embedding = size.hidden, LSTM cells = size.intermediate).
+
+Transformers has no such model, so this is a small custom `PreTrainedModel`, which gives it
+the usual on-disk format and API:
+
+    DIR/config.json        {"model_type": "bilm", "vocab_size", "embedding_dim", "hidden_size",
+                            "num_layers", "dropout", "pad_token_id", "tie_word_embeddings", ...}
+    DIR/model.safetensors  embeddings.weight [V, E]; forward_layers.{i}.* and backward_layers.{i}.*
+                           (torch.nn.LSTM parameters: weight_ih_l0, weight_hh_l0, bias_ih_l0,
+                           bias_hh_l0, weight_hr_l0); softmax.bias [V] (softmax.weight is the
+                           embedding, tied)
+
+    BiLanguageModel.from_pretrained(DIR); model.save_pretrained(DIR)
+
+Importing this module also registers "bilm" with AutoConfig/AutoModel, so
+AutoModel.from_pretrained(DIR) works. `model.contextual(input_ids, attention_mask)` returns
+ELMo's layer representations (token embedding, then each layer's [forward; backward]) for
+feature extraction or for initialising the BiLSTM students of distillation. It is not a
+classifier teacher (the compression passes take Transformer encoders).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import ModelOutput
+
+from pretrain.objectives import Batch, Document, ModelSize, register_objective
+from pretrain.objectives.noising import flatten, pad, special_tokens
+
+ELMO_LAYERS = 2
+
+
+class BiLMConfig(PretrainedConfig):
+    model_type = "bilm"
+
+    def __init__(self, vocab_size: int = 30522, embedding_dim: int = 128, hidden_size: int = 512,
+                 num_layers: int = ELMO_LAYERS, dropout: float = 0.1, pad_token_id: int = 0,
+                 tie_word_embeddings: bool = True, initializer_range: float = 0.02, **kwargs):
+        if hidden_size <= embedding_dim:
+            raise ValueError(f"BiLM hidden_size ({hidden_size}) must exceed embedding_dim "
+                             f"({embedding_dim}): the LSTM cells project down to the embedding")
+        self.vocab_size = vocab_size
+        self.embedding_dim = embedding_dim
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.dropout = dropout
+        self.initializer_range = initializer_range
+        super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+
+@dataclass
+class BiLMOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    forward_logits: torch.Tensor | None = None     # [batch, seq, vocab]: next-token logits
+    backward_logits: torch.Tensor | None = None    # [batch, seq, vocab]: previous-token logits
+
+
+def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Reverse each row's first lengths[b] steps along dim 1; padding stays at the end."""
+    steps = torch.arange(x.shape[1], device=x.device)[None, :]
+    index = torch.where(steps < lengths[:, None], lengths[:, None] - 1 - steps, steps)
+    index = index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x)
+    return x.gather(1, index)
+
+
+class BiLanguageModel(PreTrainedModel):
+    config_class = BiLMConfig
+    base_model_prefix = "bilm"
+    _tied_weights_keys = ["softmax.weight"]
+
+    def __init__(self, config: BiLMConfig):
+        super().__init__(config)
+        width = config.embedding_dim
+        self.embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
+        self.forward_layers = nn.ModuleList(self._lstm(config) for _ in range(config.num_layers))
+        self.backward_layers = nn.ModuleList(self._lstm(config) for _ in range(config.num_layers))
+        self.dropout = nn.Dropout(config.dropout)
+        self.softmax = nn.Linear(width, config.vocab_size)
+        self.post_init()
+
+    @staticmethod
+    def _lstm(config: BiLMConfig) -> nn.LSTM:
+        return nn.LSTM(config.embedding_dim, config.hidden_size, batch_first=True,
+                       proj_size=config.embedding_dim)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # LSTMs keep PyTorch's own initialisation; embeddings and softmax as in BERT.
+        if isinstance(module, nn.Embedding):
+            module.weight.data.normal_(0.0, self.config.initializer_range)
+            module.weight.data[self.config.pad_token_id].zero_()
+        elif isinstance(module, nn.Linear):
+            module.weight.data.normal_(0.0, self.config.initializer_range)
+            module.bias.data.zero_()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.softmax
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.softmax = value
+
+    def _run(self, layers: nn.ModuleList, x: torch.Tensor) -> list[torch.Tensor]:
+        states = []
+        for i, lstm in enumerate(layers):
+            out, _ = lstm(self.dropout(x))
+            x = out if i == 0 else out + x                  # ELMo's residual between layers
+            states.append(x)
+        return states
+
+    def contextual(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                   ) -> list[torch.Tensor]:
+        """ELMo's representations: [embedding duplicated, layer 1, ..., layer L], each
+        [batch, seq, 2 * embedding_dim] = [forward; backward]."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        lengths = attention_mask.sum(1)
+        embedded = self.embeddings(input_ids)
+        forward = self._run(self.forward_layers, embedded)
+        # The backward LM reads each row reversed within its length (padding stays last).
+        backward = [reverse_padded(h, lengths)
+                    for h in self._run(self.backward_layers, reverse_padded(embedded, lengths))]
+        return [torch.cat([embedded, embedded], -1)] + [torch.cat(pair, -1) for pair in zip(forward, backward)]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **_: object) -> BiLMOutput:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        top = self.contextual(input_ids, attention_mask)[-1]
+        width = self.config.embedding_dim
+        forward_logits = self.softmax(self.dropout(top[..., :width]))
+        backward_logits = self.softmax(self.dropout(top[..., width:]))
+        ignore = torch.full_like(input_ids[:, :1], -100)
+        targets = input_ids.masked_fill(attention_mask == 0, -100)
+        next_tokens = torch.cat([targets[:, 1:], ignore], 1)      # position t predicts t+1
+        previous_tokens = torch.cat([ignore, targets[:, :-1]], 1)  # position t predicts t-1
+        loss = 0.5 * (nn.functional.cross_entropy(forward_logits.transpose(1, 2), next_tokens)
+                      + nn.functional.cross_entropy(backward_logits.transpose(1, 2), previous_tokens))
+        return BiLMOutput(loss=loss, forward_logits=forward_logits, backward_logits=backward_logits)
+
+
+AutoConfig.register("bilm", BiLMConfig, exist_ok=True)
+AutoModel.register(BiLMConfig, BiLanguageModel, exist_ok=True)
+
+
+class BilmObjective:
+    name = "bilm"
+
+    def build_model(self, tokenizer: PreTrainedTokenizerBase, size: ModelSize, max_length: int,
+                    seed: int) -> BiLanguageModel:
+        specials = special_tokens(tokenizer, self.name)
+        torch.manual_seed(seed)
+        return BiLanguageModel(BiLMConfig(vocab_size=specials.vocab_size, embedding_dim=size.hidden,
+                                          hidden_size=max(size.intermediate, size.hidden + 1),
+                                          pad_token_id=specials.pad))
+
+    def make_batch(self, docs: Sequence[Document], tokenizer: PreTrainedTokenizerBase,
+                   rng: np.random.Generator, max_length: int) -> Batch:
+        specials = special_tokens(tokenizer, self.name)
+        input_ids = pad([[specials.start, *flatten(doc, max_length - 2), specials.end] for doc in docs],
+                        specials.pad)
+        return {"input_ids": input_ids, "attention_mask": (input_ids != specials.pad).long()}
+
+    def loss(self, model: BiLanguageModel, batch: Batch) -> torch.Tensor:
+        return model(**batch).loss
+
+    def deliverable(self, model: BiLanguageModel) -> PreTrainedModel:
+        return model
+
+
+@register_objective("bilm")
+def bilm_objective() -> BilmObjective:
+    return BilmObjective()
