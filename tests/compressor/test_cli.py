@@ -81,6 +81,7 @@ BAD_INPUT = {
     "wrong-field-type": lambda msg: "teacher.finetune.epochs" in msg and "'two'" in msg and "number" in msg,
     "missing-label-column": lambda msg: "nolabel.csv" in msg and "'label'" in msg and "category" in msg,
     "unknown-flag": lambda msg: "--bogus-flag" in msg,
+    "unknown-profile": lambda msg: "'tpu'" in msg and "cpu" in msg and "gpu-cuda-fp16" in msg,
 }
 
 
@@ -113,6 +114,7 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
                                                      "  finetune: {epochs: two}\n"))],
         "missing-label-column": ["finetune", "--model", tiny, "--task", str(nolabel)],
         "unknown-flag": ["finetune", "--model", tiny, "--task", csv, "--bogus-flag"],
+        "unknown-profile": ["bench", "--model", tiny, "--task", csv, "--profile", "tpu"],
         "existing-out": ["finetune", "--model", tiny, "--task", "no-such-task", "--out", str(existing)],
     }
     for name in BAD_INPUT:
@@ -128,6 +130,9 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
             futures["evaluate-onnx"] = pool.submit(
                 run_cli, ["evaluate", "--model", str(root / "onnx"), "--task", csv,
                           "--reference", str(root / "ft")], root)
+            futures["bench"] = pool.submit(
+                run_cli, ["bench", "--model", str(root / "onnx"), "--task", csv, "--profile", "cpu",
+                          "--batch-sizes", "1,4", "--iterations", "5"], root)
         results = {name: f.result() for name, f in futures.items()}
     return root, results
 
@@ -196,6 +201,16 @@ def test_run_recipe(cli):
     lines = result.stdout.splitlines()
     assert all(any(name in line for line in lines[:-1]) for name in ("teacher", "same", "two-layers"))
     assert lines[-1] == f"report: {out / 'report.json'} (also report.md, report.html)"
+
+
+def test_bench_prints_latency_memory_and_accuracy(cli):
+    result = json.loads(ok(cli, "bench").stdout)
+    assert result["kind"] == "onnx" and result["profile"]["name"] == "cpu" and result["samples"] == 30
+    assert 0 <= result["accuracy"] <= 1 and result["size_bytes"] > 0
+    assert [(row["batch_size"], row["sequence_length"]) for row in result["latency"]] == [(1, "real"), (4, "real")]
+    for row in result["latency"]:
+        assert row["iterations"] == 5 and 0 < row["p50_ms"] <= row["p99_ms"] and row["peak_rss_mb"] > 10
+    assert result["environment"]["cpu"]["cores"] >= 1
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUT))

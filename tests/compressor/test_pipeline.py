@@ -257,3 +257,26 @@ def test_kill_9_at_any_point_then_rerun_gives_the_same_results(done, tiny_bert_d
     assert [(m["name"], m["accuracy"]) for m in report["models"]] == \
         [(m["name"], m["accuracy"]) for m in done[2]["models"]]
     assert report["teacher"]["accuracy"] == done[2]["teacher"]["accuracy"]
+
+
+def test_a_full_disk_mid_run_is_one_clear_error_and_finished_stages_stay(done, rerun_dir, monkeypatch):
+    """ENOSPC while writing a stage: a WriteError naming the problem; what was finished stays usable."""
+    import errno
+
+    from compressor import atomic
+    raw, _, report = done
+    shutil.rmtree(rerun_dir / "two-layers")
+    before = stamps(rerun_dir)
+    real = atomic.atomic_dir
+
+    def full_disk(target):
+        if target.name == "two-layers":
+            raise OSError(errno.ENOSPC, "No space left on device", str(target))
+        return real(target)
+    monkeypatch.setattr(pipeline, "atomic_dir", full_disk)
+    with pytest.raises(pipeline.WriteError, match=r"No space left on device .*two-layers.*rerun the same command"):
+        run(raw, rerun_dir)
+    assert stamps(rerun_dir) == before and not (rerun_dir / "two-layers").exists()
+    monkeypatch.setattr(pipeline, "atomic_dir", real)
+    forbid_building(monkeypatch, passes=False)             # the teacher is reused, not rebuilt
+    assert run(raw, rerun_dir)["models"][1]["accuracy"] == report["models"][1]["accuracy"]

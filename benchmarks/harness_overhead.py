@@ -1,0 +1,79 @@
+"""What the benchmark harness adds to a measurement: harness p50 vs a bare `session.run` loop.
+
+The demo's fastest model at batch 8 (by the report's p50) is timed by the harness
+(`compressor.bench.measure_interleaved`, as the pipeline uses it) and by a bare loop
+over the same prepared inputs, alternating five times; the overhead is the relative
+difference of the median p50s.
+
+    .venv/bin/python benchmarks/harness_overhead.py --run runs/demo --out benchmarks/results/harness_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from compressor.atomic import write_json
+from compressor.bench import Deployable, input_batches, load_runner, measure_interleaved
+from compressor.environment import environment
+from compressor.profiles import load_profile
+from pretrain.data import load_task
+from pretrain.models import load_tokenizer, set_threads
+
+
+def bare_p50(session, feeds: list, iterations: int) -> float:
+    times = []
+    for i in range(iterations):
+        t0 = time.perf_counter()
+        session.run(None, feeds[i % len(feeds)])
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.percentile(times, 50))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, default=Path("runs/demo"))
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/harness_overhead.json"))
+    args = parser.parse_args()
+    report = json.loads((args.run / "report.json").read_text())
+    profile = load_profile("cpu").model_copy(update={"iterations": args.iterations, "warmup": 10})
+    set_threads(profile.thread_count())
+    onnx_models = [m for m in report["models"] if m["kind"] == "onnx"]
+    fastest = min(onnx_models, key=lambda m: next(r["p50_ms"] for r in m["latency"]
+                                                   if r["batch_size"] == args.batch_size))
+    path = Path(fastest["path"])
+    path = path / ("model_optimized_quantized.onnx" if fastest["name"] == "optimum-default-int8" else "model.onnx")
+    task = load_task(report["recipe"]["teacher"]["task"], seed=report["recipe"]["seed"])
+    test = task.split("test").head(report["recipe"]["data"]["max_eval_samples"])
+    batches = input_batches(load_tokenizer(Path(report["teacher"]["path"])), test, args.batch_size, "real")
+    runner = load_runner(Deployable(fastest["name"], "onnx", path, fastest["precision"]), profile)
+    session_feeds = [runner.prepare(b) for b in batches]
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = profile.thread_count()
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    bare_p50(session, session_feeds, 10)
+    harness, bare = [], []
+    for _ in range(args.repeats):
+        harness.append(measure_interleaved({"m": runner}, batches, profile)["m"]["p50_ms"])
+        bare.append(bare_p50(session, session_feeds, args.iterations))
+    overhead = statistics.median(harness) / statistics.median(bare) - 1
+    result = {"command": " ".join(sys.argv), "model": fastest["name"], "batch_size": args.batch_size,
+              "harness_p50_ms": harness, "bare_p50_ms": bare, "overhead": overhead,
+              "under_2_percent": overhead < 0.02, "environment": environment()}
+    write_json(args.out, result)
+    print(json.dumps({k: result[k] for k in ("model", "harness_p50_ms", "bare_p50_ms", "overhead")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
