@@ -424,11 +424,13 @@ def epoch_batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator,
 
 @contextlib.contextmanager
 def embedding_mode(model: nn.Module, mode: str) -> Iterator[list[nn.Parameter]]:
-    """Switch the word embedding to sparse gradients or freeze it; restore afterwards."""
+    """Switch the word embedding to sparse gradients or freeze it; restore afterwards.
+
+    An embedding a fine-tuning strategy has frozen stays frozen whatever the mode."""
     embedding = model.get_input_embeddings()
     was_sparse, was_trainable = embedding.sparse, embedding.weight.requires_grad
     try:
-        if mode == "sparse":
+        if mode == "sparse" and was_trainable:
             embedding.sparse = True
             yield [embedding.weight]
         else:
