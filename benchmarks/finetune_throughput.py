@@ -35,7 +35,7 @@ def run_ours(task, args, mode: str) -> dict:
     cfg = FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                          max_train_samples=args.train_samples, embedding_updates=embedding_updates,
                          group_by_length=grouping != "ungrouped")
-    result = finetune(model, tokenizer, task, cfg, desc=f"ours ({mode})")
+    result = finetune(model, tokenizer, task, cfg, desc=f"ours ({mode})").train
     metrics, _ = evaluate(model, tokenizer, task.split("test").head(args.eval_samples))
     return {"name": f"ours-{mode}", "train_seconds": result.seconds,
             "train_samples": result.samples, "samples_per_second": result.samples_per_second,

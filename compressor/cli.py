@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--seed", type=int, default=0)
     ft.add_argument("--embedding-updates", choices=["sparse", "dense", "frozen"], default="sparse",
                     help="how the word-embedding matrix trains (sparse: only rows in the batch)")
+    ft.add_argument("--strategy", default="full",
+                    help="full: all weights; frozen: head only; scalar-mix: frozen encoder, learned mix of "
+                         "all layers; adapters: Houlsby bottlenecks + LayerNorms + head")
+    ft.add_argument("--adapter-size", type=positive_int, default=64, help="adapter bottleneck width")
+    ft.add_argument("--intermediate-task", help="two-stage: fine-tune on this task (name or file) first")
+    ft.add_argument("--tasks", help="multi-task: comma-separated tasks trained with --task, one head each")
     ft.add_argument("--quiet", action="store_true", help="no progress bar")
     ft.set_defaults(handler=cmd_finetune)
 
@@ -116,9 +122,14 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         model_ref=args.model, task_spec=task_arg(args.task), out=args.out,
         overrides={"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                    "max_train_samples": args.max_train_samples, "seed": args.seed,
-                   "embedding_updates": args.embedding_updates},
+                   "embedding_updates": args.embedding_updates, "strategy": args.strategy,
+                   "adapter_size": args.adapter_size,
+                   "intermediate_task": task_arg(args.intermediate_task) if args.intermediate_task else None,
+                   "tasks": tuple(task_arg(t.strip()) for t in args.tasks.split(",") if t.strip())
+                   if args.tasks else None},
         max_eval_samples=args.max_eval_samples, show_progress=not args.quiet)
-    print(json.dumps(metrics, indent=2))
+    if metrics:       # empty on the other ranks of a torchrun
+        print(json.dumps(metrics, indent=2))
     return 0
 
 
@@ -196,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         quiet_libraries()
         return args.handler(args)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":   # under torchrun every rank sees it: say it once
+            print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: finished stages are kept; rerun the same command to resume", file=sys.stderr)

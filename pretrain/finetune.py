@@ -1,36 +1,211 @@
-"""Fine-tuning a classifier on a task, and evaluating one.
+"""Fine-tuning a classifier on a task with one of the survey's strategies, and evaluating one.
 
-`finetune` is what both `compressor finetune` and the `finetune` pass call: tokenise the
-train split once, then run the shared training loop with the model's own cross-entropy.
+`finetune` is what both `compressor finetune` and the `finetune` pass call:
+
+- strategy (pretrain/strategies.py): `full`, `frozen` (feature extraction), `scalar-mix`
+  (ELMo-style mix of all layers), `adapters` (Houlsby bottlenecks);
+- `intermediate_task` (two-stage): first fine-tune on another task, then on the target.
+  Label sets must be identical (the head carries over) or disjoint (a new head for the
+  target); a partial overlap is refused as a clash, since the same label name would mean
+  one thing to the head and another to the data;
+- `tasks` (multi-task): the target and the listed tasks train together, one head per task
+  around one shared encoder; every step's batch holds `batch_size` examples of each task,
+  so the target gets as many steps as on its own.
+
+Extra heads are ordinary Transformers classifiers whose encoder *is* the target model's
+encoder (the same module object), so training any of them trains the shared encoder.
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 from pydantic import Field
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from torch import nn
+from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
-from pretrain.batching import Encoded, encode, inference_order, iterate
-from pretrain.data import Split, TaskData
+from pretrain.batching import Encoded, collate, encode, inference_order, iterate
+from pretrain.data import Split, TaskData, load_task
+from pretrain.errors import UserError
 from pretrain.metrics import classification_metrics
-from pretrain.train import TrainConfig, TrainResult, accepts_token_types, train
+from pretrain.models import count_params
+from pretrain.strategies import Strategy, prepare, trainable_for
+from pretrain.train import (Batch, EpochBatches, TrainConfig, TrainResult, accepts_token_types,
+                            epoch_batches, train)
+
+TaskSpec = str | dict   # a built-in task name, or a data file spec {path, text, label, ...}
 
 
 class FinetuneConfig(TrainConfig):
-    """Training settings plus which data to train on."""
+    """Training settings plus which data to train on and how."""
 
-    max_train_samples: int | None = Field(None, ge=1)
+    max_train_samples: int | None = Field(None, ge=1)   # per task
     max_length: int = Field(128, ge=8, le=512)
+    strategy: Strategy = "full"
+    adapter_size: int = Field(64, ge=1)                  # Houlsby bottleneck width
+    intermediate_task: TaskSpec | None = None            # two-stage: train on this first
+    tasks: tuple[TaskSpec, ...] = ()                     # multi-task: trained with the target
+
+
+@dataclass
+class FinetuneResult:
+    train: TrainResult            # the target stage
+    trainable_params: int         # under the strategy, target stage (shared encoder + its head)
+    total_params: int             # of the target model, added modules included
+    stages: list[dict] = field(default_factory=list)   # one summary per training stage
+
+    @property
+    def trainable_percent(self) -> float:
+        return 100.0 * self.trainable_params / self.total_params
 
 
 def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: TaskData,
-             cfg: FinetuneConfig, desc: str = "finetune", show_progress: bool = True) -> TrainResult:
+             cfg: FinetuneConfig, desc: str = "finetune", show_progress: bool = True) -> FinetuneResult:
     """Train `model` in place on the task's train split (the first max_train_samples)."""
-    split = task.split("train").head(cfg.max_train_samples)
-    data = encode(tokenizer, split, cfg.max_length)
+    intermediate = load_intermediate(cfg, task)
+    partners = load_partners(cfg, task)          # every input is checked before training starts
+    prepare(model, cfg.strategy, cfg.adapter_size)
+    stages = []
+    if intermediate is not None:
+        first = model if intermediate.label_names == task.label_names else with_head(model, intermediate.label_names,
+                                                                                      cfg.seed)
+        result, _ = train_stage([first], [intermediate], tokenizer, cfg, f"{desc} ({intermediate.name})",
+                                show_progress)
+        stages.append(stage_summary(intermediate.name, result))
+    heads = [model] + [with_head(model, t.label_names, cfg.seed + i + 1) for i, t in enumerate(partners)]
+    result, trainable = train_stage(heads, [task, *partners], tokenizer, cfg, desc, show_progress)
+    stages.append(stage_summary("+".join(t.name for t in [task, *partners]), result))
+    return FinetuneResult(train=result, trainable_params=trainable, total_params=count_params(model),
+                          stages=stages)
+
+
+def train_stage(models: list[PreTrainedModel], tasks: list[TaskData], tokenizer: PreTrainedTokenizerBase,
+                cfg: FinetuneConfig, desc: str, show_progress: bool) -> tuple[TrainResult, int]:
+    """One training run: a single task as before, or several heads on mixed batches."""
     train_cfg = TrainConfig(**cfg.model_dump(include=set(TrainConfig.model_fields)))
-    return train(model, data, train_cfg, desc=desc, show_progress=show_progress)
+    data = [encode(tokenizer, t.split("train").head(cfg.max_train_samples), cfg.max_length) for t in tasks]
+    encoder = models[0].base_model
+    if len(models) == 1:
+        with trainable_for(models[0], cfg.strategy, encoder) as trainable:
+            return train(models[0], data[0], train_cfg, desc=desc, show_progress=show_progress), trainable
+    joint = MultiTask(models)
+    with trainable_for(joint, cfg.strategy, encoder):
+        # reported: what the target model trains (shared encoder part + its own head)
+        trainable = sum(p.numel() for p in models[0].parameters() if p.requires_grad)
+        source = MultiTaskBatches(data, train_cfg, accepts_token_types(models[0]))
+        result = train(joint, source, train_cfg, loss_fn=multitask_loss, desc=desc, show_progress=show_progress)
+    return result, trainable
+
+
+def stage_summary(name: str, result: TrainResult) -> dict:
+    return {"task": name, "steps": result.steps, "samples": result.samples,
+            "seconds": round(result.seconds, 2), "final_loss": result.final_loss}
+
+
+def load_intermediate(cfg: FinetuneConfig, target: TaskData) -> TaskData | None:
+    if cfg.intermediate_task is None:
+        return None
+    inter = load_task(cfg.intermediate_task, seed=cfg.seed)
+    if inter.spec == target.spec:
+        raise UserError(f"intermediate task {inter.name!r} is the target task itself; "
+                        f"expected another task to fine-tune on first")
+    shared = set(inter.label_names) & set(target.label_names)
+    if shared and set(inter.label_names) != set(target.label_names):
+        raise UserError(f"intermediate task {inter.name!r} labels clash with {target.name!r}: they share "
+                        f"{', '.join(sorted(shared)[:3])} but not all labels; expected identical label sets "
+                        f"(the head carries over) or disjoint ones (a new head)")
+    if inter.label_names != target.label_names and set(inter.label_names) == set(target.label_names):
+        raise UserError(f"intermediate task {inter.name!r} has the target's labels in another order; "
+                        f"expected the same order ({', '.join(target.label_names[:3])}, ...)")
+    return inter
+
+
+def load_partners(cfg: FinetuneConfig, target: TaskData) -> list[TaskData]:
+    """The multi-task tasks besides the target (which may be listed too)."""
+    partners: list[TaskData] = []
+    seen = [target.spec]
+    for spec in cfg.tasks:
+        t = load_task(spec, seed=cfg.seed)
+        if t.spec == target.spec:
+            continue
+        if t.spec in seen:
+            raise UserError(f"task {t.name!r} is listed twice in tasks; expected each task once")
+        seen.append(t.spec)
+        partners.append(t)
+    if cfg.tasks and not partners:
+        raise UserError("tasks lists only the target task; expected at least one other task for multi-task training")
+    return partners
+
+
+def with_head(model: PreTrainedModel, label_names: tuple[str, ...], seed: int) -> PreTrainedModel:
+    """A classifier for other labels whose encoder is `model`'s encoder (shared, not copied)."""
+    config = copy.deepcopy(model.config)
+    config.num_labels = len(label_names)
+    config.id2label = dict(enumerate(label_names))
+    config.label2id = {name: i for i, name in enumerate(label_names)}
+    torch.manual_seed(seed)
+    other = AutoModelForSequenceClassification.from_config(config)
+    setattr(other, other.base_model_prefix, model.base_model)
+    if hasattr(model, "scalar_mix"):      # the mix hooks sit on the shared encoder: share its weights too
+        other.scalar_mix = model.scalar_mix
+    return other
+
+
+class MultiTask(nn.Module):
+    """Classifiers sharing one encoder; row i of a batch belongs to heads[batch["task"][i]]."""
+
+    def __init__(self, models: list[PreTrainedModel]):
+        super().__init__()
+        self.heads = nn.ModuleList(models)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.heads[0].get_input_embeddings()
+
+
+def multitask_loss(model: MultiTask, batch: Batch) -> torch.Tensor:
+    """Mean cross-entropy over all rows of the mixed batch, each row scored by its task's head."""
+    task = batch["task"]
+    total = torch.zeros(())
+    for t, head in enumerate(model.heads):
+        rows = torch.nonzero(task == t).flatten()
+        if len(rows):
+            part = {k: v.index_select(0, rows) for k, v in batch.items() if k != "task"}
+            total = total + head(**part).loss * len(rows)
+    return total / len(task)
+
+
+class MultiTaskBatches:
+    """Steps of the first (target) task's epochs; each step adds a batch of every other task,
+    cycling through their own shuffled epochs."""
+
+    def __init__(self, data: list[Encoded], cfg: TrainConfig, with_token_types: bool):
+        target = EpochBatches(data[0], cfg, with_token_types)
+        self.steps = target.steps
+        self.data, self.with_token_types = data, with_token_types
+        self.plans = [target.plan] + [epoch_batches(d, cfg, np.random.default_rng((cfg.seed, i)), self.steps)
+                                      for i, d in enumerate(data[1:], start=1)]
+
+    def batch(self, step: int) -> Batch:
+        parts = [collate(d, plan[step], self.with_token_types) for d, plan in zip(self.data, self.plans)]
+        for t, part in enumerate(parts):
+            part["task"] = torch.full((len(part["labels"]),), t, dtype=torch.long)
+        return concat_padded(parts, self.data[0].pad_id)
+
+
+def concat_padded(parts: list[Batch], pad_id: int) -> Batch:
+    """Stack batches of different widths: pad input_ids with pad_id, masks and types with 0."""
+    width = max(p["input_ids"].shape[1] for p in parts)
+    out = {}
+    for key in parts[0]:
+        tensors = [p[key] for p in parts]
+        if tensors[0].ndim == 2:
+            fill = pad_id if key == "input_ids" else 0
+            tensors = [nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in tensors]
+        out[key] = torch.cat(tensors)
+    return out
 
 
 @torch.inference_mode()

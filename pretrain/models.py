@@ -96,6 +96,7 @@ def load_classifier(ref: str, label_names: tuple[str, ...], seed: int = 0
             str(path), config=config, ignore_mismatched_sizes=not same_labels)
     except (OSError, ValueError, RuntimeError) as err:
         raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
+    restore_added_modules(model, path)
     if not same_labels:
         reinitialise_head(model)
     return model, load_tokenizer(path)
@@ -120,7 +121,14 @@ def load_saved_classifier(path: Path) -> tuple[PreTrainedModel, PreTrainedTokeni
         model = AutoModelForSequenceClassification.from_pretrained(str(path))
     except (OSError, ValueError, RuntimeError) as err:
         raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
+    restore_added_modules(model, path)
     return model, load_tokenizer(path)
+
+
+def restore_added_modules(model: PreTrainedModel, path: Path) -> None:
+    """Adapters or a scalar mix that a fine-tuning strategy added (see pretrain/strategies.py)."""
+    from pretrain.strategies import restore_added_modules as restore   # strategies imports this module
+    restore(model, path)
 
 
 def label_names_of(model: PreTrainedModel) -> tuple[str, ...]:

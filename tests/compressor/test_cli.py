@@ -82,6 +82,8 @@ BAD_INPUT = {
     "missing-label-column": lambda msg: "nolabel.csv" in msg and "'label'" in msg and "category" in msg,
     "unknown-flag": lambda msg: "--bogus-flag" in msg,
     "unknown-profile": lambda msg: "'tpu'" in msg and "cpu" in msg and "gpu-cuda-fp16" in msg,
+    "unknown-strategy": lambda msg: "'lora'" in msg and all(
+        name in msg for name in ("'full'", "'frozen'", "'scalar-mix'", "'adapters'")),
 }
 
 
@@ -115,6 +117,7 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
         "missing-label-column": ["finetune", "--model", tiny, "--task", str(nolabel)],
         "unknown-flag": ["finetune", "--model", tiny, "--task", csv, "--bogus-flag"],
         "unknown-profile": ["bench", "--model", tiny, "--task", csv, "--profile", "tpu"],
+        "unknown-strategy": ["finetune", "--model", tiny, "--task", csv, "--strategy", "lora"],
         "existing-out": ["finetune", "--model", tiny, "--task", "no-such-task", "--out", str(existing)],
     }
     for name in BAD_INPUT:
@@ -163,6 +166,8 @@ def test_finetune_writes_an_hf_dir_with_metrics(cli, tiny_task):
     assert metrics["samples"] == len(tiny_task.split("test"))
     assert metrics["train_seconds"] > 0
     assert metrics["train_samples"] == len(tiny_task.split("train"))
+    assert metrics["strategy"] == "full" and metrics["processes"] == 1
+    assert metrics["trainable_params"] == metrics["total_params"] > 0
     assert json.loads(result.stdout) == metrics              # what it printed is what it wrote
 
 

@@ -154,7 +154,7 @@ def finetune_spy(monkeypatch):
 
     def spy(model, tokenizer, task, cfg, **kw):
         result = real(model, tokenizer, task, cfg, **kw)
-        calls.append((cfg, result))
+        calls.append((cfg, result.train))
         return result
     monkeypatch.setattr(training_passes, "finetune", spy)
     return calls

@@ -1,0 +1,104 @@
+"""Fine-tuning strategies on the MiniLM teacher (wordnet-supersense), at one equal budget.
+
+Every run is the real command a user types (`compressor finetune ...`, or under
+`torchrun --nproc_per_node=2` for the DDP check); its metrics.json (test accuracy on the
+held-out test split) is collected into one results file, rewritten after every run so a
+partial sweep is still recorded. Accuracy only: the machine is shared, times are not a
+throughput figure.
+
+    python benchmarks/finetune_strategies.py --runs adapters,ddp-1,ddp-2 \
+        --out benchmarks/results/finetune_strategies.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def runs(args) -> dict[str, list[str]]:
+    """name -> command line (after `python -m`)."""
+    budget = ["--max-train-samples", str(args.train_samples), "--epochs", str(args.epochs)]
+    small = ["--max-train-samples", str(args.ddp_train_samples), "--epochs", "1"]
+    ft = ["compressor", "finetune", "--model", "minilm", "--task", "wordnet-supersense", "--quiet"]
+    return {
+        "full": [*ft, *budget, "--strategy", "full", "--lr", "1e-4"],
+        "adapters": [*ft, *budget, "--strategy", "adapters", "--lr", "1e-3"],
+        "frozen": [*ft, *budget, "--strategy", "frozen", "--lr", "1e-3"],
+        "scalar-mix": [*ft, *budget, "--strategy", "scalar-mix", "--lr", "1e-3"],
+        "two-stage-wsd": [*ft, *budget, "--strategy", "full", "--lr", "1e-4", "--intermediate-task", "wordnet-wsd"],
+        "multi-task-wsd": [*ft, *budget, "--strategy", "full", "--lr", "1e-4",
+                           "--tasks", "wordnet-supersense,wordnet-wsd"],
+        "ddp-1": [*ft, *small, "--lr", "2e-4"],
+        "ddp-2": ["torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", *ft, *small, "--lr", "2e-4"],
+    }
+
+
+def run_one(name: str, argv: list[str], out_dir: Path, max_eval: int | None) -> dict:
+    out = out_dir / name
+    cmd = [sys.executable, "-m", *argv, "--out", str(out)]
+    if max_eval:
+        cmd += ["--max-eval-samples", str(max_eval)]
+    start = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    shown = " ".join(["python", "-m", *argv, "--out", f"runs/strategies/{name}"]
+                     + (["--max-eval-samples", str(max_eval)] if max_eval else []))
+    if proc.returncode != 0:
+        return {"name": name, "command": shown, "error": proc.stderr[-2000:], "wall_seconds": round(wall, 1)}
+    metrics = json.loads((out / "metrics.json").read_text())
+    keep = ("accuracy", "macro_f1", "samples", "strategy", "trainable_params", "total_params",
+            "trainable_percent", "steps", "train_samples", "train_seconds", "final_loss", "stages", "processes")
+    return {"name": name, "command": shown, **{k: metrics.get(k) for k in keep},
+            "lr": metrics["config"]["lr"], "wall_seconds": round(wall, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default="adapters,ddp-1,ddp-2,frozen,scalar-mix,full,two-stage-wsd,multi-task-wsd")
+    parser.add_argument("--train-samples", type=int, default=30000)
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--ddp-train-samples", type=int, default=6000)
+    parser.add_argument("--max-eval-samples", type=int, help="default: the whole test split")
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "strategies")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "finetune_strategies.json")
+    args = parser.parse_args()
+
+    import torch
+    import transformers
+    known = runs(args)
+    names = [n.strip() for n in args.runs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown runs {unknown}; known: {', '.join(known)}")
+    previous = json.loads(args.out.read_text())["runs"] if args.out.is_file() else []
+    results = {r["name"]: r for r in previous}
+    for name in names:
+        print(f"running {name}: {' '.join(known[name])}", file=sys.stderr, flush=True)
+        results[name] = run_one(name, known[name], args.work, args.max_eval_samples)
+        print(json.dumps(results[name]), file=sys.stderr, flush=True)
+        record = {"command": " ".join(["python", "benchmarks/finetune_strategies.py", *sys.argv[1:]]),
+                  "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                              "cpus": os.cpu_count(), "note": "2 cores shared with other jobs"},
+                  "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                               "transformers": transformers.__version__},
+                  "settings": {"train_samples": args.train_samples, "epochs": args.epochs,
+                               "ddp_train_samples": args.ddp_train_samples, "batch_size": 32, "seed": 0,
+                               "max_eval_samples": args.max_eval_samples},
+                  "runs": list(results.values())}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""The `finetune` pass with a strategy: the output carries its adapters, the input is untouched."""
+
+from __future__ import annotations
+
+import torch
+
+from compressor.bundle import ModelBundle
+from compressor.passes.registry import Context, apply_pass, get_pass
+
+
+def test_finetune_pass_with_adapters(bert_bundle, tiny_task, tmp_path):
+    before = {k: v.clone() for k, v in bert_bundle.model.state_dict().items()}
+    cfg = get_pass("finetune").config_type.model_validate(
+        {"epochs": 1, "batch_size": 16, "lr": 1e-3, "strategy": "adapters", "adapter_size": 8, "max_train_samples": 64})
+    out = apply_pass(bert_bundle, "finetune", cfg, Context(task=tiny_task, show_progress=False))
+    assert not any(".adapter." in n for n, _ in bert_bundle.model.named_parameters())
+    assert all(torch.equal(v, bert_bundle.model.state_dict()[k]) for k, v in before.items())
+    assert any(".adapter." in n for n, _ in out.model.named_parameters())
+    assert out.history[-1]["config"]["strategy"] == "adapters"
+    out.save(tmp_path / "out")
+    reloaded = ModelBundle.load(tmp_path / "out")
+    assert reloaded.params == out.params

@@ -1,0 +1,126 @@
+"""Fine-tuning with strategies, two-stage and multi-task, on the tiny real tasks."""
+
+from __future__ import annotations
+
+import csv
+import random
+
+import pytest
+import torch
+
+from pretrain.data import load_task
+from pretrain.errors import UserError
+from pretrain.finetune import FinetuneConfig, MultiTaskBatches, finetune, with_head
+from pretrain.batching import encode
+from pretrain.models import count_params
+from pretrain.train import TrainConfig
+
+QUICK = dict(epochs=1, batch_size=16, lr=1e-3, warmup_ratio=0.0)
+
+
+def write_task(path, texts, labels):
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows(zip(texts, labels))
+    return {"path": str(path)}
+
+
+@pytest.fixture(scope="module")
+def other_tasks(tiny_task, tmp_path_factory):
+    """Same glosses, other labels: disjoint ('long'/'short'), clashing (shares 'noun.animal')."""
+    root = tmp_path_factory.mktemp("other-tasks")
+    texts = tiny_task.split("train").texts[:120]
+    rng = random.Random(0)
+    return {
+        "disjoint": write_task(root / "length.csv", texts, ["long" if len(t) > 60 else "short" for t in texts]),
+        "clash": write_task(root / "clash.csv", texts, [rng.choice(["noun.animal", "other"]) for _ in texts]),
+    }
+
+
+def changed(before: dict, model) -> set[str]:
+    after = model.state_dict()
+    return {k for k in before if not torch.equal(before[k], after[k])}
+
+
+@pytest.mark.parametrize("strategy", ["frozen", "scalar-mix", "adapters"])
+def test_strategies_train_only_their_parameters(bert_bundle, tiny_task, strategy):
+    model = bert_bundle.copy_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = finetune(model, bert_bundle.tokenizer, tiny_task,
+                      FinetuneConfig(**QUICK, strategy=strategy, adapter_size=8), show_progress=False)
+    moved = changed(before, model)
+    assert {"classifier.weight", "classifier.bias"} <= moved
+    encoder_moved = {k for k in moved if k.startswith("bert.")}
+    if strategy == "adapters":
+        assert encoder_moved and all("LayerNorm" in k for k in encoder_moved)   # + new adapter weights
+        assert any(".adapter." in n for n, _ in model.named_parameters())
+    else:
+        assert not encoder_moved
+    assert result.total_params == count_params(model)
+    assert 0 < result.trainable_params < 0.2 * result.total_params
+    assert all(p.requires_grad for p in model.parameters())          # nothing left frozen afterwards
+
+
+def test_full_strategy_trains_everything_and_reports_it(bert_bundle, tiny_task):
+    model = bert_bundle.copy_model()
+    result = finetune(model, bert_bundle.tokenizer, tiny_task, FinetuneConfig(**QUICK), show_progress=False)
+    assert result.trainable_params == result.total_params == count_params(model)
+    assert result.trainable_percent == 100.0 and len(result.stages) == 1
+
+
+def test_two_stage_trains_the_encoder_on_the_intermediate_task_first(bert_bundle, tiny_task, other_tasks):
+    model = bert_bundle.copy_model()
+    head = model.classifier.weight.detach().clone()
+    cfg = FinetuneConfig(**QUICK, intermediate_task=other_tasks["disjoint"])
+    result = finetune(model, bert_bundle.tokenizer, tiny_task, cfg, show_progress=False)
+    assert [s["task"] for s in result.stages] == ["length", "tiny"]
+    assert result.stages[0]["samples"] == 96 and result.stages[1]["samples"] == 240
+    assert model.classifier.out_features == len(tiny_task.label_names)   # the target's head is kept
+    assert not torch.equal(head, model.classifier.weight)
+
+
+@pytest.mark.parametrize("which, message", [("clash", "labels clash"), ("target", "target task itself")])
+def test_intermediate_task_clashes_are_refused_before_training(bert_bundle, tiny_task, tiny_csv, other_tasks,
+                                                               which, message):
+    spec = {"path": str(tiny_csv)} if which == "target" else other_tasks[which]
+    model = bert_bundle.copy_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UserError, match=message):
+        finetune(model, bert_bundle.tokenizer, tiny_task, FinetuneConfig(**QUICK, intermediate_task=spec),
+                 show_progress=False)
+    assert not changed(before, model)
+
+
+def test_multi_task_mixes_batches_and_keeps_target_steps(bert_bundle, tiny_task, other_tasks):
+    model = bert_bundle.copy_model()
+    cfg = FinetuneConfig(**QUICK, tasks=({"path": str(tiny_task.spec["path"])}, other_tasks["disjoint"]))
+    result = finetune(model, bert_bundle.tokenizer, tiny_task, cfg, show_progress=False)
+    assert result.train.steps == 15                   # 240 target examples / 16, as single-task
+    assert result.train.samples == 15 * 32            # each step: 16 target + 16 other
+    assert result.stages[0]["task"] == "tiny+length"
+
+
+def test_multi_task_batches_hold_every_task_and_share_the_encoder(bert_bundle, tiny_task, other_tasks):
+    other = load_task(other_tasks["disjoint"])
+    data = [encode(bert_bundle.tokenizer, t.split("train")) for t in (tiny_task, other)]
+    source = MultiTaskBatches(data, TrainConfig(**QUICK), with_token_types=True)
+    batch = source.batch(3)
+    assert batch["task"].tolist() == [0] * 16 + [1] * 16
+    widths = {v.shape[1] for k, v in batch.items() if v.ndim == 2}
+    assert len(widths) == 1
+    model = bert_bundle.copy_model()
+    twin = with_head(model, other.label_names, seed=1)
+    assert twin.bert is model.bert and twin.classifier.out_features == 2
+
+
+def test_multi_task_listing_only_the_target_is_an_error(bert_bundle, tiny_task):
+    cfg = FinetuneConfig(**QUICK, tasks=(tiny_task.spec,))
+    with pytest.raises(UserError, match="at least one other task"):
+        finetune(bert_bundle.copy_model(), bert_bundle.tokenizer, tiny_task, cfg, show_progress=False)
+
+
+def test_unknown_strategy_lists_the_known_ones():
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="full.*frozen.*scalar-mix.*adapters"):
+        FinetuneConfig(strategy="lora")
