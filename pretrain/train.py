@@ -1,8 +1,16 @@
 """The one training loop.
 
-Every stage that trains (fine-tuning, and later pretraining, distillation, module
-replacing, quantization-aware training) calls `train` with its own `loss_fn(model, batch)`.
-The loop owns batching, the optimizer, the schedule, clipping and the progress bar.
+Every stage that trains (fine-tuning, pretraining, distillation, module replacing,
+quantization-aware training) calls `train` with its own `loss_fn(model, batch)` and a
+source of batches: an `Encoded` split (epochs of shuffled, length-grouped batches) or any
+`BatchSource` (a step count plus `batch(step)`, e.g. an MLM objective masking its own
+batches). The loop owns the optimizers, the schedule, clipping, progress, checkpoints and
+data parallelism.
+
+One process or many: started by `torchrun --nproc_per_node=N`, the model is wrapped in
+DistributedDataParallel (gloo on CPU, NCCL on GPU) and each rank trains on its slice of
+every global batch, so N processes take the same steps as one process would (see
+TRAIN_API.md). Only rank 0 shows progress and writes checkpoints.
 
 Where the time goes on a small CPU, and what the loop does about it:
 - padding: batches are padded to their longest member and grouped by length (batching.py);
@@ -10,7 +18,8 @@ Where the time goes on a small CPU, and what the loop does about it:
   30522 x 384 gradient and a dense AdamW update every step although a batch touches a few
   hundred rows. With `embedding_updates="sparse"` the embedding emits a sparse gradient
   and SparseAdam updates only the rows seen (`"frozen"` skips them, `"dense"` is the
-  textbook behaviour);
+  textbook behaviour). DDP all-reduces sparse gradients on gloo; NCCL cannot, so on GPU
+  "sparse" falls back to "dense";
 - the optimizer step over the dense parameters uses the fused AdamW kernel.
 """
 
@@ -19,22 +28,30 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import os
+import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Literal
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from pretrain.batching import Encoded, iterate, training_order
+from pretrain import distributed
+from pretrain.batching import Encoded, collate, training_order
+from pretrain.errors import UserError
 
-LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+Batch = dict[str, torch.Tensor]
+LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 
 
 class TrainConfig(BaseModel):
@@ -43,7 +60,7 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     epochs: float = Field(1.0, gt=0)
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(32, ge=1)         # the global batch, split over DDP processes
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
@@ -53,16 +70,58 @@ class TrainConfig(BaseModel):
     group_by_length: bool = True
 
 
+class Checkpointing(BaseModel):
+    """Where and how often the loop saves a resumable checkpoint.
+
+    A run given a directory that already holds its checkpoint resumes from it exactly
+    (model, optimizers, schedules, RNG states, step and data position).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    directory: Path
+    every_steps: int = Field(200, ge=1)
+
+
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """What a callback sees after each optimizer step (global numbers, same on every rank)."""
+
+    step: int                # steps done, 1-based
+    total_steps: int
+    loss: float              # mean loss over the global batch
+    samples: int             # examples seen so far (all ranks)
+    tokens: int              # non-padding tokens seen so far (all ranks)
+    seconds: float           # training time so far, including before a resume
+    lr: float                # learning rate of the step just taken
+
+
+StepCallback = Callable[[StepLog], None]
+
+
 @dataclass
 class TrainResult:
     steps: int
     samples: int
     seconds: float
     losses: list[float] = field(repr=False)
+    tokens: int = 0
 
     @property
     def samples_per_second(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def initial_loss(self) -> float:
+        head = self.losses[:10]
+        return float(np.mean(head)) if head else float("nan")
 
     @property
     def final_loss(self) -> float:
@@ -70,45 +129,282 @@ class TrainResult:
         return float(np.mean(tail)) if tail else float("nan")
 
 
-def task_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+@runtime_checkable
+class BatchSource(Protocol):
+    """Where a run's batches come from: `steps` optimizer steps, global batch `batch(step)`.
+
+    A batch is a dict of tensors whose first dimension is the example; under DDP the loop
+    gives each rank its slice. Steps are asked for in order, from 0 (or from the resume
+    step). A source whose batch is a pure function of the step (seed its RNG with the
+    step) resumes exactly with no further help; a source with internal state (a stream)
+    also defines `state_dict()` and `load_state_dict(state)`, which checkpoints carry.
+    """
+
+    steps: int
+
+    def batch(self, step: int) -> Batch: ...
+
+
+@dataclass(frozen=True)
+class StepBatches:
+    """A BatchSource from a function: `make(step)` builds global batch `step`."""
+
+    steps: int
+    make: Callable[[int], Batch]
+
+    def batch(self, step: int) -> Batch:
+        return self.make(step)
+
+
+class EpochBatches:
+    """Epochs over an Encoded split: a fresh shuffle each epoch, cut at cfg.epochs.
+
+    The whole plan of index batches is drawn up front from cfg.seed, so the data
+    position of a resumed run is just its step.
+    """
+
+    def __init__(self, data: Encoded, cfg: TrainConfig, with_token_types: bool):
+        if len(data) == 0:
+            raise ValueError("no training examples")
+        self.data, self.with_token_types = data, with_token_types
+        steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
+        self.steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+        self.plan = epoch_batches(data, cfg, np.random.default_rng(cfg.seed), self.steps)
+
+    def batch(self, step: int) -> Batch:
+        return collate(self.data, self.plan[step], self.with_token_types)
+
+
+def task_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     """The model's own loss (cross-entropy for a classification head)."""
     return model(**batch).loss
 
 
-def train(model: nn.Module, data: Encoded, cfg: TrainConfig, loss_fn: LossFn = task_loss,
-          desc: str = "training", show_progress: bool = True) -> TrainResult:
-    """Train `model` in place on `data` and return what happened."""
-    if len(data) == 0:
-        raise ValueError("no training examples")
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
-    total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    wants_token_types = accepts_token_types(model)
+def train(model: nn.Module, data: Encoded | BatchSource, cfg: TrainConfig, loss_fn: LossFn = task_loss,
+          desc: str = "training", show_progress: bool = True, checkpoint: Checkpointing | None = None,
+          callbacks: Sequence[StepCallback] = ()) -> TrainResult:
+    """Train `model` in place and return what happened (the same on every rank)."""
+    source = EpochBatches(data, cfg, accepts_token_types(model)) if isinstance(data, Encoded) else data
+    place = distributed.world()
+    if isinstance(data, Encoded):
+        check_shares(len(data), cfg.batch_size, place)
+    home = next(model.parameters()).device
+    device = distributed.device() if place.distributed else home
+    model.to(device)
+    torch.manual_seed(cfg.seed + place.rank)   # dropout differs per rank, like different data
+    progress = Counters(losses=[])
 
     model.train()
-    losses: list[float] = []
-    samples = 0
-    start = time.perf_counter()
-    with embedding_mode(model, cfg.embedding_updates) as sparse_params:
+    with embedding_mode(model, embedding_mode_for(cfg.embedding_updates)) as sparse_params:
         optimizers = make_optimizers(model, cfg, sparse_params)
-        schedules = [torch.optim.lr_scheduler.LambdaLR(o, warmup_then_linear_decay(cfg, total_steps))
+        schedules = [torch.optim.lr_scheduler.LambdaLR(o, warmup_then_linear_decay(cfg, source.steps))
                      for o in optimizers]
-        with progress_bar(desc, total_steps, show_progress) as advance:
-            for _, batch in iterate(data, epoch_batches(data, cfg, rng, total_steps), wants_token_types):
-                loss = loss_fn(model, batch)
-                loss.backward()
+        run = Run(model, optimizers, schedules, source, cfg, place)
+        if checkpoint is not None:
+            run.resume(checkpoint.directory, progress)
+        step_loss = loss_step(model, loss_fn, place, device)
+        start = time.perf_counter() - progress.seconds
+        with progress_bar(desc, source.steps, show_progress and place.is_main, progress.step) as advance:
+            for step in range(progress.step, source.steps):
+                batch = source.batch(step)
+                loss = step_loss(batch)          # forward + backward (+ DDP all-reduce)
                 clip_dense_gradients(model, cfg.max_grad_norm)
+                lr = schedules[0].get_last_lr()[0]
                 for opt, sched in zip(optimizers, schedules):
                     opt.step()
                     sched.step()
                     opt.zero_grad(set_to_none=True)
-                losses.append(loss.item())
-                samples += len(batch["input_ids"])
-                advance(losses[-1], samples / (time.perf_counter() - start))
+                progress.record(loss, len(batch["input_ids"]), count_tokens(batch), time.perf_counter() - start)
+                log = StepLog(progress.step, source.steps, loss, progress.samples, progress.tokens,
+                              progress.seconds, lr)
+                for callback in callbacks:
+                    callback(log)
+                advance(loss, progress.samples / max(progress.seconds, 1e-9))
+                if checkpoint is not None and (progress.step % checkpoint.every_steps == 0
+                                               or progress.step == source.steps):
+                    run.save(checkpoint.directory, progress)
     model.eval()
-    return TrainResult(steps=len(losses), samples=samples,
-                       seconds=time.perf_counter() - start, losses=losses)
+    model.to(home)
+    return TrainResult(steps=progress.step, samples=progress.samples, seconds=progress.seconds,
+                       losses=progress.losses, tokens=progress.tokens)
+
+
+@dataclass
+class Counters:
+    """Counters a checkpoint carries so a resumed run reports the whole run."""
+
+    losses: list[float]
+    step: int = 0
+    samples: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def record(self, loss: float, samples: int, tokens: int, seconds: float) -> None:
+        self.losses.append(loss)
+        self.step += 1
+        self.samples += samples
+        self.tokens += tokens
+        self.seconds = seconds
+
+
+def loss_step(model: nn.Module, loss_fn: LossFn, place: distributed.World, device: torch.device
+              ) -> Callable[[Batch], float]:
+    """forward + backward of one global batch on this rank; returns the global mean loss.
+
+    Under DDP the model and loss_fn are wrapped as one module, so DDP's hooks see the whole
+    loss computation whatever submodules loss_fn calls. Each rank's loss is weighted by its
+    share of the batch: DDP averages gradients over ranks, so the result is the gradient
+    of the mean over the global batch, as on one process, even for unequal shares.
+    """
+    if not place.distributed:
+        def single(batch: Batch) -> float:
+            loss = loss_fn(model, to_device(batch, device))
+            loss.backward()
+            return loss.item()
+        return single
+
+    # find_unused_parameters: scalar-mix and multi-task heads leave some parameters out
+    # of a step's graph; the graph walk it costs is small next to the step.
+    ddp = DistributedDataParallel(WithLoss(model, loss_fn), find_unused_parameters=True)
+
+    def data_parallel(batch: Batch) -> float:
+        share, weight = rank_share(batch, place)
+        loss = ddp(to_device(share, device)) * weight
+        loss.backward()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        return total.item() / place.size
+    return data_parallel
+
+
+class WithLoss(nn.Module):
+    """A model and its loss as one module: what DDP wraps."""
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.loss_fn(self.model, batch)
+
+
+def rank_share(batch: Batch, place: distributed.World) -> tuple[Batch, float]:
+    """This rank's rows of a global batch, and the weight that makes its loss a share of the mean.
+
+    A rank left without rows (a last batch smaller than the world) runs one row with
+    weight 0: it must still take part in DDP's all-reduce.
+    """
+    n = len(batch["input_ids"])
+    rows = np.array_split(np.arange(n), place.size)[place.rank]
+    weight = len(rows) * place.size / n
+    if len(rows) == 0:
+        rows = np.arange(1)
+    index = torch.from_numpy(rows)
+    return {k: v.index_select(0, index) for k, v in batch.items()}, weight
+
+
+def check_shares(examples: int, batch_size: int, place: distributed.World) -> None:
+    """Every process needs at least one example of every full batch."""
+    per_batch = min(examples, batch_size)
+    if place.size > per_batch:
+        raise UserError(f"cannot split batches of {per_batch} examples over {place.size} processes; "
+                        f"expected --nproc_per_node <= {per_batch} (or a larger --batch-size)")
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    if device.type == "cpu":
+        return batch
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def count_tokens(batch: Batch) -> int:
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+
+
+def embedding_mode_for(requested: str) -> str:
+    """NCCL has no sparse all-reduce: on GPU data parallelism, sparse updates become dense."""
+    if requested == "sparse" and dist.is_initialized() and dist.get_backend() == "nccl":
+        return "dense"
+    return requested
+
+
+class Run:
+    """The state a checkpoint holds, and saving / resuming it."""
+
+    def __init__(self, model: nn.Module, optimizers: list[torch.optim.Optimizer],
+                 schedules: list[Any], source: BatchSource, cfg: TrainConfig, place: distributed.World):
+        self.model, self.optimizers, self.schedules = model, optimizers, schedules
+        self.source, self.cfg, self.place = source, cfg, place
+
+    def fingerprint(self) -> dict:
+        """What must match for a checkpoint to belong to this run."""
+        return {"config": self.cfg.model_dump(mode="json"), "steps": self.source.steps}
+
+    def save(self, directory: Path, progress: Counters) -> None:
+        rng = rng_state()
+        states = [rng]
+        if self.place.distributed:
+            states = [None] * self.place.size
+            dist.all_gather_object(states, rng)
+        if self.place.is_main:
+            state = {"fingerprint": self.fingerprint(), "world_size": self.place.size,
+                     "model": self.model.state_dict(),
+                     "optimizers": [o.state_dict() for o in self.optimizers],
+                     "schedules": [s.state_dict() for s in self.schedules],
+                     "rng": states, "progress": vars(progress).copy(),
+                     "source": self.source.state_dict() if hasattr(self.source, "state_dict") else None}
+            atomic_torch_save(state, Path(directory) / CHECKPOINT_FILE)
+
+    def resume(self, directory: Path, progress: Counters) -> None:
+        path = Path(directory) / CHECKPOINT_FILE
+        if not path.is_file():
+            return
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # a truncated or foreign file: say which, not a traceback
+            raise UserError(f"cannot read checkpoint {path}: {str(err).splitlines()[0]}") from None
+        if state.get("fingerprint") != self.fingerprint():
+            raise UserError(f"checkpoint {path} was written by a run with other settings; "
+                            f"expected the same training config and step count (or remove it)")
+        self.model.load_state_dict(state["model"])
+        for opt, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            opt.load_state_dict(saved)
+        for sched, saved in zip(self.schedules, state["schedules"], strict=True):
+            sched.load_state_dict(saved)
+        if state["source"] is not None:
+            self.source.load_state_dict(state["source"])
+        # RNG streams are per rank; on a different number of processes the run goes on,
+        # but no longer bit-for-bit as uninterrupted.
+        if state["world_size"] == self.place.size:
+            set_rng_state(state["rng"][self.place.rank])
+        for key, value in state["progress"].items():
+            setattr(progress, key, value)
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:])}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+
+
+def atomic_torch_save(state: dict, path: Path) -> None:
+    """Write to a temporary name in the same dir, then rename: a kill never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def accepts_token_types(model: nn.Module) -> bool:
@@ -184,7 +480,7 @@ def clip_dense_gradients(model: nn.Module, max_norm: float | None) -> None:
 
 
 @contextlib.contextmanager
-def progress_bar(desc: str, total: int, enabled: bool):
+def progress_bar(desc: str, total: int, enabled: bool, done: int = 0):
     """Progress on stderr showing loss, samples/s and ETA; yields advance(loss, rate).
 
     On a terminal it is a live bar; in a log file (CI, background runs) a plain line is
@@ -192,13 +488,13 @@ def progress_bar(desc: str, total: int, enabled: bool):
     """
     console = Console(stderr=True)
     if enabled and not console.is_terminal:
-        yield log_lines(desc, total)
+        yield log_lines(desc, total, done)
         return
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]:.4f}"), TextColumn("{task.fields[rate]:.1f} samples/s"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=not enabled) as bar:
-        task = bar.add_task(desc, total=total, loss=float("nan"), rate=0.0)
+        task = bar.add_task(desc, total=total, completed=done, loss=float("nan"), rate=0.0)
 
         def advance(loss: float, rate: float) -> None:
             bar.update(task, advance=1, loss=loss, rate=rate)
@@ -208,9 +504,9 @@ def progress_bar(desc: str, total: int, enabled: bool):
 LOG_EVERY_SECONDS = 30.0
 
 
-def log_lines(desc: str, total: int) -> Callable[[float, float], None]:
+def log_lines(desc: str, total: int, done: int = 0) -> Callable[[float, float], None]:
     start = last = time.perf_counter()
-    done = 0
+    resumed_at = done
 
     def advance(loss: float, rate: float) -> None:
         nonlocal done, last
@@ -218,7 +514,7 @@ def log_lines(desc: str, total: int) -> Callable[[float, float], None]:
         now = time.perf_counter()
         if now - last >= LOG_EVERY_SECONDS or done == total:
             last = now
-            eta = (now - start) / done * (total - done)
+            eta = (now - start) / (done - resumed_at) * (total - done)
             print(f"{desc}: step {done}/{total} loss {loss:.4f} {rate:.1f} samples/s "
                   f"elapsed {now - start:.0f}s ETA {eta:.0f}s", file=sys.stderr, flush=True)
     return advance

@@ -1,4 +1,5 @@
-"""The shared training loop: learning, embedding update modes, schedule, seeding, step counts."""
+"""The shared training loop: learning, embedding update modes, schedule, seeding, step counts,
+step-based batch sources, callbacks, checkpoints and exact resume."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from pretrain.batching import Encoded, encode
+from pretrain.batching import Encoded, collate, encode
 from pretrain.data import Split
-from pretrain.train import TrainConfig, task_loss, train, warmup_then_linear_decay
+from pretrain.errors import UserError
+from pretrain.train import (CHECKPOINT_FILE, Checkpointing, StepBatches, TrainConfig, task_loss, train,
+                            warmup_then_linear_decay)
 
 FILLER = ("the", "a", "small", "green", "house", "river", "walks", "slowly", "near", "old", "blue", "road")
 
@@ -164,3 +167,89 @@ def test_empty_training_data_is_an_error(make_tiny_bert):
 def test_train_config_rejects_bad_values(bad):
     with pytest.raises(ValidationError):
         TrainConfig(**bad)
+
+@pytest.fixture(scope="module")
+def toy48(tokenizer):
+    return encode(tokenizer, toy_split(48))
+
+
+def resume_cfg(**kw) -> TrainConfig:
+    base = dict(epochs=2, batch_size=8, lr=1e-3, warmup_ratio=0.2, embedding_updates="sparse")
+    return TrainConfig(**{**base, **kw})
+
+
+def random_batches(toy48, steps: int, seed: int = 3) -> StepBatches:
+    """A source whose batch is a pure function of the step, like a masking objective's."""
+    def make(step: int):
+        rng = np.random.default_rng((seed, step))
+        return collate(toy48, rng.choice(len(toy48), size=6, replace=False))
+    return StepBatches(steps=steps, make=make)
+
+
+def test_step_source_runs_its_step_count_and_reports_tokens(make_tiny_bert, toy48):
+    logs = []
+    result = train(make_tiny_bert(), random_batches(toy48, 7), resume_cfg(warmup_ratio=0.5), show_progress=False,
+                   callbacks=[logs.append])
+    assert result.steps == 7 and result.samples == 42
+    assert [log.step for log in logs] == list(range(1, 8))
+    assert all(log.total_steps == 7 for log in logs)
+    expected_tokens = sum(int(random_batches(toy48, 7).batch(s)["attention_mask"].sum()) for s in range(7))
+    assert result.tokens == expected_tokens == logs[-1].tokens
+    assert [log.loss for log in logs] == result.losses
+    assert result.initial_loss == pytest.approx(np.mean(result.losses[:10]))
+    assert result.tokens_per_second > 0
+    assert [log.lr for log in logs[:4]] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])   # 3 warm-up steps
+
+
+class Interrupt(Exception):
+    pass
+
+
+def stop_at(step: int):
+    def callback(log):
+        if log.step == step:
+            raise Interrupt
+    return callback
+
+
+@pytest.mark.parametrize("source", ["epochs", "steps"])
+def test_interrupted_run_resumes_exactly(make_tiny_bert, toy48, tmp_path, source):
+    """Kill after step 8 (last checkpoint at 6), rerun: identical weights and losses to an
+    uninterrupted run. Dropout is on, so this needs the RNG state; SparseAdam and AdamW
+    moments and the schedule must come back too."""
+    data = toy48 if source == "epochs" else random_batches(toy48, 12)
+    reference = make_tiny_bert(seed=1)
+    ref = train(reference, data, resume_cfg(), show_progress=False)
+    assert ref.steps == 12
+
+    ckpt = Checkpointing(directory=tmp_path / "ckpt", every_steps=3)
+    with pytest.raises(Interrupt):
+        train(make_tiny_bert(seed=1), data, resume_cfg(), show_progress=False, checkpoint=ckpt, callbacks=[stop_at(8)])
+    saved = torch.load(tmp_path / "ckpt" / CHECKPOINT_FILE, weights_only=True)
+    assert saved["progress"]["step"] == 6
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == [CHECKPOINT_FILE]   # no temp file left
+
+    resumed_steps = []
+    model = make_tiny_bert(seed=1)
+    result = train(model, data, resume_cfg(), show_progress=False, checkpoint=ckpt,
+                   callbacks=[lambda log: resumed_steps.append(log.step)])
+    assert resumed_steps == list(range(7, 13))
+    assert result.steps == 12 and result.samples == ref.samples and result.tokens == ref.tokens
+    assert result.losses == ref.losses
+    a, b = reference.state_dict(), model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoint_of_other_settings_is_refused(make_tiny_bert, toy48, tmp_path):
+    ckpt = Checkpointing(directory=tmp_path, every_steps=2)
+    train(make_tiny_bert(), toy48, resume_cfg(epochs=0.5), show_progress=False, checkpoint=ckpt)
+    before = (tmp_path / CHECKPOINT_FILE).read_bytes()
+    with pytest.raises(UserError, match="other settings"):
+        train(make_tiny_bert(), toy48, resume_cfg(epochs=0.5, lr=5e-4), show_progress=False, checkpoint=ckpt)
+    assert (tmp_path / CHECKPOINT_FILE).read_bytes() == before
+
+
+def test_unreadable_checkpoint_is_a_user_error(make_tiny_bert, toy48, tmp_path):
+    (tmp_path / CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="cannot read checkpoint"):
+        train(make_tiny_bert(), toy48, resume_cfg(), show_progress=False, checkpoint=Checkpointing(directory=tmp_path))
