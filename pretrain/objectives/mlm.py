@@ -145,10 +145,18 @@ def pad_rows(rows: Sequence[Sequence[int]], pad: int) -> np.ndarray:
     return out
 
 
+BERT_POSITIONS = 512
+
+
 def bert_config(tokenizer: PreTrainedTokenizerBase, size: ModelSize, max_length: int, **extra) -> BertConfig:
+    """BERT's 512 positions whatever the pretraining length (as BERT pretrained at 128 and
+    kept 512): the teacher is later fine-tuned at the task's own length."""
+    if max_length > BERT_POSITIONS:
+        raise UserError(f"max length {max_length} is longer than the model's {BERT_POSITIONS} positions: "
+                        f"expected at most {BERT_POSITIONS}")
     return BertConfig(vocab_size=len(tokenizer), hidden_size=size.hidden, num_hidden_layers=size.layers,
                       num_attention_heads=size.heads, intermediate_size=size.intermediate,
-                      max_position_embeddings=max_length, pad_token_id=tokenizer.pad_token_id, **extra)
+                      max_position_embeddings=BERT_POSITIONS, pad_token_id=tokenizer.pad_token_id, **extra)
 
 
 def masked_lm_loss(encoder_output: torch.Tensor, labels: torch.Tensor, head: nn.Module) -> torch.Tensor:
