@@ -112,6 +112,33 @@ def add_pretraining_commands(sub) -> None:
     pt.add_argument("--quiet", action="store_true", help="no progress bar")
     pt.set_defaults(handler=cmd_pretrain)
 
+    em = sub.add_parser("embeddings", help="train skip-gram (word2vec) static word embeddings on a corpus")
+    em.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
+    em.add_argument("--dim", type=positive_int, default=100)
+    em.add_argument("--window", type=positive_int, default=5)
+    em.add_argument("--negatives", type=positive_int, default=5)
+    em.add_argument("--min-count", type=positive_int, default=5)
+    em.add_argument("--max-vocab", type=positive_int, default=50_000)
+    em.add_argument("--steps", type=positive_int, default=3000)
+    em.add_argument("--batch-size", type=positive_int, default=1024)
+    em.add_argument("--lr", type=float, default=3e-3)
+    em.add_argument("--seed", type=int, default=0)
+    em.add_argument("--out", required=True, type=Path)
+    em.add_argument("--quiet", action="store_true", help="no progress bar")
+    em.set_defaults(handler=cmd_embeddings)
+
+
+def cmd_embeddings(args: argparse.Namespace) -> int:
+    from compressor.pretrain_command import embeddings_command
+    from pretrain.models import set_threads
+    set_threads(None)
+    settings = {"dim": args.dim, "window": args.window, "negatives": args.negatives, "min_count": args.min_count,
+                "max_vocab": args.max_vocab, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+                "seed": args.seed}
+    metrics = embeddings_command(args.corpus, args.out, settings, show_progress=not args.quiet)
+    print(json.dumps({k: v for k, v in metrics.items() if k != "environment"}, indent=2))
+    return 0
+
 
 def cmd_tokenizer(args: argparse.Namespace) -> int:
     from compressor.pretrain_command import tokenizer_command

@@ -58,3 +58,22 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
         shutil.rmtree(ckpt, ignore_errors=True)   # the output is safely written: nothing to resume
     distributed.shutdown()
     return metrics
+
+
+def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bool = True) -> dict:
+    """Skip-gram embeddings: embeddings.npy + vocab.txt + metrics.json (with probe neighbours)."""
+    from pretrain.static_embeddings import EmbeddingConfig, nearest_neighbours, save_embeddings, train_embeddings
+    try:
+        cfg = EmbeddingConfig(**{k: v for k, v in settings.items() if v is not None})
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err)) from None
+    vocab, matrix, result = train_embeddings(corpus, cfg, show_progress=show_progress)
+    metrics = {"corpus": corpus, "vocab_size": len(vocab), "dim": cfg.dim, "steps": result.steps,
+               "initial_loss": result.initial_loss, "final_loss": result.final_loss,
+               "train_seconds": round(result.seconds, 2), "config": cfg.model_dump(),
+               "nearest_neighbours": nearest_neighbours([w for w, _ in vocab], matrix),
+               "environment": environment()}
+    with atomic_dir(Path(out)) as tmp:
+        save_embeddings(tmp, vocab, matrix)
+        write_json(tmp / "metrics.json", metrics)
+    return metrics

@@ -128,6 +128,11 @@ class ChunkStream:
         load_corpus(corpus)  # a bad corpus name fails here, before anything is written
 
     # -- position -------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """Completed passes over the corpus."""
+        return self._state.epoch
+
     def state(self) -> dict:
         state = copy.deepcopy(self._state)
         state.rng = self._rng.bit_generator.state
