@@ -27,7 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def run(cmd: list[str], log: list[dict]) -> None:
+def run(cmd: list[str], log: list[dict], done: Path | None = None) -> None:
+    """Run a step, or record it as cached when its output `done` exists (a rerun)."""
+    if done is not None and done.exists():
+        log.append({"command": " ".join(cmd), "cached": True})
+        return
     print("$", " ".join(cmd), flush=True)
     start = time.time()
     # Cores here are shared: idle OpenMP threads must not spin against other jobs.
@@ -63,6 +67,8 @@ def main() -> None:
     p.add_argument("--finetune-lr", type=float, default=2e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads for pretraining")
+    p.add_argument("--only-random", action="store_true",
+                   help="only the random-init arm (to run it beside the pretraining); no results file")
     args = p.parse_args()
 
     cli = [sys.executable, "-m", "compressor"]
@@ -71,30 +77,31 @@ def main() -> None:
     log: list[dict] = []
     tok, pre, rnd = work / "tokenizer", work / "mlm", work / "random"
 
-    if not tok.exists():
-        run(cli + ["tokenizer", "--corpus", "wordnet", "--kind", "wordpiece",
-                   "--vocab-size", str(args.vocab_size), "--out", str(tok)], log)
-    if not pre.exists():
+    run(cli + ["tokenizer", "--corpus", "wordnet", "--kind", "wordpiece",
+               "--vocab-size", str(args.vocab_size), "--out", str(tok)], log, done=tok)
+    if not args.only_random:
         run(cli + ["pretrain", "--objective", "mlm", "--corpus", "wordnet", "--size", "small",
                    "--tokenizer", str(tok), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
                    "--max-length", str(args.max_length), "--lr", str(args.lr), "--seed", str(args.seed),
                    "--checkpoint-every", "100", "--threads", str(args.threads), "--resume",
-                   "--out", str(pre)], log)
+                   "--out", str(pre)], log, done=pre)
     if not rnd.exists():
         random_init_dir(tok, rnd, args.max_length, args.seed)
 
     arms = {}
-    for name, model_dir in (("pretrained_mlm", pre), ("random_init", rnd)):
+    both = (("pretrained_mlm", pre), ("random_init", rnd))
+    for name, model_dir in both[1:] if args.only_random else both:
         ft = work / f"finetune-{name}"
-        if not ft.exists():
-            run(cli + ["finetune", "--model", str(model_dir), "--task", "wordnet-supersense",
-                       "--max-train-samples", str(args.finetune_samples), "--epochs", str(args.finetune_epochs),
-                       "--lr", str(args.finetune_lr), "--batch-size", "32", "--seed", str(args.seed),
-                       "--quiet", "--out", str(ft)], log)
+        run(cli + ["finetune", "--model", str(model_dir), "--task", "wordnet-supersense",
+                   "--max-train-samples", str(args.finetune_samples), "--epochs", str(args.finetune_epochs),
+                   "--lr", str(args.finetune_lr), "--batch-size", "32", "--seed", str(args.seed),
+                   "--quiet", "--out", str(ft)], log, done=ft)
         metrics = json.loads((ft / "metrics.json").read_text())
         arms[name] = {k: metrics[k] for k in ("accuracy", "macro_f1", "train_samples", "steps",
                                               "final_loss", "train_seconds") if k in metrics}
         arms[name]["test_examples"] = metrics["samples"]
+    if args.only_random:
+        return
 
     from compressor.environment import environment
     pretrain_metrics = json.loads((pre / "metrics.json").read_text())
