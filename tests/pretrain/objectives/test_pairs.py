@@ -47,8 +47,8 @@ def test_sop_pairs_are_the_two_segments_in_or_out_of_order(doc, seed, budget):
     assert flat(doc)[: len(first)] == first
 
 
-@SETTINGS
-@given(st.lists(documents, min_size=2, max_size=6), seeds, st.integers(4, 40))
+@settings(max_examples=30, deadline=None)
+@given(st.lists(documents, min_size=2, max_size=4), seeds, st.integers(4, 40))
 def test_nsp_negatives_come_from_another_document(docs, seed, budget):
     # Give each document its own id range so we can tell where a segment came from.
     docs = [[[t + 1000 * k for t in s] for s in d] for k, d in enumerate(docs)]
