@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--max-eval-samples", type=positive_int, help="test examples for accuracy and batches")
     be.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
     be.set_defaults(handler=cmd_bench)
+    add_pretraining_commands(sub)
     return parser
 
 
@@ -109,6 +110,81 @@ def int_list(value: str) -> list[int]:
 
 def length_list(value: str) -> list[int | str]:
     return [v.strip() if v.strip() == "real" else positive_int(v) for v in value.split(",") if v.strip()]
+
+
+def add_pretraining_commands(sub) -> None:
+    """tokenizer, pretrain, embeddings: the teacher side from raw text."""
+    tk = sub.add_parser("tokenizer", help="train a WordPiece or byte-level BPE tokenizer on a corpus")
+    tk.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
+    tk.add_argument("--kind", choices=["wordpiece", "bpe", "wordlevel"], default="wordpiece")
+    tk.add_argument("--vocab-size", type=positive_int, default=8192)
+    tk.add_argument("--min-frequency", type=positive_int, default=2)
+    tk.add_argument("--out", required=True, type=Path)
+    tk.set_defaults(handler=cmd_tokenizer)
+
+    pt = sub.add_parser("pretrain", help="pretrain a model from scratch with a named objective")
+    pt.add_argument("--objective", required=True, help="mlm, mlm-wwm, clm, nsp, sop, mlm+nsp, mlm+sop, ...")
+    pt.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
+    pt.add_argument("--size", choices=["tiny", "small", "base"], default="small")
+    pt.add_argument("--steps", type=positive_int, required=True)
+    pt.add_argument("--out", required=True, type=Path)
+    pt.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")
+    pt.add_argument("--tokenizer", default="minilm", help="a tokenizer dir (compressor tokenizer) or 'minilm'")
+    pt.add_argument("--batch-size", type=positive_int, default=32)
+    pt.add_argument("--lr", type=float, default=5e-4)
+    pt.add_argument("--max-length", type=positive_int, default=128)
+    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--buffer-size", type=positive_int, default=10_000, help="chunks in the shuffle buffer")
+    pt.add_argument("--checkpoint-every", type=positive_int, default=200, help="steps between checkpoints")
+    pt.add_argument("--threads", type=positive_int, help="torch threads (default: all cores)")
+    pt.add_argument("--quiet", action="store_true", help="no progress bar")
+    pt.set_defaults(handler=cmd_pretrain)
+
+    em = sub.add_parser("embeddings", help="train skip-gram (word2vec) static word embeddings on a corpus")
+    em.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
+    em.add_argument("--dim", type=positive_int, default=100)
+    em.add_argument("--window", type=positive_int, default=5)
+    em.add_argument("--negatives", type=positive_int, default=5)
+    em.add_argument("--min-count", type=positive_int, default=5)
+    em.add_argument("--max-vocab", type=positive_int, default=50_000)
+    em.add_argument("--steps", type=positive_int, default=3000)
+    em.add_argument("--batch-size", type=positive_int, default=1024)
+    em.add_argument("--lr", type=float, default=3e-3)
+    em.add_argument("--seed", type=int, default=0)
+    em.add_argument("--out", required=True, type=Path)
+    em.add_argument("--quiet", action="store_true", help="no progress bar")
+    em.set_defaults(handler=cmd_embeddings)
+
+
+def cmd_embeddings(args: argparse.Namespace) -> int:
+    from compressor.pretrain_command import embeddings_command
+    from pretrain.models import set_threads
+    set_threads(None)
+    settings = {"dim": args.dim, "window": args.window, "negatives": args.negatives, "min_count": args.min_count,
+                "max_vocab": args.max_vocab, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+                "seed": args.seed}
+    metrics = embeddings_command(args.corpus, args.out, settings, show_progress=not args.quiet)
+    print(json.dumps({k: v for k, v in metrics.items() if k != "environment"}, indent=2))
+    return 0
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from compressor.pretrain_command import tokenizer_command
+    metrics = tokenizer_command(args.corpus, args.kind, args.vocab_size, args.out, args.min_frequency)
+    print(json.dumps({k: v for k, v in metrics.items() if k != "environment"}, indent=2))
+    return 0
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from compressor.pretrain_command import pretrain_command
+    from pretrain.pretraining import make_config
+    cfg = make_config(objective=args.objective, corpus=args.corpus, size=args.size, tokenizer=args.tokenizer,
+                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
+                      seed=args.seed, buffer_size=args.buffer_size)
+    metrics = pretrain_command(cfg, args.out, resume=args.resume, show_progress=not args.quiet,
+                               checkpoint_every=args.checkpoint_every, threads=args.threads)
+    print(json.dumps({k: v for k, v in metrics.items() if k not in ("environment", "loss_curve")}, indent=2))
+    return 0
 
 
 def task_arg(value: str) -> str | dict:

@@ -82,15 +82,25 @@ def register_objective(name: str) -> Callable[[Callable[[], Objective]], Callabl
     return decorate
 
 
+def load_objective_modules() -> None:
+    """Import every module of this package, so each registers its objectives.
+
+    The modules import this one (for the interface and the decorator), so they cannot be
+    imported at its top; they are imported on first look-up instead.
+    """
+    import importlib
+    import pkgutil
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
 def objective_names() -> list[str]:
+    load_objective_modules()
     return sorted(_OBJECTIVES)
 
 
 def get_objective(name: str) -> Objective:
+    load_objective_modules()
     if name not in _OBJECTIVES:
         raise UserError(f"unknown objective {name!r}; known objectives: {', '.join(objective_names())}")
     return _OBJECTIVES[name]()
-
-
-# The objective families register themselves on import (kept last: they import from here).
-from pretrain.objectives import bilm, dae, plm, rtd, seq2seq, span, unilm  # noqa: E402,F401

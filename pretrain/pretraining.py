@@ -1,0 +1,176 @@
+"""`compressor pretrain`: pretrain a Transformers model from scratch with a named objective.
+
+The pieces: a tokenizer (MiniLM's by default, or one `compressor tokenizer` trained), a
+`ChunkStream` over the corpus (bounded memory, resumable position), an objective from the
+registry (model, batches, loss), and the project's one loop (`pretrain.train.train`) with
+its checkpointing. Batches are built per step: `batch_size` chunks from the stream, masked
+or paired by the objective with a generator seeded by (seed, step), so a resumed run draws
+exactly what the uninterrupted run would have drawn.
+
+The command (compressor/pretrain_command.py) writes the objective's deliverable as an HF
+model dir (config, safetensors weights, tokenizer) plus `metrics.json` in one rename when
+training ends. Checkpoints go to the sibling dir `<out>.checkpoint/`, removed once the output
+is written; `--resume` continues from it, after `check_resume` has confirmed it was written
+with the same settings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from pretrain.data.stream import ChunkStream
+from pretrain.errors import UserError
+from pretrain.models import count_params, load_tokenizer, resolve_model_path
+from pretrain.objectives import SIZES, Batch, Objective, get_objective
+from pretrain.train import Checkpointing, StepCallback, TrainConfig, train
+
+MAX_POSITIONS = 512          # BERT's position table; longer sequences need another architecture
+SETTINGS_FILE = "pretrain_settings.json"
+
+
+class PretrainConfig(BaseModel):
+    """Everything that decides what a pretraining run computes (a resume must match it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    objective: str
+    corpus: str
+    size: str = "small"
+    tokenizer: str = "minilm"
+    steps: int = Field(1000, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(5e-4, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    max_length: int = Field(128, ge=8)
+    seed: int = 0
+    buffer_size: int = Field(10_000, ge=1)   # chunks held by the shuffle buffer
+
+    def train_config(self) -> TrainConfig:
+        # Dense embedding updates: MLM heads tie the output projection to the word
+        # embedding, whose gradient is then dense anyway (SparseAdam would refuse it).
+        return TrainConfig(batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
+                           warmup_ratio=self.warmup_ratio, seed=self.seed, embedding_updates="dense")
+
+
+class PretrainBatches:
+    """The loop's batch source: step -> the objective's batch of the next chunks."""
+
+    def __init__(self, objective: Objective, stream: ChunkStream, tokenizer: PreTrainedTokenizerBase,
+                 cfg: PretrainConfig):
+        self.objective, self.stream, self.tokenizer, self.cfg = objective, stream, tokenizer, cfg
+        self.steps = cfg.steps
+
+    def batch(self, step: int) -> Batch:
+        docs = self.stream.take(self.cfg.batch_size)
+        rng = np.random.default_rng((self.cfg.seed, step))   # masks drawn afresh every step
+        return self.objective.make_batch(docs, self.tokenizer, rng, self.cfg.max_length)
+
+    def state_dict(self) -> dict:
+        return self.stream.state()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.restore(state)
+
+
+def checkpoint_dir(out: Path) -> Path:
+    return out.with_name(out.name + ".checkpoint")
+
+
+def make_config(**settings) -> PretrainConfig:
+    # Paths are recorded absolute: a resume from another working dir must match.
+    for key in ("corpus", "tokenizer"):
+        if settings.get(key) and Path(settings[key]).exists():
+            settings[key] = str(Path(settings[key]).resolve())
+    try:
+        cfg = PretrainConfig(**{k: v for k, v in settings.items() if v is not None})
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise UserError(f"pretrain setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    if cfg.size not in SIZES:
+        raise UserError(f"unknown size {cfg.size!r}; expected one of {', '.join(SIZES)}")
+    if cfg.max_length > MAX_POSITIONS:
+        raise UserError(f"max length {cfg.max_length} is longer than the model's {MAX_POSITIONS} "
+                        "positions: expected at most 512")
+    return cfg
+
+
+def check_resume(cfg: PretrainConfig, ckpt: Path, resume: bool) -> None:
+    """A checkpoint is continued only on --resume and only with identical settings."""
+    settings = ckpt / SETTINGS_FILE
+    if not ckpt.exists():
+        return
+    if not resume:
+        raise UserError(f"{ckpt} holds the checkpoint of an unfinished run: pass --resume to "
+                        "continue it, or delete it to start over")
+    try:
+        saved = json.loads(settings.read_text())
+    except (OSError, ValueError):
+        raise UserError(f"{ckpt} is not a pretraining checkpoint (no readable {SETTINGS_FILE}); "
+                        "delete it to start over") from None
+    if saved != cfg.model_dump(mode="json"):
+        changed = sorted(k for k in set(saved) | set(cfg.model_dump()) if saved.get(k) != cfg.model_dump().get(k))
+        raise UserError(f"cannot resume from {ckpt}: it was written with other settings "
+                        f"({', '.join(changed)} differ); expected the same command line")
+
+
+def load_pretrain_tokenizer(ref: str) -> PreTrainedTokenizerBase:
+    if ref == "minilm":
+        return load_tokenizer(resolve_model_path("minilm"))
+    path = Path(ref)
+    if not path.is_dir():
+        raise UserError(f"tokenizer {ref!r} not found: expected a dir written by `compressor tokenizer` "
+                        "(or any HF tokenizer dir) or 'minilm'")
+    return load_tokenizer(path)
+
+
+def prepare(cfg: PretrainConfig) -> tuple[Objective, PreTrainedTokenizerBase]:
+    """Everything that can fail on bad input, done before anything is written.
+
+    One batch is built from a separate stream: an empty corpus, a batch too small for the
+    objective or a tokenizer it cannot use fails here.
+    """
+    objective = get_objective(cfg.objective)
+    tokenizer = load_pretrain_tokenizer(cfg.tokenizer)
+    objective.build_model(tokenizer, SIZES[cfg.size], cfg.max_length, cfg.seed)
+    probe = ChunkStream(cfg.corpus, tokenizer, cfg.max_length, buffer_size=1, seed=cfg.seed, min_tokens=2)
+    objective.make_batch(probe.take(cfg.batch_size), tokenizer, np.random.default_rng(0), cfg.max_length)
+    return objective, tokenizer
+
+
+def run_pretraining(cfg: PretrainConfig, objective: Objective, tokenizer: PreTrainedTokenizerBase,
+                    ckpt: Path, show_progress: bool = True, checkpoint_every: int = 200,
+                    callbacks: tuple[StepCallback, ...] = ()) -> tuple[PreTrainedModel, dict]:
+    """Train (resuming from `ckpt` if it holds this run's checkpoint): (deliverable, metrics)."""
+    model = objective.build_model(tokenizer, SIZES[cfg.size], cfg.max_length, cfg.seed)
+    stream = ChunkStream(cfg.corpus, tokenizer, cfg.max_length, buffer_size=cfg.buffer_size,
+                         seed=cfg.seed, min_tokens=2)
+    source = PretrainBatches(objective, stream, tokenizer, cfg)
+    result = train(model, source, cfg.train_config(), loss_fn=objective.loss,
+                   desc=f"pretrain {cfg.objective}", show_progress=show_progress,
+                   checkpoint=Checkpointing(directory=ckpt, every_steps=checkpoint_every),
+                   callbacks=callbacks)
+    delivered = objective.deliverable(model)
+    # Recorded in config.json, so the model says where it came from.
+    delivered.config.pretraining = {"objective": cfg.objective, "steps": result.steps, "corpus": cfg.corpus}
+    metrics = {"objective": cfg.objective, "steps": result.steps, "samples": result.samples,
+               "tokens": result.tokens, "initial_loss": result.initial_loss, "final_loss": result.final_loss,
+               "tokens_per_second": round(result.tokens_per_second, 1),
+               "samples_per_second": round(result.samples_per_second, 2),
+               "train_seconds": round(result.seconds, 2), "architecture": type(delivered).__name__,
+               "params": count_params(delivered), "config": cfg.model_dump(mode="json"),
+               "loss_curve": loss_curve(result.losses)}
+    return delivered, metrics
+
+
+def loss_curve(losses: list[float], points: int = 50) -> list[list[float]]:
+    """[step, mean loss] at about `points` evenly spaced places (the whole list is too long)."""
+    if not losses:
+        return []
+    edges = np.linspace(0, len(losses), min(points, len(losses)) + 1).astype(int)
+    return [[int(hi), float(np.mean(losses[lo:hi]))] for lo, hi in zip(edges[:-1], edges[1:])]

@@ -1,0 +1,147 @@
+"""`compressor pretrain` / `compressor tokenizer`: outputs, exact resume, teacher validity, bad input.
+
+Runs use SIZES["tiny"] on a 300-document slice of the WordNet corpus for a few steps: the
+real stream, objectives, loop and checkpointing, at test scale.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from compressor.pretrain_command import pretrain_command
+from pretrain.data import load_corpus
+from pretrain.errors import UserError
+from pretrain.models import check_model_ref, load_classifier
+from pretrain.pretraining import checkpoint_dir, make_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("corpus") / "wordnet-300.txt"
+    docs = itertools.islice(load_corpus("wordnet"), 300)
+    path.write_text("".join("\n".join(doc) + "\n\n" for doc in docs))
+    return str(path)
+
+
+def config(corpus: str, objective: str = "mlm", **overrides):
+    settings = dict(objective=objective, corpus=corpus, size="tiny", steps=6, batch_size=8,
+                    max_length=32, buffer_size=64, seed=0)
+    return make_config(**settings | overrides)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path):
+    cfg = config(corpus)
+    whole = tmp_path / "whole"
+    pretrain_command(cfg, whole, show_progress=False, checkpoint_every=2, threads=1)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_step_5(log):
+        if log.step == 5:
+            raise Interrupt
+    cut = tmp_path / "cut"
+    with pytest.raises(Interrupt):
+        pretrain_command(cfg, cut, show_progress=False, checkpoint_every=2, threads=1,
+                         callbacks=(stop_at_step_5,))
+    assert not cut.exists() and (checkpoint_dir(cut) / "checkpoint.pt").is_file()
+    with pytest.raises(UserError, match="pass --resume"):        # never silently restarted
+        pretrain_command(cfg, cut, show_progress=False, checkpoint_every=2, threads=1)
+    metrics = pretrain_command(cfg, cut, resume=True, show_progress=False, checkpoint_every=2, threads=1)
+    assert metrics["steps"] == 6 and not checkpoint_dir(cut).exists()
+    a, b = weights(whole), weights(cut)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("objective", ["mlm", "mlm-wwm", "clm", "nsp", "sop", "mlm+nsp", "mlm+sop"])
+def test_pretrained_model_is_a_valid_teacher(corpus, tmp_path, objective, tiny_task):
+    out = tmp_path / objective
+    metrics = pretrain_command(config(corpus, objective, steps=3), out, show_progress=False, threads=1)
+    for key in ("objective", "initial_loss", "final_loss", "tokens_per_second", "steps"):
+        assert key in metrics
+    assert metrics["objective"] == objective and metrics["steps"] == 3 and metrics["tokens_per_second"] > 0
+    assert json.loads((out / "metrics.json").read_text())["final_loss"] == pytest.approx(metrics["final_loss"])
+    check_model_ref(str(out))
+    model, tokenizer = load_classifier(str(out), tiny_task.label_names)
+    trained = weights(out)
+    encoder_key = "bert.encoder.layer.0.attention.self.query.weight"
+    torch.testing.assert_close(model.state_dict()[encoder_key], trained[encoder_key])
+    batch = tokenizer(["a dog: a domesticated carnivore"], return_tensors="pt")
+    assert model(**batch).logits.shape == (1, len(tiny_task.label_names))
+
+
+def test_loss_goes_down_with_training(corpus, tmp_path):
+    metrics = pretrain_command(config(corpus, steps=40, batch_size=16, lr=3e-3), tmp_path / "m",
+                               show_progress=False, threads=1)
+    assert metrics["final_loss"] < metrics["initial_loss"] - 0.5
+
+
+def test_resume_with_other_settings_is_refused_and_keeps_the_checkpoint(corpus, tmp_path):
+    out = tmp_path / "run"
+    ckpt = checkpoint_dir(out)
+
+    def interrupt(log):
+        if log.step == 3:                 # after the checkpoint of step 2
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        pretrain_command(config(corpus), out, show_progress=False, checkpoint_every=2, threads=1,
+                         callbacks=(interrupt,))
+    before = (ckpt / "checkpoint.pt").read_bytes()
+    with pytest.raises(UserError, match="other settings .*lr"):
+        pretrain_command(config(corpus, lr=1e-3), out, resume=True, show_progress=False, threads=1)
+    assert (ckpt / "checkpoint.pt").read_bytes() == before and not out.exists()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"objective": "nope"}, "unknown objective"),
+    ({"max_length": 1024}, "512 positions"),
+    ({"size": "huge"}, "unknown size"),
+    ({"objective": "nsp", "batch_size": 1}, "batch size of at least 2"),
+])
+def test_bad_settings_fail_before_writing(corpus, tmp_path, settings, message):
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=message):
+        pretrain_command(config(corpus, **settings), out, show_progress=False, threads=1)
+    assert not out.exists() and not checkpoint_dir(out).exists()
+
+
+def test_empty_corpus_fails_before_writing(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n\n")
+    with pytest.raises(UserError, match="no usable text"):
+        pretrain_command(config(str(empty)), tmp_path / "out", show_progress=False, threads=1)
+    assert not (tmp_path / "out").exists() and not checkpoint_dir(tmp_path / "out").exists()
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "compressor", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_tokenizer_and_pretrain_bad_input(corpus, tmp_path):
+    tok = tmp_path / "tok"
+    ok = cli("tokenizer", "--corpus", corpus, "--kind", "bpe", "--vocab-size", "400", "--out", str(tok))
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tok / "tokenizer_metrics.json").read_text())["unk_token_rate"] == 0.0
+    bad = cli("pretrain", "--objective", "mlm", "--corpus", str(tmp_path / "missing.txt"),
+              "--steps", "2", "--tokenizer", str(tok), "--out", str(tmp_path / "p"))
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and len(bad.stderr.splitlines()) == 1
+    assert not (tmp_path / "p").exists()
