@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 
 from compressor.export.onnx import ONNX_FILE, write_onnx
-from compressor.export.quiet import quiet_logs
+from compressor.export.quiet import quiet_logs, scratch_cwd
 from pretrain.models import load_saved_classifier
 
 BASELINES = ("pytorch-eager-fp32", "onnxruntime-fp32", "optimum-default-int8")
@@ -55,8 +55,9 @@ def build_optimum_default_int8(teacher_dir: Path, out: Path) -> None:
     from optimum.onnxruntime import ORTModelForSequenceClassification, ORTOptimizer, ORTQuantizer
     from optimum.onnxruntime.configuration import AutoOptimizationConfig, AutoQuantizationConfig
 
+    teacher_dir, out = Path(teacher_dir).resolve(), Path(out).resolve()
     work = out / "work"
-    with quiet_logs():
+    with quiet_logs(), scratch_cwd():
         exported = ORTModelForSequenceClassification.from_pretrained(str(teacher_dir), export=True)
         exported.save_pretrained(str(work / "export"))
         ORTOptimizer.from_pretrained(str(work / "export")).optimize(

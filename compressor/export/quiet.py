@@ -29,3 +29,22 @@ def quiet_logs() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def scratch_cwd() -> Iterator[None]:
+    """Run ONNX Runtime tools from a temporary working dir, restored afterwards.
+
+    Its symbolic shape inference saves `sym_shape_infer_temp.onnx` and a weights file of
+    the model's size into the *current* dir when it cannot type every tensor; without
+    this, a user's working dir would collect 100 MB of debris. Callers pass absolute paths.
+    """
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="compressor-ort-") as tmp:
+        previous = os.getcwd()
+        os.chdir(tmp)
+        try:
+            yield
+        finally:
+            os.chdir(previous)
