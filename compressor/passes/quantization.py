@@ -68,8 +68,8 @@ def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
     thresholds = {name: float(r.threshold) for name, r in ranges.items() if r.threshold is not None}
     calibration = min(QAT_CALIBRATION_SAMPLES, len(ctx.task.split("train")))
     export = QuantizeConfig(mode="static-int8", per_channel=False, calibration_samples=calibration)
-    qat = {"activation_ranges": thresholds, "ema_decay": cfg.ema_decay, "steps": result.steps,
-           "samples": result.samples, "final_loss": result.final_loss}
+    qat = {"activation_ranges": thresholds, "ema_decay": cfg.ema_decay, "steps": result.train.steps,
+           "samples": result.train.samples, "final_loss": result.train.final_loss}
     return bundle.replace(model=model, deploy={**bundle.deploy, "quantize": export.model_dump(mode="json"),
                                                "qat": qat})
 
