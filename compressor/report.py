@@ -196,21 +196,23 @@ def pareto_png(report: dict) -> bytes | None:
     if not keys:
         return None
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 5), squeeze=False)
     biggest = max(m["size_bytes"] for m in report["models"]) or 1
     fronts = {(f["profile"], f["batch_size"], f["sequence_length"]): f["models"] for f in report.get("pareto", [])}
     for ax, key in zip(axes[0], keys):
-        for m in report["models"]:
+        measured = sorted((m for m in report["models"] if latency_row(m, key)),
+                          key=lambda m: latency_row(m, key)["p50_ms"])
+        for i, m in enumerate(measured):
             row = latency_row(m, key)
-            if row is None:
-                continue
             ax.scatter(row["p50_ms"], m["accuracy"], s=40 + 600 * m["size_bytes"] / biggest, alpha=0.6,
                        marker="s" if m.get("baseline") else "o",
                        color="tab:gray" if m.get("baseline") else "tab:blue", edgecolors="black")
+            # Alternate label offsets so neighbours with near-equal latency stay readable.
             ax.annotate(m["name"], (row["p50_ms"], m["accuracy"]), fontsize=8,
-                        xytext=(5, 5), textcoords="offset points")
+                        xytext=(6, 6 if i % 2 == 0 else -12), textcoords="offset points")
         front = [(latency_row(m, key)["p50_ms"], m["accuracy"]) for name in fronts.get(key, [])
                  for m in report["models"] if m["name"] == name]
         if front:
@@ -218,6 +220,8 @@ def pareto_png(report: dict) -> bytes | None:
             ax.step(xs, ys, where="post", color="tab:red", linewidth=1, label="Pareto front")
             ax.legend(loc="lower right", fontsize=8)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.set_xlabel("p50 latency (ms, log scale)")
         ax.set_ylabel("test accuracy")
         ax.set_title(f"{key[0]}, batch {key[1]}, sequence {key[2]}")
