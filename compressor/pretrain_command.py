@@ -72,6 +72,9 @@ def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bo
                "initial_loss": result.initial_loss, "final_loss": result.final_loss,
                "train_seconds": round(result.seconds, 2), "config": cfg.model_dump(),
                "nearest_neighbours": nearest_neighbours([w for w, _ in vocab], matrix),
+               # Diagnostic: the same after removing the mean vector (the common direction
+               # SGNS vectors share; Mu & Viswanath 2018), to see whether it dominates.
+               "nearest_neighbours_mean_removed": nearest_neighbours([w for w, _ in vocab], matrix - matrix.mean(0)),
                "environment": environment()}
     with atomic_dir(Path(out)) as tmp:
         save_embeddings(tmp, vocab, matrix)
