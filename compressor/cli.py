@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--task", help="default: the task recorded with the model")
     be.add_argument("--max-eval-samples", type=positive_int, help="test examples for accuracy and batches")
     be.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
+    be.add_argument("--out", type=Path, help="also write the result JSON to this file")
     be.set_defaults(handler=cmd_bench)
     add_pretraining_commands(sub)
     return parser
@@ -263,6 +264,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            sequence_lengths=args.sequence_lengths, iterations=args.iterations,
                            task_spec=task_arg(args.task) if args.task else None,
                            max_eval_samples=args.max_eval_samples, seed=args.seed)
+    if args.out is not None:
+        from compressor.atomic import write_json
+        write_json(args.out, result)
     print(json.dumps(result, indent=2))
     return 0
 
