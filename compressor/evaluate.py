@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from compressor.bundle import read_provenance
+from compressor.export.torch_int8 import is_int8_dir, load_int8_model
 from pretrain.batching import Encoded, encode, inference_order, iterate
 from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
@@ -22,7 +23,7 @@ from pretrain.models import first_line, load_saved_classifier, load_tokenizer
 class Predictor:
     """Anything that maps encoded examples to logits, with the labels it was trained on."""
 
-    kind: str                                   # "torch" or "onnx"
+    kind: str                                   # "torch", "torch-int8" or "onnx"
     label_names: tuple[str, ...]
     tokenizer: object
     logits: Callable[[Encoded], np.ndarray]
@@ -32,7 +33,12 @@ class Predictor:
 def load_predictor(path: str | Path) -> Predictor:
     path = Path(path)
     if not path.exists():
-        raise UserError(f"model {path} not found: expected an HF model dir, an ONNX model dir or a .onnx file")
+        raise UserError(f"model {path} not found: expected an HF model dir, an ONNX model dir, a .onnx file "
+                        "or a torch-dynamic-int8 export dir")
+    if is_int8_dir(path):   # a torch-dynamic-int8 export: int8 state dict + config + tokenizer
+        model = load_int8_model(path)
+        return Predictor("torch-int8", config_labels(path), load_tokenizer(path),
+                         lambda data: predict_logits(model, data), read_provenance(path).get("task"))
     onnx_file = path if path.suffix == ".onnx" else find_onnx(path)
     model_dir = onnx_file.parent if onnx_file else path
     task = read_provenance(model_dir).get("task")

@@ -45,7 +45,7 @@ def quantize_config(mode: str | None, options: dict) -> QuantizeConfig | None:
     if mode in (None, NO_QUANTIZATION):
         if given:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise UserError(f"{flags}: only meaningful with --quantize dynamic-int8")
+            raise UserError(f"{flags}: only meaningful with a --quantize mode")
         return None
     return validated(QuantizeConfig, {"mode": mode, **given})
 
@@ -56,7 +56,7 @@ def validated(config_type, values: dict):
         return config_type.model_validate(values)
     except ValidationError as err:
         first = err.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else ""
+        field = str(first["loc"][0]) if first["loc"] else "mode"   # a cross-field check: the mode
         flag = FLAGS.get(field, "--" + field.replace("_", "-"))
         raise UserError(f"{flag}: {first['msg']} (got {first.get('input')!r})") from None
 

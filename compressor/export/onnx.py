@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import json
 import shutil
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -28,13 +29,16 @@ from pathlib import Path
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from compressor.atomic import atomic_dir, write_json
 from compressor.bundle import ModelBundle
 from compressor.evaluate import label_permutation, onnx_logits_fn
 from compressor.export.optimize import Fusion, fuse
-from compressor.export.quantize import QuantizeConfig, quantize_onnx
+from compressor.export.graph_map import linear_nodes
+from compressor.export.quantize import INT8_ONNX_MODES, Plan, QuantizeConfig, quantize_onnx
+from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
 from pretrain.batching import Encoded, encode
 from pretrain.data import Split, TaskData
 from pretrain.errors import UserError
@@ -58,6 +62,7 @@ class ExportSettings(BaseModel):
     parity_tolerance: float = Field(1e-4, gt=0)           # max |logit diff| vs PyTorch, fp32 graphs
     accuracy_tolerance: float = Field(0.01, ge=0, le=1)   # max accuracy drop of a quantized graph
     parity_samples: int = Field(512, ge=1)                # first N test examples for the parity check
+    min_accuracy: float | None = Field(None, ge=0, le=1)  # absolute test-accuracy floor, quantized graphs
 
 
 class GateFailure(UserError):
@@ -81,7 +86,22 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
     check_exportable(bundle.model)
     quantize = requested_quantization(bundle)
     test = task.split("test").head(max_eval_samples)
+    calibration = calibration_split(bundle, quantize, task)   # checked before any work
     gate = Gate(settings, bundle, task, test)
+    if quantize is not None and quantize.mode == "torch-dynamic-int8":
+        record = torch_int8_into(directory, bundle, gate, quantize)
+    else:
+        record = onnx_into(directory, bundle, settings, gate, quantize, calibration)
+    bundle.model.config.save_pretrained(str(directory))
+    bundle.tokenizer.save_pretrained(str(directory))
+    bundle.write_provenance(directory)
+    return record
+
+
+def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, gate: "Gate",
+              quantize: QuantizeConfig | None, calibration: Encoded | None) -> dict:
+    if quantize is not None and quantize.mode == "fp16":
+        warn_fp16_on_cpu()
     with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
         work = Path(work_dir)
         graph = work / "fp32.onnx"
@@ -90,25 +110,96 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
         record = {"format": "onnx", "opset": OPSET, "inputs": list(names),
                   "parity_tolerance": settings.parity_tolerance,
                   "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
-        if settings.optimize:
+        if settings.optimize and not (quantize and quantize.mode in UNFUSED_MODES):
             graph, fusion_record = optimized(graph, work / "fused.onnx", gate)
             record.update(fusion_record)
         else:
-            record.update({"optimized": False, "fusions": {}, "fusion_fallback": None})
+            why = UNFUSED_MODES.get(quantize.mode) if settings.optimize and quantize else None
+            record.update({"optimized": False, "fusions": {}, "fusion_fallback": why})
         fp32_logits = gate.onnx_logits(graph)
         record.update(gate.fp32_metrics(fp32_logits, graph))
         if quantize is not None:
+            if quantize.mode == "inc":
+                from compressor.export.inc import inc_plan
+                quantize, plan, tuning = inc_plan(bundle, graph, quantize, calibration, gate)
+                record["inc"] = tuning
+            else:
+                plan, plan_record = quantization_plan(bundle, graph, quantize, calibration)
+                record.update(plan_record)
             quantized = work / "quantized.onnx"
-            quantize_onnx(graph, quantized, quantize)
-            record.update(gate.quantized_metrics(fp32_logits, quantized, quantize))
+            quantize_onnx(graph, quantized, quantize, plan)
+            record.update(gate.quantized_metrics(fp32_logits, gate.onnx_logits(quantized), quantize))
             graph = quantized
         record["size_bytes"] = graph.stat().st_size
         record["size_ratio_to_fp32"] = record["size_bytes"] / record["fp32_size_bytes"]
         shutil.copyfile(graph, directory / ONNX_FILE)
-    bundle.model.config.save_pretrained(str(directory))
-    bundle.tokenizer.save_pretrained(str(directory))
-    bundle.write_provenance(directory)
     return record
+
+
+# Modes that quantize the unfused graph, and why (recorded as the fusion fallback).
+UNFUSED_MODES = {"int4-weight-only": "int4-weight-only quantizes the unfused graph: fused Attention and "
+                                     "EmbedLayerNormalization nodes hide their weights from MatMulNBits"}
+
+
+def calibration_split(bundle: ModelBundle, quantize: QuantizeConfig | None, task: TaskData) -> Encoded | None:
+    """The first calibration_samples train examples, for the modes that calibrate."""
+    if quantize is None or quantize.mode not in ("static-int8", "inc"):
+        return None
+    train = task.split("train")
+    wanted = quantize.calibration_samples
+    if len(train) < wanted:
+        raise UserError(f"calibration set too small: {quantize.mode} asks for calibration_samples="
+                        f"{wanted} but the train split of {task.name!r} has {len(train)} examples; "
+                        f"lower calibration_samples to at most {len(train)}")
+    return encode(bundle.tokenizer, train.head(wanted))
+
+
+def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,
+                      calibration: Encoded | None) -> tuple[Plan, dict]:
+    """What the `sensitivity` and `qat` passes recorded, translated to this graph's nodes."""
+    keep = tuple((bundle.deploy.get("sensitivity") or {}).get("keep", ()))
+    ranges = (bundle.deploy.get("qat") or {}).get("activation_ranges") or {}
+    if not keep and not ranges or cfg.mode not in INT8_ONNX_MODES:
+        return Plan(calibration=calibration), {}
+    nodes = linear_nodes(graph, bundle.model)
+    exclude = sorted({nodes[name].node for name in keep if name in nodes})
+    activation_ranges = {}
+    if cfg.mode == "static-int8":
+        for name, threshold in ranges.items():
+            if name in nodes and nodes[name].node not in exclude:
+                # Q, K and V read one tensor: the widest of their ranges covers all three.
+                tensor = nodes[name].activation
+                activation_ranges[tensor] = max(threshold, activation_ranges.get(tensor, 0.0))
+    record = {"kept_in_float": exclude, "kept_layers": list(keep),
+              "qat_ranges_applied": len(activation_ranges)}
+    return Plan(calibration, tuple(exclude), activation_ranges), record
+
+
+def torch_int8_into(directory: Path, bundle: ModelBundle, gate: "Gate", cfg: QuantizeConfig) -> dict:
+    """The PyTorch deployment: int8 state dict + config + tokenizer, gated like ONNX modes."""
+    model = quantized_copy(bundle.model)
+    fp32_logits = predict_logits(bundle.model, gate.data)
+    with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
+        fp32_file = Path(work_dir) / "model.safetensors"
+        save_file({k: v.contiguous() for k, v in bundle.model.state_dict().items()}, str(fp32_file))
+        fp32_size = fp32_file.stat().st_size
+    record = {"format": "torch", "file": INT8_FILE, "inputs": list(bundle.tokenizer.model_input_names),
+              **gate.fp32_metrics(fp32_logits, None), "fp32_size_bytes": fp32_size,
+              **gate.quantized_metrics(fp32_logits, predict_logits(model, gate.data), cfg)}
+    size = save_int8_model(model, directory).stat().st_size
+    record.update({"size_bytes": size, "size_ratio_to_fp32": size / fp32_size})
+    return record
+
+
+def warn_fp16_on_cpu() -> None:
+    """fp16 halves the file, but ONNX Runtime's CPU provider computes most ops in fp32 anyway."""
+    import onnxruntime as ort
+    accelerated = [p for p in ort.get_available_providers()
+                   if p not in ("CPUExecutionProvider", "AzureExecutionProvider")]
+    if not accelerated:
+        print("warning: fp16 requested but ONNX Runtime has only the CPU provider here: the model "
+              "will be half the size but not faster (fp16 pays off on GPU providers)",
+              file=sys.stderr, flush=True)
 
 
 def optimized(graph: Path, target: Path, gate: "Gate") -> tuple[Path, dict]:
@@ -152,17 +243,18 @@ class Gate:
     def predictions(self, logits: np.ndarray) -> np.ndarray:
         return self.to_task[logits.argmax(axis=1)]
 
-    def fp32_metrics(self, logits: np.ndarray, graph: Path) -> dict:
+    def fp32_metrics(self, logits: np.ndarray, graph: Path | None) -> dict:
         metrics = classification_metrics(self.labels, self.predictions(logits))
         return {"precision": "fp32", "quantization": None, "accuracy": metrics["accuracy"],
                 "macro_f1": metrics["macro_f1"], "eval_samples": metrics["samples"],
                 "accuracy_fp32": metrics["accuracy"], "accuracy_change": 0.0,
                 "accuracy_tolerance": self.settings.accuracy_tolerance,
-                "agreement_with_fp32": None, "fp32_size_bytes": graph.stat().st_size}
+                "agreement_with_fp32": None,
+                "fp32_size_bytes": graph.stat().st_size if graph is not None else None}
 
-    def quantized_metrics(self, fp32_logits: np.ndarray, graph: Path, cfg: QuantizeConfig) -> dict:
+    def quantized_metrics(self, fp32_logits: np.ndarray, logits: np.ndarray, cfg: QuantizeConfig) -> dict:
         fp32 = self.predictions(fp32_logits)
-        quantized = self.predictions(self.onnx_logits(graph))
+        quantized = self.predictions(logits)
         fp32_accuracy = classification_metrics(self.labels, fp32)["accuracy"]
         metrics = classification_metrics(self.labels, quantized)
         change = metrics["accuracy"] - fp32_accuracy
@@ -175,6 +267,12 @@ class Gate:
                 f"fp32 {fp32_accuracy:.4f} on {len(fp32)} examples, a drop of {-change * 100:.2f} "
                 f"points where accuracy_tolerance allows {tolerance * 100:.2f} (agreement with fp32 "
                 f"{agree:.3f}); not written")
+        floor = self.settings.min_accuracy
+        if floor is not None and not metrics["accuracy"] >= floor:
+            raise GateFailure(
+                f"{cfg.mode} model falls below the recipe's accuracy floor: test accuracy "
+                f"{metrics['accuracy']:.4f} on {len(fp32)} examples is {(floor - metrics['accuracy']) * 100:.2f} "
+                f"points under min_accuracy {floor:.4f} (fp32 {fp32_accuracy:.4f}); not written")
         return {"precision": cfg.mode, "quantization": cfg.model_dump(mode="json"),
                 "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"],
                 "accuracy_change": change, "agreement_with_fp32": agree}

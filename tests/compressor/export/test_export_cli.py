@@ -36,9 +36,9 @@ def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
 BAD_INPUT = {
     "corrupted-onnx": ["cannot load ONNX model", "model.onnx"],
     "unsupported-family": ["'gpt2'", "not supported", "distilbert"],
-    "mode-not-implemented": ["'static-int8' is not implemented yet", "dynamic-int8"],
+    "option-of-another-mode": ["--quantize", "calibration applies to quantize mode static-int8, not dynamic-int8"],
     "onnx-as-source": ["is an ONNX model", "model.safetensors"],
-    "options-without-quantize": ["--per-channel", "--quantize dynamic-int8"],
+    "options-without-quantize": ["--per-channel", "only meaningful with a --quantize mode"],
 }
 IN_SUBPROCESS = ("int8", "corrupted-onnx", "unsupported-family")
 
@@ -63,7 +63,8 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, tiny_task, gpt2_dir):
                  "--quantize", "dynamic-int8", "--per-channel", "--accuracy-tolerance", "1"],
         "corrupted-onnx": ["evaluate", "--model", str(corrupted), "--task", csv],
         "unsupported-family": ["export", "--model", str(gpt2_dir), "--task", csv],
-        "mode-not-implemented": ["export", "--model", tiny, "--task", csv, "--quantize", "static-int8"],
+        "option-of-another-mode": ["export", "--model", tiny, "--task", csv, "--quantize", "dynamic-int8",
+                                   "--calibration", "entropy"],
         "onnx-as-source": ["export", "--model", str(corrupted), "--task", csv],
         "options-without-quantize": ["export", "--model", tiny, "--task", csv, "--per-channel"],
         "as-recorded": ["export", "--model", str(recorded), "--task", csv, "--out", str(root / "as-recorded"),
