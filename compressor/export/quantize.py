@@ -153,7 +153,9 @@ def static_int8(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan) -> 
         raise ValueError("static-int8 needs calibration examples")
     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
               "percentile": CalibrationMethod.Percentile}[cfg.calibration]
-    overrides = {name: [{"rmin": -t, "rmax": t}] for name, t in plan.activation_ranges.items()}
+    import numpy as np
+    overrides = {name: [{"rmin": np.float32(-t), "rmax": np.float32(t)}]   # ORT wants numpy scalars
+                 for name, t in plan.activation_ranges.items()}
     with tempfile.TemporaryDirectory(prefix="compressor-static-") as work, quiet_logs(), \
             contextlib.redirect_stdout(io.StringIO()):   # the histogram calibrators print progress
         prepared = Path(work) / "prepared.onnx"

@@ -1,16 +1,37 @@
-"""The `quantize` pass: choose the precision a variant is deployed in.
+"""Quantization passes: `quantize` (choose the precision), `qat`, `sensitivity`.
 
-ONNX Runtime quantization acts on the exported graph, so the pass records the request on
-the bundle (`deploy["quantize"]`, saved in compressor.json) and leaves the torch weights
-as they are: the torch model computes the same function (preserves_function=True), and
-the exporter quantizes, then gates accuracy, when the recipe's `export:` section is on.
+ONNX Runtime quantization acts on the exported graph, so these passes record what the
+exporter should do on the bundle (`deploy`, saved in compressor.json) and the exporter
+quantizes, then gates accuracy, when the recipe's `export:` section is on:
+
+    deploy["quantize"]     the precision (QuantizeConfig)
+    deploy["qat"]          activation ranges learned by quantization-aware training
+    deploy["sensitivity"]  the Linear layers to keep in float, with every layer's score
+
+`quantize` and `sensitivity` leave the torch weights as they are (preserves_function);
+`qat` trains them with fake quantization in the loop.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+import torch
+from pydantic import Field
+
 from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig
-from compressor.passes.registry import Context, register
+from compressor.passes.fake_quant import (input_maxima, linear_layers, one_layer_quantized,
+                                          q8bert_fake_quant)
+from compressor.passes.registry import Context, PassConfig, register
+from pretrain.batching import Encoded, encode, inference_order, iterate
+from pretrain.data import TaskData
+from pretrain.errors import UserError
+from pretrain.finetune import FinetuneConfig, finetune
+from pretrain.train import accepts_token_types
+
+QAT_CALIBRATION_SAMPLES = 512   # for the tensors QAT did not observe (attention products)
 
 
 @register("quantize", QuantizeConfig, preserves_function=True)
@@ -19,3 +40,98 @@ def quantize_pass(bundle: ModelBundle, cfg: QuantizeConfig, ctx: Context) -> Mod
     # and later passes may train this one.
     return bundle.replace(model=bundle.copy_model(),
                           deploy={**bundle.deploy, "quantize": cfg.model_dump(mode="json")})
+
+
+class QATConfig(FinetuneConfig):
+    """Fine-tuning settings for quantization-aware training, plus the range statistics."""
+
+    lr: float = Field(2e-5, gt=0)   # QAT starts from a trained model: a fine-tuning rate
+    ema_decay: float = Field(0.9999, gt=0, lt=1)   # activation-range EMA (Q8BERT's value)
+
+
+@register("qat", QATConfig, trains=True)
+def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
+    """Q8BERT quantization-aware training, then an int8 export that uses the learned ranges.
+
+    Training is the shared loop (`finetune`, the model's own cross-entropy) with every
+    Linear's weight and input fake-quantized (compressor/passes/fake_quant.py). The export
+    is static int8 with per-tensor symmetric weights, as trained; each Linear's input range
+    is the EMA threshold learned here instead of a calibrated one.
+    """
+    if cfg.max_train_samples is None and ctx.max_train_samples is not None:
+        cfg = cfg.model_copy(update={"max_train_samples": ctx.max_train_samples})
+    if "seed" not in cfg.model_fields_set:
+        cfg = cfg.model_copy(update={"seed": ctx.seed})
+    model = bundle.copy_model()
+    with q8bert_fake_quant(model, cfg.ema_decay) as ranges:
+        result = finetune(model, bundle.tokenizer, ctx.task, cfg, desc="qat", show_progress=ctx.show_progress)
+    thresholds = {name: float(r.threshold) for name, r in ranges.items() if r.threshold is not None}
+    calibration = min(QAT_CALIBRATION_SAMPLES, len(ctx.task.split("train")))
+    export = QuantizeConfig(mode="static-int8", per_channel=False, calibration_samples=calibration)
+    qat = {"activation_ranges": thresholds, "ema_decay": cfg.ema_decay, "steps": result.steps,
+           "samples": result.samples, "final_loss": result.final_loss}
+    return bundle.replace(model=model, deploy={**bundle.deploy, "quantize": export.model_dump(mode="json"),
+                                               "qat": qat})
+
+
+class SensitivityConfig(PassConfig):
+    keep_fraction: float = Field(0.1, gt=0, lt=1)   # most sensitive share of Linear layers kept in float
+    samples: int = Field(256, ge=1)                  # first N train examples the loss is measured on
+    batch_size: int = Field(64, ge=1)
+
+
+@register("sensitivity", SensitivityConfig, preserves_function=True)
+def sensitivity_pass(bundle: ModelBundle, cfg: SensitivityConfig, ctx: Context) -> ModelBundle:
+    """Per-layer sensitivity: how far the model moves when only that Linear is quantized to int8.
+
+    Each Linear in turn gets per-channel int8 weights and an int8 input over its observed
+    range (what static int8 does to it), all others stay float. The score is the mean KL
+    divergence of the model's predictions from the float model's on a slice of the train
+    split; the change of the task loss is recorded beside it. (Ranking by the loss change
+    alone is noisy on a few hundred examples and can reward a layer whose quantization
+    happens to lower the loss there; the divergence is what the export's agreement with
+    fp32 measures.) The highest-scoring fraction is recorded for the int8 export to leave
+    in float (nodes_to_exclude).
+    """
+    model = bundle.copy_model().eval()
+    data = sensitivity_data(bundle, ctx.task, cfg.samples)
+    with torch.no_grad():
+        with input_maxima(model) as maxima:
+            base_loss, base_logp = predictions(model, data, cfg.batch_size)
+        divergence, loss_change = {}, {}
+        for name, linear in linear_layers(model).items():
+            if name in maxima:   # a Linear the forward never reaches has no range and no effect
+                with one_layer_quantized(linear, maxima[name]):
+                    loss, logp = predictions(model, data, cfg.batch_size)
+                divergence[name] = float((base_logp.exp() * (base_logp - logp)).sum(dim=1).mean())
+                loss_change[name] = loss - base_loss
+    ranked = sorted(divergence, key=divergence.get, reverse=True)
+    keep = ranked[:max(1, math.ceil(cfg.keep_fraction * len(ranked)))]
+    record = {"keep": keep, "keep_fraction": cfg.keep_fraction, "samples": len(data),
+              "score": "mean KL(fp32 || only this layer int8)", "baseline_loss": base_loss,
+              "divergence": {name: divergence[name] for name in ranked},
+              "loss_change": {name: loss_change[name] for name in ranked}}
+    return bundle.replace(model=model, deploy={**bundle.deploy, "sensitivity": record})
+
+
+def sensitivity_data(bundle: ModelBundle, task: TaskData, samples: int) -> Encoded:
+    """The first train examples, labelled with the model's class ids."""
+    from compressor.evaluate import label_permutation
+    train = task.split("train")
+    if len(train) < samples:
+        raise UserError(f"sensitivity: samples={samples} but the train split of {task.name!r} has "
+                        f"{len(train)} examples; lower samples to at most {len(train)}")
+    data = encode(bundle.tokenizer, train.head(samples))
+    to_model = np.argsort(label_permutation(bundle.label_names, task))   # task id -> model id
+    return Encoded(data.input_ids, data.token_type_ids, to_model[data.labels], data.pad_id)
+
+
+def predictions(model: torch.nn.Module, data: Encoded, batch_size: int) -> tuple[float, torch.Tensor]:
+    """Mean task loss and the log-probabilities of every example (in data order)."""
+    total, log_probs = 0.0, torch.zeros((len(data), model.config.num_labels))
+    with_types = accepts_token_types(model)
+    for idx, batch in iterate(data, inference_order(data.lengths(), batch_size), with_types):
+        out = model(**batch)
+        total += float(out.loss) * len(idx)
+        log_probs[torch.as_tensor(idx)] = torch.log_softmax(out.logits.float(), dim=-1)
+    return total / len(data), log_probs

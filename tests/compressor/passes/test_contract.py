@@ -25,6 +25,8 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "drop-layers": {"keep": [0, 2]},
     "finetune": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
     "quantize": {"mode": "dynamic-int8", "per_channel": True},
+    "qat": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
+    "sensitivity": {"keep_fraction": 0.25, "samples": 32},
 }
 
 # A bundle that already has a history, so that appending (not replacing) is checked.

@@ -1,0 +1,129 @@
+"""Fake quantization of Linear layers, as in Q8BERT (Zafrir et al. 2019).
+
+Symmetric linear 8-bit quantization, x -> round(x * 127 / t) * t / 127 clipped to +-t:
+- weights: t = max|W| of the whole matrix, recomputed at every forward;
+- activations (each Linear's input): t = an exponential moving average of max|x| over
+  training batches (decay 0.9999 in the paper; the first batch sets it), frozen in eval;
+- gradients pass straight through the rounding (straight-through estimator).
+
+It attaches to an ordinary Transformers model without changing its module types: the
+weight through `torch.nn.utils.parametrize`, the input through a forward pre-hook. Leaving
+the context removes both and leaves the trained float weights, so the model stays a plain
+Transformers model that saves with `save_pretrained`; what the training learned about
+activations is returned as thresholds, which the int8 export uses as its ranges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+LEVELS = 127   # symmetric int8: [-127, 127]
+
+
+def fake_quantize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """Quantize-dequantize x to 8 bits in [-threshold, threshold]; identity gradient (STE)."""
+    scale = LEVELS / threshold.clamp(min=1e-8)
+    quantized = torch.clamp(torch.round(x * scale), -LEVELS, LEVELS) / scale
+    return x + (quantized - x).detach()
+
+
+def fake_quantize_per_channel(weight: torch.Tensor) -> torch.Tensor:
+    """Per-output-row symmetric int8, as the static-int8 export quantizes weights."""
+    return fake_quantize(weight, weight.detach().abs().amax(dim=1, keepdim=True))
+
+
+class WeightFakeQuant(nn.Module):
+    """The parametrization: the weight the Linear computes with is its fake-quantized form."""
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return fake_quantize(weight, weight.detach().abs().max())
+
+
+@dataclass
+class ActivationRange:
+    """The EMA of max|input| of one Linear (None until the first training batch)."""
+
+    decay: float
+    threshold: torch.Tensor | None = None
+
+    def observe(self, x: torch.Tensor) -> torch.Tensor:
+        current = x.detach().abs().max()
+        if self.threshold is None:
+            self.threshold = current
+        else:
+            self.threshold = self.decay * self.threshold + (1 - self.decay) * current
+        return self.threshold
+
+
+def linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+@contextlib.contextmanager
+def q8bert_fake_quant(model: nn.Module, ema_decay: float) -> Iterator[dict[str, ActivationRange]]:
+    """Fake-quantize every Linear's weight and input while the context is open."""
+    ranges: dict[str, ActivationRange] = {}
+    handles = []
+    linears = linear_layers(model)
+    for name, linear in linears.items():
+        ranges[name] = ActivationRange(ema_decay)
+        parametrize.register_parametrization(linear, "weight", WeightFakeQuant())
+        handles.append(linear.register_forward_pre_hook(input_hook(ranges[name])))
+    try:
+        yield ranges
+    finally:
+        for handle in handles:
+            handle.remove()
+        for linear in linears.values():
+            # leave_parametrized=False: keep the float weight that training updated.
+            parametrize.remove_parametrizations(linear, "weight", leave_parametrized=False)
+
+
+def input_hook(observed: ActivationRange):
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        x = args[0]
+        if module.training:
+            threshold = observed.observe(x)
+        elif observed.threshold is not None:
+            threshold = observed.threshold
+        else:
+            return args   # evaluated before any training step: nothing learned yet
+        return (fake_quantize(x, threshold), *args[1:])
+    return hook
+
+
+@contextlib.contextmanager
+def one_layer_quantized(linear: nn.Linear, input_threshold: torch.Tensor) -> Iterator[None]:
+    """Quantize one Linear as the int8 export would (per-channel weights, calibrated input)."""
+    original = linear.weight.data
+    linear.weight.data = fake_quantize_per_channel(original)
+    handle = linear.register_forward_pre_hook(
+        lambda module, args: (fake_quantize(args[0], input_threshold), *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+        linear.weight.data = original
+
+
+@contextlib.contextmanager
+def input_maxima(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+    """Record max|input| of every Linear over the forwards run inside the context."""
+    maxima: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, linear in linear_layers(model).items():
+        def hook(module, args, name=name):
+            current = args[0].detach().abs().max()
+            maxima[name] = torch.maximum(maxima[name], current) if name in maxima else current
+        handles.append(linear.register_forward_pre_hook(hook))
+    try:
+        yield maxima
+    finally:
+        for handle in handles:
+            handle.remove()

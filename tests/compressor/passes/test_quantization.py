@@ -1,0 +1,158 @@
+"""The `qat` and `sensitivity` passes, their fake quantization, and how the int8 export uses them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+from torch.nn.utils import parametrize
+
+from compressor.export.graph_map import linear_nodes
+from compressor.export.onnx import ExportSettings, export_bundle, write_onnx
+from compressor.passes import Context, apply_pass, get_pass
+from compressor.passes.fake_quant import fake_quantize, linear_layers, q8bert_fake_quant
+from pretrain.errors import UserError
+
+LOOSE = ExportSettings(optimize=True, accuracy_tolerance=1.0)
+
+
+def ctx(task) -> Context:
+    return Context(task=task, seed=0, show_progress=False)
+
+
+def config(name: str, **values):
+    return get_pass(name).config_type.model_validate(values)
+
+
+def test_fake_quantize_rounds_to_255_levels_and_passes_gradients_straight_through():
+    x = torch.linspace(-3, 3, 1001, requires_grad=True)
+    y = fake_quantize(x, torch.tensor(2.0))
+    assert len(torch.unique(y.detach())) <= 255
+    assert y.detach().abs().max() == pytest.approx(2.0)           # clipped to the threshold
+    assert (y.detach() - x.detach())[x.detach().abs() <= 2].abs().max() <= 1 / 127 + 1e-6
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))                   # straight-through
+
+
+def test_q8bert_context_quantizes_weights_tracks_ema_ranges_and_cleans_up(make_tiny_bert):
+    model = make_tiny_bert().train()
+    linear = model.bert.encoder.layer[0].intermediate.dense
+    trained_weight = linear.weight.detach().clone()
+    first, second = torch.randint(1, 1000, (2, 6)), torch.randint(1, 1000, (2, 6))
+    seen = []
+    hook = linear.register_forward_pre_hook(lambda m, args: seen.append(args[0].detach().abs().max()))
+    with q8bert_fake_quant(model, ema_decay=0.9) as ranges:
+        assert len(torch.unique(linear.weight.detach())) <= 255
+        assert linear.weight.detach().abs().max() == pytest.approx(trained_weight.abs().max())
+        model(input_ids=first)
+        model(input_ids=second)
+    hook.remove()
+    assert set(ranges) == set(linear_layers(model))
+    expected = 0.9 * seen[0] + 0.1 * seen[1]
+    assert float(ranges["bert.encoder.layer.0.intermediate.dense"].threshold) == pytest.approx(float(expected))
+    assert not parametrize.is_parametrized(linear)
+    assert torch.equal(linear.weight, trained_weight) and isinstance(linear.weight, torch.nn.Parameter)
+
+
+def test_qat_trains_with_the_loop_and_records_ranges_for_every_linear(bert_bundle, tiny_task):
+    cfg = config("qat", epochs=1, batch_size=16, lr=1e-3, max_train_samples=48)
+    out = apply_pass(bert_bundle, "qat", cfg, ctx(tiny_task))
+    qat = out.deploy["qat"]
+    assert qat["steps"] == 3 and qat["samples"] == 48
+    assert set(qat["activation_ranges"]) == set(linear_layers(out.model))
+    assert all(t > 0 for t in qat["activation_ranges"].values())
+    assert out.deploy["quantize"]["mode"] == "static-int8" and out.deploy["quantize"]["per_channel"] is False
+    before, after = bert_bundle.model.state_dict(), out.model.state_dict()
+    assert before.keys() == after.keys()                              # a plain Transformers model again
+    assert not torch.equal(before["bert.encoder.layer.1.output.dense.weight"],
+                           after["bert.encoder.layer.1.output.dense.weight"])
+
+
+def quantize_scales(graph) -> dict[str, float]:
+    """Activation tensor -> the scale its QuantizeLinear uses."""
+    model = onnx.load(str(graph))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return {n.input[0]: float(inits[n.input[1]]) for n in model.graph.node
+            if n.op_type == "QuantizeLinear" and n.input[1] in inits and inits[n.input[1]].size == 1}
+
+
+def test_qat_export_uses_the_learned_ranges(bert_bundle, tiny_task, tmp_path):
+    cfg = config("qat", epochs=1, batch_size=16, lr=1e-3, max_train_samples=48)
+    out = apply_pass(bert_bundle, "qat", cfg, ctx(tiny_task))
+    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task)
+    assert record["precision"] == "static-int8" and record["qat_ranges_applied"] >= 4
+    # The intermediate (FFN-in) dense of layer 2 reads a tensor only it reads: its uint8 scale
+    # must be the learned symmetric range 2t/255, not a calibrated one.
+    fused = tmp_path / "fused.onnx"
+    write_onnx(out.model, fused)
+    name = "bert.encoder.layer.2.intermediate.dense"
+    threshold = out.deploy["qat"]["activation_ranges"][name]
+    scales = quantize_scales(tmp_path / "q" / "model.onnx")
+    assert any(scale == pytest.approx(2 * threshold / 255, rel=1e-4) for scale in scales.values())
+
+
+def test_sensitivity_ranks_a_fragile_layer_first_and_records_every_score(bert_bundle, tiny_task):
+    model = bert_bundle.copy_model()
+    fragile = model.bert.pooler.dense
+    with torch.no_grad():
+        # One outlier channel in the pooler's input (as in real BERTs, only larger): its int8
+        # range then rounds every other channel to zero. The float model computes the same.
+        model.bert.encoder.layer[3].output.LayerNorm.weight[5] *= 1000.0
+        model.bert.encoder.layer[3].output.LayerNorm.bias[5] *= 1000.0
+        fragile.weight[:, 5] /= 1000.0
+        model.classifier.weight *= 100   # a random head is near uniform; make outputs respond
+    bundle = bert_bundle.replace(model=model)
+    out = apply_pass(bundle, "sensitivity", config("sensitivity", keep_fraction=0.1, samples=64), ctx(tiny_task))
+    record = out.deploy["sensitivity"]
+    linears = linear_layers(model)
+    assert record["keep"][0] == "bert.pooler.dense"
+    assert len(record["keep"]) == math.ceil(0.1 * len(record["divergence"]))
+    assert set(record["divergence"]) == set(record["loss_change"]) == set(linears)
+    scores = list(record["divergence"].values())
+    assert scores == sorted(scores, reverse=True) and min(scores) > -1e-6 and record["samples"] == 64
+    assert torch.equal(out.model.bert.pooler.dense.weight, fragile.weight)
+
+
+def test_sensitivity_needs_enough_train_examples(bert_bundle, tiny_task):
+    with pytest.raises(UserError, match="samples=10000 but the train split"):
+        apply_pass(bert_bundle, "sensitivity", config("sensitivity", samples=10000), ctx(tiny_task))
+
+
+@pytest.mark.parametrize("mode", ["static-int8", "dynamic-int8"])
+def test_int8_export_keeps_the_sensitive_layers_in_float(bert_bundle, tiny_task, tmp_path, mode):
+    out = apply_pass(bert_bundle, "sensitivity", config("sensitivity", keep_fraction=0.2, samples=32), ctx(tiny_task))
+    extra = {"calibration_samples": 32} if mode == "static-int8" else {}
+    out = out.replace(deploy={**out.deploy, "quantize": {"mode": mode, **extra}})
+    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task)
+    assert record["kept_layers"] == out.deploy["sensitivity"]["keep"] and record["kept_in_float"]
+    graph = onnx.load(str(tmp_path / "q" / "model.onnx")).graph
+    floats = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    nodes = {n.name: n for n in graph.node}
+    for kept in record["kept_in_float"]:
+        assert nodes[kept].op_type in ("MatMul", "Attention", "Gemm")   # not replaced by an int8 op
+        assert nodes[kept].input[1] in floats                            # its weight stays fp32
+
+
+def test_graph_map_finds_every_encoder_linear_in_the_fused_graph(sliced_bundle_for_map, tmp_path):
+    from compressor.export.optimize import fuse
+    model = sliced_bundle_for_map.model
+    write_onnx(model, tmp_path / "plain.onnx")
+    fused = fuse(tmp_path / "plain.onnx", tmp_path / "fused.onnx").path
+    for graph in (tmp_path / "plain.onnx", fused):
+        found = linear_nodes(graph, model)
+        encoder = [n for n in linear_layers(model) if ".encoder." in n]
+        assert set(encoder) <= set(found), f"unmapped in {graph.name}: {set(encoder) - set(found)}"
+    # Fusion merges query, key and value into one Attention node reading one tensor.
+    attention = {found[f"bert.encoder.layer.0.attention.self.{p}"] for p in ("query", "key", "value")}
+    assert len(attention) == 1
+
+
+@pytest.fixture
+def sliced_bundle_for_map(bert_bundle):
+    model = bert_bundle.copy_model()
+    model.prune_heads({0: [0], 1: [1, 2]})
+    return bert_bundle.replace(model=model.eval())
