@@ -119,15 +119,15 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         fp32_logits = gate.onnx_logits(graph)
         record.update(gate.fp32_metrics(fp32_logits, graph))
         if quantize is not None:
-            if quantize.mode == "inc":
+            realised = quantize
+            if quantize.mode == "inc":   # INC chooses the config; ORT realises it (export/inc.py)
                 from compressor.export.inc import inc_plan
-                quantize, plan, tuning = inc_plan(bundle, graph, quantize, calibration, gate)
-                record["inc"] = tuning
+                realised, plan, record["inc"] = inc_plan(bundle, graph, quantize, calibration, gate)
             else:
                 plan, plan_record = quantization_plan(bundle, graph, quantize, calibration)
                 record.update(plan_record)
             quantized = work / "quantized.onnx"
-            quantize_onnx(graph, quantized, quantize, plan)
+            quantize_onnx(graph, quantized, realised, plan)
             record.update(gate.quantized_metrics(fp32_logits, gate.onnx_logits(quantized), quantize))
             graph = quantized
         record["size_bytes"] = graph.stat().st_size
@@ -142,16 +142,18 @@ UNFUSED_MODES = {"int4-weight-only": "int4-weight-only quantizes the unfused gra
 
 
 def calibration_split(bundle: ModelBundle, quantize: QuantizeConfig | None, task: TaskData) -> Encoded | None:
-    """The first calibration_samples train examples, for the modes that calibrate."""
+    """The first calibration_samples examples: train ones to calibrate static-int8 ranges,
+    validation ones for inc's accuracy-aware tuning (which must not see the test split)."""
     if quantize is None or quantize.mode not in ("static-int8", "inc"):
         return None
-    train = task.split("train")
+    name = "train" if quantize.mode == "static-int8" else "validation"
+    split = task.split(name)
     wanted = quantize.calibration_samples
-    if len(train) < wanted:
+    if len(split) < wanted:
         raise UserError(f"calibration set too small: {quantize.mode} asks for calibration_samples="
-                        f"{wanted} but the train split of {task.name!r} has {len(train)} examples; "
-                        f"lower calibration_samples to at most {len(train)}")
-    return encode(bundle.tokenizer, train.head(wanted))
+                        f"{wanted} but the {name} split of {task.name!r} has {len(split)} examples; "
+                        f"lower calibration_samples to at most {len(split)}")
+    return encode(bundle.tokenizer, split.head(wanted))
 
 
 def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,

@@ -73,9 +73,9 @@ class QuantizeConfig(BaseModel):
     weight_type: Literal["qint8", "quint8"] = "qint8"
     calibration: Literal["minmax", "entropy", "percentile"] = "minmax"   # static-int8 ranges
     format: Literal["qdq", "qoperator"] = "qdq"                            # static-int8 graph form
-    calibration_samples: int = Field(512, ge=1)   # first N train examples for calibration
+    calibration_samples: int = Field(512, ge=1)   # first N train (static-int8) / validation (inc) examples
     block_size: int = Field(32, ge=16)            # int4: weights per scale (a power of 2)
-    tolerable_loss: float = Field(0.01, ge=0, le=1)   # inc: accuracy drop allowed (absolute)
+    tolerable_loss: float = Field(0.01, ge=0, le=1)   # inc: relative accuracy loss allowed (INC's definition)
     max_trials: int = Field(8, ge=1)                   # inc: autotune trials
 
     @model_validator(mode="before")

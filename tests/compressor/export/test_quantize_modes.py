@@ -100,3 +100,22 @@ def test_accuracy_floor_names_the_shortfall(tiny_bundle, tiny_task, tmp_path):
     message = str(err.value)
     assert "falls below the recipe's accuracy floor" in message and "points under min_accuracy 0.9900" in message
     assert "\n" not in message and not (tmp_path / "q").exists()
+
+
+def test_inc_autotunes_in_pytorch_and_ships_its_choice_as_onnx(tiny_bundle, tiny_task, tmp_path):
+    record = export(tiny_bundle, tiny_task, tmp_path / "i", mode="inc", calibration_samples=30,
+                    tolerable_loss=0.0, max_trials=2)
+    inc = record["inc"]
+    assert record["precision"] == "inc" and record["quantization"]["mode"] == "inc"
+    assert inc["validation_samples"] == 30 and 1 <= len(inc["trials"]) <= 2
+    assert inc["trials"][0]["config"] == {"w_granularity": "per_channel", "w_sym": True}
+    assert all(0 <= t["accuracy"] <= 1 for t in inc["trials"]) and 0 <= inc["baseline_accuracy"] <= 1
+    # INC's rule: stop at the first trial within the relative loss, else take the most accurate.
+    accuracies = [t["accuracy"] for t in inc["trials"]]
+    meets = [a >= inc["baseline_accuracy"] for a in accuracies]
+    assert not any(meets[:-1])
+    expected = len(meets) - 1 if meets[-1] else int(np.argmax(accuracies))
+    assert inc["chosen"] == inc["trials"][expected]["config"] and inc["met_tolerable_loss"] == meets[-1]
+    assert inc["realised_as"]["per_channel"] == (inc["chosen"]["w_granularity"] == "per_channel")
+    assert op_counts(tmp_path / "i" / "model.onnx")["DynamicQuantizeLinear"] >= 1
+    assert record["size_ratio_to_fp32"] <= 0.30

@@ -1,0 +1,144 @@
+"""`inc`: Intel Neural Compressor accuracy-aware post-training quantization, shipped as ONNX.
+
+What INC 3.x's PyTorch API offers on a CPU without intel-extension-for-pytorch: weight-only
+quantization (RTN, GPTQ, AWQ, ...) and PT2E static/dynamic int8, which quantizes a
+`torch.export` graph into a GraphModule of reference quantize/dequantize ops. That
+GraphModule cannot become ONNX here: the TorchScript exporter has no symbolics for the
+quantized_decomposed ops and the dynamo exporter needs onnxscript, which is not a
+dependency. So INC does what it is good at, and ONNX Runtime realises the result:
+
+1. the model is exported with torch.export (dynamic batch and sequence) and INC's
+   `autotune` quantizes it with each candidate DynamicQuantConfig (int8 weights, per-channel
+   or per-tensor, symmetric or not; int8 activations quantized per batch), evaluating each
+   INC-quantized PyTorch model on validation examples until one keeps the accuracy within
+   `tolerable_loss` (relative, as INC defines it) or `max_trials` is spent;
+2. the configuration INC chose is realised in the exported graph by ONNX Runtime's dynamic
+   int8 quantization with the same weight granularity and symmetry (both quantize weights
+   per channel or tensor with round-to-nearest, and activations per batch, uint8 with a
+   zero point), and that graph goes through the same accuracy gate as every other mode.
+
+The export record keeps every trial (config, validation accuracy) and the choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from compressor.bundle import ModelBundle
+from compressor.export.quantize import Plan, QuantizeConfig
+from pretrain.batching import Encoded, inference_order, iterate
+from pretrain.errors import UserError
+from pretrain.models import first_line
+from pretrain.train import accepts_token_types
+
+EVAL_BATCH = 64
+
+
+def candidates(cfg: QuantizeConfig) -> list[dict]:
+    """Weight granularity x symmetry, the requested granularity first, symmetric first."""
+    granularities = ["per_channel", "per_tensor"] if cfg.per_channel else ["per_tensor", "per_channel"]
+    return [{"w_granularity": g, "w_sym": sym} for sym in (True, False) for g in granularities][:cfg.max_trials]
+
+
+def inc_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig, validation: Encoded | None,
+             gate) -> tuple[QuantizeConfig, Plan, dict]:
+    """Run INC's autotune on the torch model; return the ORT config that realises its choice."""
+    from neural_compressor.torch.quantization import DynamicQuantConfig, TuningConfig, autotune
+    if validation is None or len(validation) == 0:
+        raise ValueError("inc needs validation examples")
+    to_task = gate.to_task
+    labels = np.asarray(validation.labels)
+    example = example_batch(bundle.model, validation)
+    accuracies: list[float] = []
+
+    def eval_fn(model) -> float:
+        logits = graph_logits(model, validation, list(example))
+        accuracies.append(float(np.mean(to_task[logits.argmax(axis=1)] == labels)))
+        return accuracies[-1]
+
+    options = candidates(cfg)
+    tuning = TuningConfig(config_set=[DynamicQuantConfig(**o) for o in options],
+                          tolerable_loss=cfg.tolerable_loss, max_trials=len(options))
+    with inc_quiet():
+        exported = export_for_inc(bundle.model, example)
+        try:
+            autotune(exported, tuning, eval_fn=eval_fn, example_inputs=tuple(example.values()))
+        except Exception as err:  # INC raises many types on graphs it cannot quantize
+            raise UserError(f"inc: Intel Neural Compressor could not quantize the "
+                            f"{bundle.model.config.model_type} model: {first_line(err)}") from None
+    baseline, trials = accuracies[0], accuracies[1:]
+    chosen = chosen_trial(baseline, trials, cfg.tolerable_loss)
+    pick = options[chosen]
+    realised = QuantizeConfig(mode="dynamic-int8", per_channel=pick["w_granularity"] == "per_channel",
+                              reduce_range=cfg.reduce_range,
+                              weight_type="qint8" if pick["w_sym"] else "quint8")
+    record = {"validation_samples": len(validation), "tolerable_loss": cfg.tolerable_loss,
+              "baseline_accuracy": baseline,
+              "trials": [{"config": o, "accuracy": a} for o, a in zip(options, trials)],
+              "chosen": pick, "met_tolerable_loss": trials[chosen] >= baseline * (1 - cfg.tolerable_loss),
+              "realised_as": realised.model_dump(mode="json")}
+    return realised, Plan(), record
+
+
+def chosen_trial(baseline: float, trials: list[float], tolerable_loss: float) -> int:
+    """INC's rule: the first trial within the relative loss, else the most accurate one."""
+    for index, accuracy in enumerate(trials):
+        if accuracy >= baseline * (1 - tolerable_loss):
+            return index
+    return int(np.argmax(trials))
+
+
+def example_batch(model, data: Encoded) -> dict[str, torch.Tensor]:
+    _, batch = next(iterate(data, [np.arange(min(8, len(data)))], accepts_token_types(model)))
+    batch.pop("labels")
+    return batch
+
+
+def export_for_inc(model, example: dict[str, torch.Tensor]):
+    """torch.export with dynamic batch and sequence axes (what INC's PT2E path quantizes)."""
+    from neural_compressor.torch.export import export
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    sequence = torch.export.Dim("sequence", min=2, max=model.config.max_position_embeddings)
+    shapes = tuple({0: batch, 1: sequence} for _ in example)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exported = export(copy.deepcopy(model).eval(), example_inputs=tuple(example.values()),
+                          dynamic_shapes=shapes)
+    if exported is None:
+        raise UserError(f"inc: torch.export failed on the {model.config.model_type} model")
+    return exported
+
+
+@torch.no_grad()
+def graph_logits(model, data: Encoded, names: list[str]) -> np.ndarray:
+    """Logits of an exported (positional-input) model, in data order."""
+    out = None
+    for idx, batch in iterate(data, inference_order(data.lengths(), EVAL_BATCH), "token_type_ids" in names):
+        result = model(*(batch[name] for name in names))
+        logits = (result.logits if hasattr(result, "logits") else result[0]).float().numpy()
+        if out is None:
+            out = np.zeros((len(data), logits.shape[1]), dtype=np.float32)
+        out[idx] = logits
+    return out
+
+
+@contextlib.contextmanager
+def inc_quiet():
+    """INC logs every trial as tables on its own logger and prints; keep the CLI's one line."""
+    logger = logging.getLogger("neural_compressor")
+    disabled = logger.disabled
+    logger.disabled = True   # INC resets its logger's level itself; disabling sticks
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.disabled = disabled
