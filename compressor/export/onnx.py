@@ -9,6 +9,9 @@ An export dir holds:
     compressor.json  the source bundle's task, labels, pass history and deploy settings
     export.json      what the export did and measured (parity, accuracy, fusions, sizes)
 
+A `torch-dynamic-int8` export is a PyTorch deployment instead: config, tokenizer,
+compressor.json, export.json and model.int8.pt (export/torch_int8.py), no ONNX graph.
+
 The gate runs on real test batches, padded to each batch's longest member as in
 pretrain/batching.py. The fp32 graph (and the fused graph) must match PyTorch's logits to
 `parity_tolerance`; a quantized graph must keep test accuracy within `accuracy_tolerance`
