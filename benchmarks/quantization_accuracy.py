@@ -75,7 +75,11 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("runs/quantization-accuracy"))
     parser.add_argument("--only", nargs="*", help="run only these variants (for trying things out)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--markdown", action="store_true", help="print --out's results as a table and exit")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(args.out.read_text())))
+        return 0
     set_threads(None)
     teacher = ModelBundle.load(args.teacher)
     task = load_task("wordnet-supersense")
@@ -139,6 +143,20 @@ def qat_recovery(rows: list[dict]) -> dict | None:
     loss = fp32 - static
     return {"fp32": fp32, "static_int8": static, "qat_int8": qat, "static_loss": loss,
             "qat_loss": fp32 - qat, "recovered_fraction": (qat - static) / loss if loss > 0 else None}
+
+
+def markdown(result: dict) -> str:
+    lines = ["| variant | test accuracy | change vs fp32 (points) | agreement with fp32 | size (MB) | size / fp32 |",
+             "|---|---:|---:|---:|---:|---:|"]
+    fp32 = next(r["accuracy"] for r in result["results"] if r["name"] == "fp32")
+    for r in result["results"]:
+        if "error" in r:
+            lines.append(f"| {r['name']} | failed: {r['error'][:80]} | | | | |")
+            continue
+        lines.append(f"| {r['name']} | {r['accuracy']:.4f} | {(r['accuracy'] - fp32) * 100:+.2f} | "
+                     f"{r['agreement_with_teacher_fp32']:.3f} | {r['size_bytes'] / 1e6:.1f} | "
+                     f"{r['size_ratio_to_fp32']:.3f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
