@@ -48,18 +48,20 @@ def variants(args) -> dict[str, list[tuple[str, dict]]]:
     def static(calibration="minmax", fmt="qdq", **more):
         return quantize(mode="static-int8", calibration=calibration, format=fmt,
                         calibration_samples=args.calibration_samples, **more)
+    first = (("entropy", "qdq"), ("minmax", "qdq"))   # the default, and MinMax
     other_static = {f"static-int8-{c}-{f}": static(c, f) for c in ("minmax", "entropy", "percentile")
-                    for f in ("qdq", "qoperator") if (c, f) != ("minmax", "qdq")}
+                    for f in ("qdq", "qoperator") if (c, f) not in first}
     return {
         "fp32": [],
         "dynamic-int8-per-tensor": quantize(per_channel=False),
         "dynamic-int8-per-channel": quantize(per_channel=True),
+        "static-int8-entropy-qdq": static("entropy"),   # the mode's defaults
         "static-int8-minmax-qdq": static(),
         # The export QAT uses (per-tensor symmetric weights, QDQ, MinMax for what QAT did not
         # observe), without QAT: the baseline QAT's recovery is measured against.
         "static-int8-per-tensor-minmax-qdq": static(per_channel=False),
         "qat+static-int8": [("qat", {"epochs": args.qat_epochs, "max_train_samples": args.qat_samples})],
-        "sensitivity+static-int8": [("sensitivity", {"keep_fraction": 0.1}), *static()],
+        "sensitivity+static-int8-entropy-qdq": [("sensitivity", {"keep_fraction": 0.1}), *static("entropy")],
         "int4-weight-only": quantize(mode="int4-weight-only"),
         "torch-dynamic-int8": quantize(mode="torch-dynamic-int8"),
         "inc": quantize(mode="inc"),

@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--per-channel", action="store_const", const=True, help="per-channel int8 weight scales")
     ex.add_argument("--reduce-range", action="store_const", const=True, help="7-bit int8 weights")
     ex.add_argument("--weight-type", choices=["qint8", "quint8"])
-    ex.add_argument("--calibration", choices=["minmax", "entropy", "percentile"], help="static-int8 ranges")
+    ex.add_argument("--calibration", choices=["minmax", "entropy", "percentile"], help="static-int8 ranges (default entropy)")
     ex.add_argument("--format", choices=["qdq", "qoperator"], help="static-int8 graph form")
     ex.add_argument("--calibration-samples", type=positive_int, help="static-int8/inc: train examples")
     ex.add_argument("--block-size", type=positive_int, help="int4-weight-only: weights per scale")
