@@ -17,7 +17,8 @@ dependency. So INC does what it is good at, and ONNX Runtime realises the result
    per channel or tensor with round-to-nearest, and activations per batch, uint8 with a
    zero point), and that graph goes through the same accuracy gate as every other mode.
 
-The export record keeps every trial (config, validation accuracy) and the choice.
+The export record keeps every trial (config, validation accuracy) and the choice. A
+`sensitivity` pass's kept layers stay float in the realised graph, as with dynamic-int8.
 """
 
 from __future__ import annotations
@@ -27,13 +28,11 @@ import copy
 import io
 import logging
 import warnings
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from compressor.bundle import ModelBundle
-from compressor.export.quantize import Plan, QuantizeConfig
+from compressor.export.quantize import QuantizeConfig
 from pretrain.batching import Encoded, inference_order, iterate
 from pretrain.errors import UserError
 from pretrain.models import first_line
@@ -53,10 +52,9 @@ def candidates(cfg: QuantizeConfig) -> list[dict]:
     return [{"w_granularity": g, "w_sym": True} for g in granularities][:cfg.max_trials]
 
 
-def inc_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig, validation: Encoded | None,
-             gate) -> tuple[QuantizeConfig, Plan, dict]:
+def inc_choice(bundle: ModelBundle, cfg: QuantizeConfig, validation: Encoded | None,
+               gate) -> tuple[QuantizeConfig, dict]:
     """Run INC's autotune on the torch model; return the ORT config that realises its choice."""
-    from neural_compressor.torch.quantization import DynamicQuantConfig, TuningConfig, autotune
     if validation is None or len(validation) == 0:
         raise ValueError("inc needs validation examples")
     to_task = gate.to_task
@@ -70,9 +68,10 @@ def inc_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig, validation: 
         return accuracies[-1]
 
     options = candidates(cfg)
-    tuning = TuningConfig(config_set=[DynamicQuantConfig(**o) for o in options],
-                          tolerable_loss=cfg.tolerable_loss, max_trials=len(options))
     with inc_quiet():
+        from neural_compressor.torch.quantization import DynamicQuantConfig, TuningConfig, autotune
+        tuning = TuningConfig(config_set=[DynamicQuantConfig(**o) for o in options],
+                              tolerable_loss=cfg.tolerable_loss, max_trials=len(options))
         exported = export_for_inc(bundle.model, example)
         try:
             autotune(exported, tuning, eval_fn=eval_fn, example_inputs=tuple(example.values()))
@@ -90,7 +89,7 @@ def inc_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig, validation: 
               "trials": [{"config": o, "accuracy": a} for o, a in zip(options, trials)],
               "chosen": pick, "met_tolerable_loss": trials[chosen] >= baseline * (1 - cfg.tolerable_loss),
               "realised_as": realised.model_dump(mode="json")}
-    return realised, Plan(), record
+    return realised, record
 
 
 def chosen_trial(baseline: float, trials: list[float], tolerable_loss: float) -> int:

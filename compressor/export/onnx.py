@@ -124,11 +124,10 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         if quantize is not None:
             realised = quantize
             if quantize.mode == "inc":   # INC chooses the config; ORT realises it (export/inc.py)
-                from compressor.export.inc import inc_plan
-                realised, plan, record["inc"] = inc_plan(bundle, graph, quantize, calibration, gate)
-            else:
-                plan, plan_record = quantization_plan(bundle, graph, quantize, calibration)
-                record.update(plan_record)
+                from compressor.export.inc import inc_choice
+                realised, record["inc"] = inc_choice(bundle, quantize, calibration, gate)
+            plan, plan_record = quantization_plan(bundle, graph, realised, calibration)
+            record.update(plan_record)
             quantized = work / "quantized.onnx"
             quantize_onnx(graph, quantized, realised, plan)
             record.update(gate.quantized_metrics(fp32_logits, gate.onnx_logits(quantized), quantize))
