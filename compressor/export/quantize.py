@@ -186,10 +186,15 @@ def with_shapes(source: Path, target: Path) -> None:
     standard ops.
     """
     from onnxruntime.quantization.shape_inference import quant_pre_process
-    try:
-        quant_pre_process(str(source), str(target), skip_optimization=True)
-    except Exception:  # "Incomplete symbolic shape inference" and friends
-        quant_pre_process(str(source), str(target), skip_optimization=True, skip_symbolic_shape=True)
+    source, target = Path(source).resolve(), Path(target).resolve()
+    # When symbolic inference gives up, ORT saves its partial model as
+    # ./sym_shape_infer_temp.onnx (+ a 90 MB external-data file): run it from the target's
+    # (temporary) dir so that nothing lands in the user's working dir.
+    with contextlib.chdir(target.parent):
+        try:
+            quant_pre_process(str(source), str(target), skip_optimization=True)
+        except Exception:  # "Incomplete symbolic shape inference" and friends
+            quant_pre_process(str(source), str(target), skip_optimization=True, skip_symbolic_shape=True)
 
 
 def graph_inputs(path: Path) -> set[str]:
