@@ -66,6 +66,9 @@ def variants(args) -> dict[str, list[tuple[str, dict]]]:
         "torch-dynamic-int8": quantize(mode="torch-dynamic-int8"),
         "inc": quantize(mode="inc"),
         "fp16": quantize(mode="fp16"),
+        # Embedding factorization without retraining (issue 5 item 5's other route).
+        "factorize-embedding-128+dynamic-int8-per-channel": [("factorize-embedding", {"rank": 128}),
+                                                             *quantize(per_channel=True)],
         "sensitivity+dynamic-int8-per-tensor": [("sensitivity", {"keep_fraction": 0.1}),
                                                 *quantize(per_channel=False)],
         **other_static,

@@ -39,6 +39,7 @@ from compressor.atomic import atomic_dir, write_json
 from compressor.bundle import ModelBundle
 from compressor.evaluate import label_permutation, onnx_logits_fn
 from compressor.export.optimize import Fusion, fuse
+from compressor.export.embedding import factorize_graph
 from compressor.export.graph_map import linear_nodes
 from compressor.export.quantize import INT8_ONNX_MODES, Plan, QuantizeConfig, quantize_onnx
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
@@ -110,7 +111,9 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         graph = work / "fp32.onnx"
         names = input_names(bundle.model, bundle.tokenizer.model_input_names)
         write_onnx(bundle.model, graph, names)
-        record = {"format": "onnx", "opset": OPSET, "inputs": list(names),
+        rank = bundle.deploy.get("embedding_rank")
+        factorized = factorize_graph(graph, bundle.model.get_input_embeddings().weight, rank) if rank else None
+        record = {"format": "onnx", "opset": OPSET, "inputs": list(names), "embedding_factorized": factorized,
                   "parity_tolerance": settings.parity_tolerance,
                   "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
         if settings.optimize and not (quantize and quantize.mode in UNFUSED_MODES):
