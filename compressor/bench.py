@@ -110,8 +110,7 @@ def torch_runner(path: Path, profile: Profile) -> Runner:
 
     import torch
 
-    from pretrain.models import load_saved_classifier
-    model, _ = load_saved_classifier(Path(path))
+    model = load_torch_model(Path(path))
     device = torch.device("cuda" if profile.device == "cuda" else "cpu")
     model.to(device).eval()
     wanted = set(inspect.signature(model.forward).parameters)
@@ -127,6 +126,15 @@ def torch_runner(path: Path, profile: Profile) -> Runner:
         return out
     run.prepare = prepare  # type: ignore[attr-defined]
     return run
+
+
+def load_torch_model(path: Path):
+    """An HF model dir, or a torch-dynamic-int8 deployment dir (int8 state dict + config)."""
+    from compressor.export.torch_int8 import is_int8_dir, load_int8_model
+    if is_int8_dir(path):
+        return load_int8_model(path)
+    from pretrain.models import load_saved_classifier
+    return load_saved_classifier(path)[0]
 
 
 def load_runner(model: Deployable, profile: Profile) -> Runner:

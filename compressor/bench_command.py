@@ -22,13 +22,15 @@ def deployable_at(path: Path) -> Deployable:
     if onnx_file is not None:
         precision = read_export_record(onnx_file.parent).get("precision", "fp32")
         return Deployable(path.name, "onnx", onnx_file, precision)
-    return Deployable(path.name, "torch", path, "fp32")
+    precision = read_export_record(path).get("precision", "fp32")   # torch-dynamic-int8 dirs have one
+    return Deployable(path.name, "torch", path, precision)
 
 
 def model_size(model: Deployable) -> int:
     if model.kind == "onnx":
         return model.path.stat().st_size
-    return sum(f.stat().st_size for f in model.path.glob("*.safetensors"))
+    return sum(f.stat().st_size for f in model.path.glob("*.safetensors")) + \
+        sum(f.stat().st_size for f in model.path.glob("*.pt"))
 
 
 def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | None = None,

@@ -74,10 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--per-channel", action="store_const", const=True, help="per-channel int8 weight scales")
     ex.add_argument("--reduce-range", action="store_const", const=True, help="7-bit int8 weights")
     ex.add_argument("--weight-type", choices=["qint8", "quint8"])
-    ex.add_argument("--calibration", choices=["minmax", "entropy", "percentile"], help="static-int8 ranges")
+    ex.add_argument("--calibration", choices=["minmax", "entropy", "percentile"], help="static-int8 ranges (default entropy)")
     ex.add_argument("--format", choices=["qdq", "qoperator"], help="static-int8 graph form")
     ex.add_argument("--calibration-samples", type=positive_int, help="static-int8/inc: train examples")
     ex.add_argument("--block-size", type=positive_int, help="int4-weight-only: weights per scale")
+    ex.add_argument("--tolerable-loss", type=float, help="inc: relative accuracy loss allowed")
+    ex.add_argument("--max-trials", type=positive_int, help="inc: autotune trials")
     ex.add_argument("--min-accuracy", type=float, help="absolute test-accuracy floor when quantized")
     ex.add_argument("--task", help="default: the task recorded with the model")
     ex.add_argument("--max-eval-samples", type=positive_int, help="test examples for the accuracy gate")
@@ -235,7 +237,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         quantize_options={"per_channel": args.per_channel, "reduce_range": args.reduce_range,
                           "weight_type": args.weight_type, "calibration": args.calibration,
                           "format": args.format, "calibration_samples": args.calibration_samples,
-                          "block_size": args.block_size},
+                          "block_size": args.block_size, "tolerable_loss": args.tolerable_loss,
+                          "max_trials": args.max_trials},
         max_eval_samples=args.max_eval_samples, seed=args.seed)
     print(json.dumps(record, indent=2))
     return 0

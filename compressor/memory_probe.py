@@ -60,7 +60,12 @@ def torch_model(job: dict):
     import torch
     from transformers import AutoModelForSequenceClassification
     torch.set_num_threads(job["threads"])
-    model = AutoModelForSequenceClassification.from_pretrained(job["path"]).eval().to(job["device"])
+    from pathlib import Path
+    from compressor.export.torch_int8 import is_int8_dir, load_int8_model
+    if is_int8_dir(Path(job["path"])):      # torch-dynamic-int8 deployment dir
+        model = load_int8_model(Path(job["path"])).to(job["device"])
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(job["path"]).eval().to(job["device"])
     wanted = set(inspect.signature(model.forward).parameters)
 
     def run(feed: dict) -> None:

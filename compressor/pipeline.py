@@ -318,6 +318,8 @@ def baseline_deployable(baseline: dict) -> Deployable:
 def variant_deployable(stage: Stage, export: dict | None) -> Deployable:
     if export is None:
         return Deployable(stage.name, "torch", stage.path, "fp32")
+    if export.get("format") == "torch":       # torch-dynamic-int8: a PyTorch deployment dir
+        return Deployable(stage.name, "torch", Path(export["path"]), export["precision"])
     return Deployable(stage.name, "onnx", Path(export["path"]) / ONNX_FILE, export["precision"])
 
 
@@ -391,7 +393,8 @@ def variant_entry(stage: Stage, export: dict | None) -> dict:
                      accuracy=stage.metrics["accuracy"], macro_f1=stage.metrics["macro_f1"],
                      size_bytes=torch_size)
     else:
-        entry.update(path=export["path"], kind="onnx", precision=export["precision"],
+        entry.update(path=export["path"], kind="torch" if export.get("format") == "torch" else "onnx",
+                     precision=export["precision"],
                      accuracy=export["accuracy"], macro_f1=export["macro_f1"],
                      size_bytes=export["size_bytes"],
                      onnx={k: v for k, v in export.items() if k != "predictions"})

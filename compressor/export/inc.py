@@ -8,16 +8,17 @@ quantized_decomposed ops and the dynamo exporter needs onnxscript, which is not 
 dependency. So INC does what it is good at, and ONNX Runtime realises the result:
 
 1. the model is exported with torch.export (dynamic batch and sequence) and INC's
-   `autotune` quantizes it with each candidate DynamicQuantConfig (int8 weights, per-channel
-   or per-tensor, symmetric or not; int8 activations quantized per batch), evaluating each
+   `autotune` quantizes it with each candidate DynamicQuantConfig (symmetric int8 weights,
+   per-channel or per-tensor; int8 activations quantized per batch), evaluating each
    INC-quantized PyTorch model on validation examples until one keeps the accuracy within
    `tolerable_loss` (relative, as INC defines it) or `max_trials` is spent;
 2. the configuration INC chose is realised in the exported graph by ONNX Runtime's dynamic
-   int8 quantization with the same weight granularity and symmetry (both quantize weights
+   int8 quantization with the same weight granularity (both quantize weights
    per channel or tensor with round-to-nearest, and activations per batch, uint8 with a
    zero point), and that graph goes through the same accuracy gate as every other mode.
 
-The export record keeps every trial (config, validation accuracy) and the choice.
+The export record keeps every trial (config, validation accuracy) and the choice. A
+`sensitivity` pass's kept layers stay float in the realised graph, as with dynamic-int8.
 """
 
 from __future__ import annotations
@@ -27,13 +28,11 @@ import copy
 import io
 import logging
 import warnings
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from compressor.bundle import ModelBundle
-from compressor.export.quantize import Plan, QuantizeConfig
+from compressor.export.quantize import QuantizeConfig
 from pretrain.batching import Encoded, inference_order, iterate
 from pretrain.errors import UserError
 from pretrain.models import first_line
@@ -43,15 +42,19 @@ EVAL_BATCH = 64
 
 
 def candidates(cfg: QuantizeConfig) -> list[dict]:
-    """Weight granularity x symmetry, the requested granularity first, symmetric first."""
+    """The weight granularities, the requested one first.
+
+    Symmetric int8 weights only: INC's x86 PT2E quantizer rejects asymmetric per-channel
+    weights ("Unsupported quantization_spec"), and ORT's dynamic activations are uint8 with
+    a zero point whatever INC's act_sym says, so neither symmetry is a real choice here.
+    """
     granularities = ["per_channel", "per_tensor"] if cfg.per_channel else ["per_tensor", "per_channel"]
-    return [{"w_granularity": g, "w_sym": sym} for sym in (True, False) for g in granularities][:cfg.max_trials]
+    return [{"w_granularity": g, "w_sym": True} for g in granularities][:cfg.max_trials]
 
 
-def inc_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig, validation: Encoded | None,
-             gate) -> tuple[QuantizeConfig, Plan, dict]:
+def inc_choice(bundle: ModelBundle, cfg: QuantizeConfig, validation: Encoded | None,
+               gate) -> tuple[QuantizeConfig, dict]:
     """Run INC's autotune on the torch model; return the ORT config that realises its choice."""
-    from neural_compressor.torch.quantization import DynamicQuantConfig, TuningConfig, autotune
     if validation is None or len(validation) == 0:
         raise ValueError("inc needs validation examples")
     to_task = gate.to_task
@@ -65,9 +68,10 @@ def inc_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig, validation: 
         return accuracies[-1]
 
     options = candidates(cfg)
-    tuning = TuningConfig(config_set=[DynamicQuantConfig(**o) for o in options],
-                          tolerable_loss=cfg.tolerable_loss, max_trials=len(options))
     with inc_quiet():
+        from neural_compressor.torch.quantization import DynamicQuantConfig, TuningConfig, autotune
+        tuning = TuningConfig(config_set=[DynamicQuantConfig(**o) for o in options],
+                              tolerable_loss=cfg.tolerable_loss, max_trials=len(options))
         exported = export_for_inc(bundle.model, example)
         try:
             autotune(exported, tuning, eval_fn=eval_fn, example_inputs=tuple(example.values()))
@@ -85,7 +89,7 @@ def inc_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig, validation: 
               "trials": [{"config": o, "accuracy": a} for o, a in zip(options, trials)],
               "chosen": pick, "met_tolerable_loss": trials[chosen] >= baseline * (1 - cfg.tolerable_loss),
               "realised_as": realised.model_dump(mode="json")}
-    return realised, Plan(), record
+    return realised, record
 
 
 def chosen_trial(baseline: float, trials: list[float], tolerable_loss: float) -> int:

@@ -9,6 +9,9 @@ An export dir holds:
     compressor.json  the source bundle's task, labels, pass history and deploy settings
     export.json      what the export did and measured (parity, accuracy, fusions, sizes)
 
+A `torch-dynamic-int8` export is a PyTorch deployment instead: config, tokenizer,
+compressor.json, export.json and model.int8.pt (export/torch_int8.py), no ONNX graph.
+
 The gate runs on real test batches, padded to each batch's longest member as in
 pretrain/batching.py. The fp32 graph (and the fused graph) must match PyTorch's logits to
 `parity_tolerance`; a quantized graph must keep test accuracy within `accuracy_tolerance`
@@ -36,6 +39,7 @@ from compressor.atomic import atomic_dir, write_json
 from compressor.bundle import ModelBundle
 from compressor.evaluate import label_permutation, onnx_logits_fn
 from compressor.export.optimize import Fusion, fuse
+from compressor.export.embedding import factorize_graph
 from compressor.export.graph_map import linear_nodes
 from compressor.export.quantize import INT8_ONNX_MODES, Plan, QuantizeConfig, quantize_onnx
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
@@ -107,7 +111,9 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         graph = work / "fp32.onnx"
         names = input_names(bundle.model, bundle.tokenizer.model_input_names)
         write_onnx(bundle.model, graph, names)
-        record = {"format": "onnx", "opset": OPSET, "inputs": list(names),
+        rank = bundle.deploy.get("embedding_rank")
+        factorized = factorize_graph(graph, bundle.model.get_input_embeddings().weight, rank) if rank else None
+        record = {"format": "onnx", "opset": OPSET, "inputs": list(names), "embedding_factorized": factorized,
                   "parity_tolerance": settings.parity_tolerance,
                   "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
         if settings.optimize and not (quantize and quantize.mode in UNFUSED_MODES):
@@ -121,11 +127,10 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         if quantize is not None:
             realised = quantize
             if quantize.mode == "inc":   # INC chooses the config; ORT realises it (export/inc.py)
-                from compressor.export.inc import inc_plan
-                realised, plan, record["inc"] = inc_plan(bundle, graph, quantize, calibration, gate)
-            else:
-                plan, plan_record = quantization_plan(bundle, graph, quantize, calibration)
-                record.update(plan_record)
+                from compressor.export.inc import inc_choice
+                realised, record["inc"] = inc_choice(bundle, quantize, calibration, gate)
+            plan, plan_record = quantization_plan(bundle, graph, realised, calibration)
+            record.update(plan_record)
             quantized = work / "quantized.onnx"
             quantize_onnx(graph, quantized, realised, plan)
             record.update(gate.quantized_metrics(fp32_logits, gate.onnx_logits(quantized), quantize))

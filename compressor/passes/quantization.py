@@ -67,7 +67,10 @@ def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
         result = finetune(model, bundle.tokenizer, ctx.task, cfg, desc="qat", show_progress=ctx.show_progress)
     thresholds = {name: float(r.threshold) for name, r in ranges.items() if r.threshold is not None}
     calibration = min(QAT_CALIBRATION_SAMPLES, len(ctx.task.split("train")))
-    export = QuantizeConfig(mode="static-int8", per_channel=False, calibration_samples=calibration)
+    # MinMax for the tensors QAT did not observe (attention products), as Q8BERT's ranges are
+    # max-based too.
+    export = QuantizeConfig(mode="static-int8", per_channel=False, calibration="minmax",
+                            calibration_samples=calibration)
     qat = {"activation_ranges": thresholds, "ema_decay": cfg.ema_decay, "steps": result.train.steps,
            "samples": result.train.samples, "final_loss": result.train.final_loss}
     return bundle.replace(model=model, deploy={**bundle.deploy, "quantize": export.model_dump(mode="json"),

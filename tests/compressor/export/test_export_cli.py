@@ -64,7 +64,7 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, tiny_task, gpt2_dir):
         "corrupted-onnx": ["evaluate", "--model", str(corrupted), "--task", csv],
         "unsupported-family": ["export", "--model", str(gpt2_dir), "--task", csv],
         "option-of-another-mode": ["export", "--model", tiny, "--task", csv, "--quantize", "dynamic-int8",
-                                   "--calibration", "entropy"],
+                                   "--calibration", "percentile"],
         "onnx-as-source": ["export", "--model", str(corrupted), "--task", csv],
         "options-without-quantize": ["export", "--model", tiny, "--task", csv, "--per-channel"],
         "as-recorded": ["export", "--model", str(recorded), "--task", csv, "--out", str(root / "as-recorded"),

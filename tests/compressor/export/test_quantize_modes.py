@@ -119,3 +119,14 @@ def test_inc_autotunes_in_pytorch_and_ships_its_choice_as_onnx(tiny_bundle, tiny
     assert inc["realised_as"]["per_channel"] == (inc["chosen"]["w_granularity"] == "per_channel")
     assert op_counts(tmp_path / "i" / "model.onnx")["DynamicQuantizeLinear"] >= 1
     assert record["size_ratio_to_fp32"] <= 0.30
+
+
+def test_static_int8_of_an_unfused_graph_leaves_nothing_in_the_working_dir(tiny_bundle, tiny_task, tmp_path,
+                                                                             monkeypatch):
+    # ORT's symbolic shape inference gives up on the unfused graph and dumps its partial
+    # model into the working dir; the exporter must keep that out of the user's files.
+    monkeypatch.chdir(tmp_path)
+    settings = ExportSettings(optimize=False, accuracy_tolerance=1.0)
+    record = export(tiny_bundle, tiny_task, tmp_path / "s", settings, mode="static-int8", calibration_samples=32)
+    assert record["precision"] == "static-int8" and record["optimized"] is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]

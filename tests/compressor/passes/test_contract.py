@@ -27,6 +27,7 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "quantize": {"mode": "dynamic-int8", "per_channel": True},
     "qat": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
     "sensitivity": {"keep_fraction": 0.25, "samples": 32},
+    "factorize-embedding": {"rank": 8},
 }
 
 # A bundle that already has a history, so that appending (not replacing) is checked.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import onnx
 import pytest
 import torch
@@ -87,8 +86,6 @@ def test_qat_export_uses_the_learned_ranges(bert_bundle, tiny_task, tmp_path):
     assert record["precision"] == "static-int8" and record["qat_ranges_applied"] >= 4
     # The intermediate (FFN-in) dense of layer 2 reads a tensor only it reads: its uint8 scale
     # must be the learned symmetric range 2t/255, not a calibrated one.
-    fused = tmp_path / "fused.onnx"
-    write_onnx(out.model, fused)
     name = "bert.encoder.layer.2.intermediate.dense"
     threshold = out.deploy["qat"]["activation_ranges"][name]
     scales = quantize_scales(tmp_path / "q" / "model.onnx")

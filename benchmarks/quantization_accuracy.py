@@ -1,0 +1,173 @@
+"""Accuracy and size of every quantization mode, side by side, on the fine-tuned teacher.
+
+Each variant goes through the real export path (`export_bundle`: ONNX export, parity gate,
+ORT fusion, quantization) with the accuracy gate opened (accuracy_tolerance=1) so that
+every mode gets a number; the recorded accuracy change is what the gate would judge.
+Every exported model is then loaded back through `compressor evaluate`'s loader and scored
+on the same test examples, with its top-1 agreement with the teacher's fp32 ONNX graph.
+No latency is measured here.
+
+    /work/heavy .venv/bin/python benchmarks/quantization_accuracy.py \
+        --teacher runs/demo/teacher --eval-samples 5000 \
+        --out benchmarks/results/quantization_accuracy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from compressor.atomic import write_json
+from compressor.bundle import ModelBundle
+from compressor.environment import environment
+from compressor.evaluate import load_predictor, predict_classes
+from compressor.export.onnx import ExportSettings, export_bundle
+from compressor.passes import Context, apply_pass, get_pass
+from pretrain.data import load_task
+from pretrain.metrics import agreement
+from pretrain.models import set_threads
+
+OPEN_GATE = ExportSettings(optimize=True, accuracy_tolerance=1.0)
+
+
+def quantize(**config) -> list:
+    return [("quantize", {"mode": "dynamic-int8", **config} if "mode" not in config else config)]
+
+
+def variants(args) -> dict[str, list[tuple[str, dict]]]:
+    """name -> passes applied to the teacher (the exporter realises deploy settings).
+
+    Ordered by what issue 5 asks first: results are written after each variant, so a run
+    cut short still holds the important rows.
+    """
+    def static(calibration="minmax", fmt="qdq", **more):
+        return quantize(mode="static-int8", calibration=calibration, format=fmt,
+                        calibration_samples=args.calibration_samples, **more)
+    first = (("entropy", "qdq"), ("minmax", "qdq"))   # the default, and MinMax
+    other_static = {f"static-int8-{c}-{f}": static(c, f) for c in ("minmax", "entropy", "percentile")
+                    for f in ("qdq", "qoperator") if (c, f) not in first}
+    return {
+        "fp32": [],
+        "dynamic-int8-per-tensor": quantize(per_channel=False),
+        "dynamic-int8-per-channel": quantize(per_channel=True),
+        "static-int8-entropy-qdq": static("entropy"),   # the mode's defaults
+        "static-int8-minmax-qdq": static(),
+        # The export QAT uses (per-tensor symmetric weights, QDQ, MinMax for what QAT did not
+        # observe), without QAT: the baseline QAT's recovery is measured against.
+        "static-int8-per-tensor-minmax-qdq": static(per_channel=False),
+        "qat+static-int8": [("qat", {"epochs": args.qat_epochs, "max_train_samples": args.qat_samples})],
+        "sensitivity+static-int8-entropy-qdq": [("sensitivity", {"keep_fraction": 0.1}), *static("entropy")],
+        "int4-weight-only": quantize(mode="int4-weight-only"),
+        "torch-dynamic-int8": quantize(mode="torch-dynamic-int8"),
+        "inc": quantize(mode="inc"),
+        "fp16": quantize(mode="fp16"),
+        # Embedding factorization without retraining (issue 5 item 5's other route).
+        "factorize-embedding-128+dynamic-int8-per-channel": [("factorize-embedding", {"rank": 128}),
+                                                             *quantize(per_channel=True)],
+        "sensitivity+dynamic-int8-per-tensor": [("sensitivity", {"keep_fraction": 0.1}),
+                                                *quantize(per_channel=False)],
+        **other_static,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teacher", type=Path, required=True)
+    parser.add_argument("--eval-samples", type=int, default=5000)
+    parser.add_argument("--calibration-samples", type=int, default=512)
+    parser.add_argument("--qat-epochs", type=float, default=1.0)
+    parser.add_argument("--qat-samples", type=int, default=20000)
+    parser.add_argument("--work", type=Path, default=Path("runs/quantization-accuracy"))
+    parser.add_argument("--only", nargs="*", help="run only these variants (for trying things out)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--markdown", action="store_true", help="print --out's results as a table and exit")
+    args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(args.out.read_text())))
+        return 0
+    set_threads(None)
+    teacher = ModelBundle.load(args.teacher)
+    task = load_task("wordnet-supersense")
+    test = task.split("test").head(args.eval_samples)
+    ctx = Context(task=task, seed=0, show_progress=True)
+    rows, reference = [], None
+    for name, steps in variants(args).items():
+        if args.only and name not in args.only and name != "fp32":
+            continue
+        try:
+            row, predicted = run_variant(name, steps, teacher, task, test, ctx, args, reference)
+        except Exception as err:   # one broken mode must not lose the others' numbers
+            row, predicted = {"name": name, "passes": steps, "error": f"{type(err).__name__}: {err}"}, None
+            print(f"{name}: FAILED {row['error']}", flush=True)
+        if reference is None and predicted is not None:
+            reference = predicted   # the teacher's fp32 ONNX graph
+            row["agreement_with_teacher_fp32"] = 1.0
+        rows.append(row)
+        write_json(args.out, {"command": " ".join(sys.argv), "teacher": str(args.teacher),
+                              "task": "wordnet-supersense", "eval_samples": len(test),
+                              "environment": environment(), "results": rows,
+                              "qat_recovery": qat_recovery(rows)})
+    return 0
+
+
+def run_variant(name, steps, teacher, task, test, ctx, args, reference) -> tuple[dict, np.ndarray]:
+    start = time.perf_counter()
+    labels = np.asarray(test.labels)
+    bundle = teacher
+    for pass_name, config in steps:
+        bundle = apply_pass(bundle, pass_name, get_pass(pass_name).config_type.model_validate(config), ctx)
+    record = export_bundle(bundle, args.work / name, OPEN_GATE, task, args.eval_samples)
+    predicted = predict_classes(load_predictor(args.work / name), test, task)
+    row = {"name": name, "passes": steps, "format": record["format"],
+           "accuracy": float(np.mean(predicted == labels)),
+           "agreement_with_teacher_fp32": agreement(predicted, reference) if reference is not None else None,
+           "accuracy_own_fp32": record["accuracy_fp32"],
+           "agreement_with_own_fp32": record["agreement_with_fp32"],
+           "size_bytes": record["size_bytes"], "size_ratio_to_fp32": record["size_ratio_to_fp32"],
+           "optimized": record.get("optimized"), "fusions": record.get("fusions"),
+           "quantization": record["quantization"], "seconds": time.perf_counter() - start}
+    for key in ("inc", "kept_in_float", "kept_layers", "qat_ranges_applied"):
+        if key in record:
+            row[key] = record[key]
+    for key in ("sensitivity", "qat"):
+        if key in bundle.deploy:
+            row[key] = {k: v for k, v in bundle.deploy[key].items() if k != "activation_ranges"}
+    agree = row["agreement_with_teacher_fp32"]
+    print(f"{name}: accuracy {row['accuracy']:.4f} agreement {agree if agree is None else round(agree, 4)} "
+          f"size {row['size_bytes'] / 1e6:.1f} MB ({row['size_ratio_to_fp32']:.3f})", flush=True)
+    return row, predicted
+
+
+def qat_recovery(rows: list[dict]) -> dict | None:
+    """Issue 5's target: QAT recovers at least half of what static int8 loses (same export)."""
+    by_name = {r["name"]: r for r in rows if "error" not in r}
+    needed = ("fp32", "static-int8-per-tensor-minmax-qdq", "qat+static-int8")
+    if not all(n in by_name for n in needed):
+        return None
+    fp32, static, qat = (by_name[n]["accuracy"] for n in needed)
+    loss = fp32 - static
+    return {"fp32": fp32, "static_int8": static, "qat_int8": qat, "static_loss": loss,
+            "qat_loss": fp32 - qat, "recovered_fraction": (qat - static) / loss if loss > 0 else None}
+
+
+def markdown(result: dict) -> str:
+    lines = ["| variant | test accuracy | change vs fp32 (points) | agreement with fp32 | size (MB) | size / fp32 |",
+             "|---|---:|---:|---:|---:|---:|"]
+    fp32 = next(r["accuracy"] for r in result["results"] if r["name"] == "fp32")
+    for r in result["results"]:
+        if "error" in r:
+            lines.append(f"| {r['name']} | failed: {r['error'][:80]} | | | | |")
+            continue
+        lines.append(f"| {r['name']} | {r['accuracy']:.4f} | {(r['accuracy'] - fp32) * 100:+.2f} | "
+                     f"{r['agreement_with_teacher_fp32']:.3f} | {r['size_bytes'] / 1e6:.1f} | "
+                     f"{r['size_ratio_to_fp32']:.3f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
