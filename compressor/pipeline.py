@@ -195,7 +195,7 @@ def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir:
     if finetune_cfg is not None and "seed" not in finetune_cfg.model_fields_set:
         finetune_cfg = finetune_cfg.model_copy(update={"seed": recipe.seed})
     key = content_key({"model": fingerprint(path), "task": task_fingerprint(task),
-                       "finetune": finetune_cfg.model_dump(mode="json") if finetune_cfg else None,
+                       "finetune": key_fields(finetune_cfg) if finetune_cfg else None,
                        "eval": recipe.data.max_eval_samples})
 
     def build() -> ModelBundle:
@@ -214,7 +214,7 @@ def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[St
     def key_of(prefix: list[Step]) -> str:
         return content_key({"input": teacher.key, "seed": recipe.seed,
                             "max_train_samples": recipe.data.max_train_samples,
-                            "steps": [[s.name, s.config.model_dump(mode="json")] for s in prefix]})
+                            "steps": [[s.name, key_fields(s.config)] for s in prefix]})
 
     def build() -> ModelBundle:
         known = {stage.key: stage.path for stage in earlier}
@@ -271,7 +271,7 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
     settings and the test-sample limit the gate evaluates on.
     """
     path = out_dir / export_dir_name(stage.name)
-    key = content_key({"input": stage.key, "export": settings.model_dump(mode="json"),
+    key = content_key({"input": stage.key, "export": key_fields(settings),
                        "eval": recipe.data.max_eval_samples})
 
     def write(tmp: Path) -> dict:
@@ -328,7 +328,7 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
     """Measure every deployable model on every profile in one run (cached as a whole)."""
     settings = recipe.benchmark
     key = content_key({"models": [[m.name, m.kind, m.precision, fingerprint_file(m.path)] for m in models],
-                       "benchmark": settings.model_dump(mode="json"), "eval": recipe.data.max_eval_samples,
+                       "benchmark": key_fields(settings), "eval": recipe.data.max_eval_samples,
                        "profiles": settings.resolved_profiles()})
     path = out_dir / BENCHMARK_DIR
     if rebenchmark:
@@ -432,6 +432,16 @@ def weights_size(path: Path) -> int:
 
 
 # -- cache keys --------------------------------------------------------------------------
+
+def key_fields(config) -> dict:
+    """A config as it enters a cache key: the fields that differ from their defaults.
+
+    Config schemas only ever gain fields, with defaults that keep the old behaviour; leaving
+    defaults out keeps such an addition from invalidating every cached stage (a 20-minute
+    teacher fine-tuning among them).
+    """
+    return config.model_dump(mode="json", exclude_defaults=True)
+
 
 def content_key(parts: dict) -> str:
     payload = json.dumps({"code": code_version(), **parts}, sort_keys=True, default=str)

@@ -34,3 +34,13 @@ def bart_config(specials: SpecialTokens, size: ModelSize, max_length: int) -> Ba
                       # Generation settings belong in a generation config, not here (and
                       # BartConfig's default forced_eos id 2 is some other token of ours).
                       forced_eos_token_id=None, forced_bos_token_id=None)
+
+
+def fresh_bart(tokenizer, objective: str, size: ModelSize, max_length: int, seed: int):
+    """A seeded, randomly initialised BartForConditionalGeneration for `tokenizer` (dae, seq2seq-mlm)."""
+    import torch
+    from transformers import BartForConditionalGeneration
+
+    from pretrain.objectives.noising import special_tokens
+    torch.manual_seed(seed)
+    return BartForConditionalGeneration(bart_config(special_tokens(tokenizer, objective), size, max_length))

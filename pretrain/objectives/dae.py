@@ -29,7 +29,7 @@ from transformers import BartForConditionalGeneration, PreTrainedModel, PreTrain
 
 from pretrain.errors import UserError
 from pretrain.objectives import Batch, Document, ModelSize, register_objective
-from pretrain.objectives.architectures import bart_config
+from pretrain.objectives.architectures import fresh_bart
 from pretrain.objectives.noising import (delete_tokens, fit_sentences, flatten, infill, mask_tokens, pad,
                                          permute_sentences, rotate, special_tokens, token_units,
                                          word_start_table, word_units)
@@ -111,9 +111,7 @@ class DaeObjective:
 
     def build_model(self, tokenizer: PreTrainedTokenizerBase, size: ModelSize, max_length: int,
                     seed: int) -> BartForConditionalGeneration:
-        specials = special_tokens(tokenizer, self.name)
-        torch.manual_seed(seed)
-        return BartForConditionalGeneration(bart_config(specials, size, max_length))
+        return fresh_bart(tokenizer, self.name, size, max_length, seed)
 
     def make_batch(self, docs: Sequence[Document], tokenizer: PreTrainedTokenizerBase,
                    rng: np.random.Generator, max_length: int) -> Batch:

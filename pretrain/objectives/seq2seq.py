@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import BartForConditionalGeneration, PreTrainedModel, PreTrainedTokenizerBase
 
 from pretrain.objectives import Batch, Document, ModelSize, register_objective
-from pretrain.objectives.architectures import bart_config
+from pretrain.objectives.architectures import fresh_bart
 from pretrain.objectives.noising import corrupt, flatten, pad, require_targets, special_tokens
 
 
@@ -54,9 +54,7 @@ class MassObjective:
 
     def build_model(self, tokenizer: PreTrainedTokenizerBase, size: ModelSize, max_length: int,
                     seed: int) -> BartForConditionalGeneration:
-        specials = special_tokens(tokenizer, self.name)
-        torch.manual_seed(seed)
-        return BartForConditionalGeneration(bart_config(specials, size, max_length))
+        return fresh_bart(tokenizer, self.name, size, max_length, seed)
 
     def make_batch(self, docs: Sequence[Document], tokenizer: PreTrainedTokenizerBase,
                    rng: np.random.Generator, max_length: int) -> Batch:
