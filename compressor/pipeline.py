@@ -161,14 +161,14 @@ class disk_errors:
         return False
 
 
-def cached(path: Path, key: str, write: Callable[[Path], dict]) -> dict:
-    """The record of the stage at `path` if its key matches; else build it atomically.
+def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = False) -> dict:
+    """The record of the stage at `path` if its key matches (and not `force`); else build it atomically.
 
     `write(tmp_dir)` fills a temporary dir and returns the record, which is saved as
     stage.json beside what it wrote; the dir then replaces `path` in one rename.
     """
     record = read_json(path / STAGE_FILE)
-    if record.get("key") == key:
+    if record.get("key") == key and not force:
         return record
     with disk_errors(path.parent), atomic_dir(path) as tmp:
         record = {"key": key, **write(tmp)}
@@ -331,8 +331,6 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
                        "benchmark": key_fields(settings), "eval": recipe.data.max_eval_samples,
                        "profiles": settings.resolved_profiles()})
     path = out_dir / BENCHMARK_DIR
-    if rebenchmark:
-        key += "-rerun"   # never equal to a stored key: measure again
     test = task.split("test").head(recipe.data.max_eval_samples)
     tokenizer = ModelBundle.load(teacher.path).tokenizer
 
@@ -340,7 +338,7 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
         results = run_benchmarks(models, settings, tokenizer, test)
         write_json(tmp / "benchmark.json", results)
         return results
-    record = cached(path, key, write)
+    record = cached(path, key, write, force=rebenchmark)
     return {k: v for k, v in record.items() if k != "key"}
 
 
