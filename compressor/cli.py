@@ -1,4 +1,4 @@
-"""The `compressor` command: finetune, evaluate, export, run.
+"""The `compressor` command: finetune, evaluate, export, run, bench, tokenizer, pretrain, embeddings.
 
 Bad input ends with one line on stderr and exit code 2; nothing half-written is left.
 """

@@ -122,7 +122,9 @@ def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> bool:
     if not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file; expected a directory for the run's results")
     remove_stale_temporaries(out_dir)
-    owner = read_json(out_dir / RUN_FILE).get("recipe")
+    # Dirs written before run.json existed still name their recipe in report.json.
+    owner = read_json(out_dir / RUN_FILE).get("recipe") or \
+        read_json(out_dir / "report.json").get("recipe", {}).get("name")
     contents = [p for p in out_dir.iterdir() if p.name != RUN_FILE]
     if contents and owner != recipe.name:
         if not force:
