@@ -158,9 +158,10 @@ def exports_table(report: dict) -> str:
         return ""
     head = ["export", "precision", "fused", "accuracy", "change vs fp32", "agreement with fp32",
             "max logit diff", "MB"]
-    body = [[name, onnx["precision"], "yes" if onnx["optimized"] else "no", f"{onnx['accuracy']:.4f}",
-             f"{onnx['accuracy_change'] * 100:+.2f} pt", fmt(onnx["agreement_with_fp32"], 3),
-             f"{onnx['parity_max_abs_diff']:.1e}", f"{onnx['size_bytes'] / 1e6:.1f}"] for name, onnx in rows]
+    # A torch-dynamic-int8 deployment has no fused graph and no parity record of its own.
+    body = [[name, onnx["precision"], "yes" if onnx.get("optimized") else "no", f"{onnx['accuracy']:.4f}",
+             f"{onnx['accuracy_change'] * 100:+.2f} pt", fmt(onnx.get("agreement_with_fp32"), 3),
+             fmt(onnx.get("parity_max_abs_diff"), 1, "e"), f"{onnx['size_bytes'] / 1e6:.1f}"] for name, onnx in rows]
     return render_markdown((head, body))
 
 
@@ -168,8 +169,8 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
 
-def fmt(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def fmt(value: float | None, digits: int = 4, style: str = "f") -> str:
+    return "-" if value is None else f"{value:.{digits}{style}}"
 
 
 def render_markdown(table: Table) -> str:
