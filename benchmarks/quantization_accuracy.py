@@ -7,7 +7,7 @@ Every exported model is then loaded back through `compressor evaluate`'s loader 
 on the same test examples, with its top-1 agreement with the teacher's fp32 ONNX graph.
 No latency is measured here.
 
-    /work/heavy .venv/bin/python benchmarks/quantization_accuracy.py \
+    .venv/bin/python benchmarks/quantization_accuracy.py \
         --teacher runs/demo/teacher --eval-samples 5000 \
         --out benchmarks/results/quantization_accuracy.json
 """
