@@ -34,7 +34,14 @@ from pretrain.errors import UserError
 from pretrain.models import first_line
 
 Feed = dict[str, np.ndarray]
-Runner = Callable[[Feed], object]
+
+
+@dataclass(frozen=True)
+class Runner:
+    """A loaded model: `prepare` turns a batch into the runtime's inputs (untimed), `run` infers."""
+
+    prepare: Callable[[Feed], object]
+    run: Callable[[object], object]
 
 MAX_DISTINCT_BATCHES = 64     # real batches cycled through by the timed iterations
 ROUNDS = 5                    # interleaved rounds the iterations are split into
@@ -96,13 +103,8 @@ def onnx_runner(path: Path, profile: Profile) -> Runner:
     session = onnx_session(path, profile)
     wanted = {i.name for i in session.get_inputs()}
 
-    def prepare(feed: Feed) -> Feed:
-        return {k: v for k, v in feed.items() if k in wanted}
-
-    def run(feed: Feed) -> object:
-        return session.run(None, feed)
-    run.prepare = prepare  # type: ignore[attr-defined]
-    return run
+    return Runner(prepare=lambda feed: {k: v for k, v in feed.items() if k in wanted},
+                  run=lambda feed: session.run(None, feed))
 
 
 def torch_runner(path: Path, profile: Profile) -> Runner:
@@ -124,8 +126,7 @@ def torch_runner(path: Path, profile: Profile) -> Runner:
         if device.type == "cuda":
             torch.cuda.synchronize()
         return out
-    run.prepare = prepare  # type: ignore[attr-defined]
-    return run
+    return Runner(prepare=prepare, run=run)
 
 
 def load_torch_model(path: Path):
@@ -141,7 +142,7 @@ def load_runner(model: Deployable, profile: Profile) -> Runner:
     return (onnx_runner if model.kind == "onnx" else torch_runner)(model.path, profile)
 
 
-def timed_calls(run: Runner, inputs: list, start: int, calls: int) -> list[float]:
+def timed_calls(run: Callable[[object], object], inputs: list, start: int, calls: int) -> list[float]:
     """The hot loop: `calls` calls cycling through `inputs` from `start`; milliseconds each."""
     times = []
     clock = time.perf_counter
@@ -164,7 +165,7 @@ def measure_interleaved(runners: dict[str, Runner], batches: list[Feed], profile
                         rounds: int = ROUNDS) -> dict[str, dict]:
     """Time every runner on the same batches, in interleaved rounds; stats per runner."""
     import torch
-    prepared = {name: [run.prepare(b) for b in batches] for name, run in runners.items()}
+    prepared = {name: [runner.prepare(b) for b in batches] for name, runner in runners.items()}
     sizes = [len(next(iter(b.values()))) for b in batches]
     per_round = [profile.iterations // rounds + (1 if r < profile.iterations % rounds else 0)
                  for r in range(rounds)]
@@ -173,13 +174,13 @@ def measure_interleaved(runners: dict[str, Runner], batches: list[Feed], profile
     threads = torch.get_num_threads()
     torch.set_num_threads(profile.thread_count())
     try:
-        for name, run in runners.items():
-            timed_calls(run, prepared[name], 0, profile.warmup)
+        for name, runner in runners.items():
+            timed_calls(runner.run, prepared[name], 0, profile.warmup)
         position = 0
         for calls in filter(None, per_round):
-            for name, run in runners.items():
-                timed_calls(run, prepared[name], position, ROUND_WARMUP)
-                times[name] += timed_calls(run, prepared[name], position, calls)
+            for name, runner in runners.items():
+                timed_calls(runner.run, prepared[name], position, ROUND_WARMUP)
+                times[name] += timed_calls(runner.run, prepared[name], position, calls)
                 samples[name] += sum(sizes[i % len(sizes)] for i in range(position, position + calls))
             position += calls
     finally:

@@ -16,12 +16,14 @@ prefix starts from it instead of training again.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -37,7 +39,7 @@ from compressor.export.onnx import EXPORT_FILE, ONNX_FILE, ExportSettings, expor
 from compressor.passes import Context, apply_pass, get_pass
 from compressor.recipe import (BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR, RUN_FILE, Recipe, Step,
                                export_dir_name)
-from compressor.report import pareto_fronts, write_human_reports
+from compressor.report import pareto_fronts, runtime_warnings, write_human_reports
 from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, finetune
@@ -145,22 +147,22 @@ def remove_stale_temporaries(out_dir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
-class disk_errors:
+# The disk refusing a write: full, over quota, read-only, or not ours to write.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+@contextlib.contextmanager
+def disk_errors(out_dir: Path) -> Iterator[None]:
     """Turn an OSError while writing under out_dir into a one-line WriteError."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self.out_dir = out_dir
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, err, tb) -> bool:
-        if isinstance(err, OSError) and not isinstance(err, UserError):
-            what = err.strerror or str(err)
-            where = f" ({err.filename})" if getattr(err, "filename", None) else ""
-            raise WriteError(f"cannot write under {self.out_dir}: {what}{where}; finished stages are "
-                             "kept, fix the disk or permissions and rerun the same command to resume") from None
-        return False
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in WRITE_ERRNOS:
+            raise
+        what = err.strerror or str(err)
+        where = f" ({err.filename})" if err.filename else ""
+        raise WriteError(f"cannot write under {out_dir}: {what}{where}; finished stages are "
+                         "kept, fix the disk or permissions and rerun the same command to resume") from None
 
 
 def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = False) -> dict:
@@ -186,7 +188,8 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-read_stage_record = lambda path: read_json(Path(path) / STAGE_FILE)  # noqa: E731  (tests, tools)
+def read_stage_record(path: Path) -> dict:
+    return read_json(Path(path) / STAGE_FILE)
 
 
 # -- model stages ----------------------------------------------------------------------
@@ -373,7 +376,6 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
     if benchmark is not None:
         report["benchmark"] = {"profiles": benchmark["profiles"], "skipped": benchmark["skipped"]}
         report["pareto"] = pareto_fronts(models)
-        from compressor.report import runtime_warnings
         report["warnings"] = runtime_warnings(report)
     return report
 

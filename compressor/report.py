@@ -12,7 +12,6 @@ import io
 import json
 from pathlib import Path
 
-from compressor.atomic import write_json  # noqa: F401  (re-exported for callers writing reports)
 from compressor.profiles import precision_family
 
 Table = tuple[list[str], list[list[str]]]
