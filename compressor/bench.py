@@ -44,8 +44,10 @@ class Runner:
     run: Callable[[object], object]
 
 MAX_DISTINCT_BATCHES = 64     # real batches cycled through by the timed iterations
-ROUNDS = 5                    # interleaved rounds the iterations are split into
+ROUND_CALLS = 10              # timed calls per model per interleaved round
 ROUND_WARMUP = 2              # untimed calls per model at the start of every round
+TIE_THRESHOLD = 0.03          # paired latency differences under 3% rank as ties
+BOOTSTRAP_RESAMPLES = 400
 
 
 @dataclass(frozen=True)
@@ -161,31 +163,100 @@ def summarize(times_ms: list[float], samples: int) -> dict:
             "throughput": samples / (t.sum() / 1e3), "iterations": len(t)}
 
 
-def measure_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile,
-                        rounds: int = ROUNDS) -> dict[str, dict]:
-    """Time every runner on the same batches, in interleaved rounds; stats per runner."""
+@dataclass(frozen=True)
+class Timings:
+    """Every timed call of an interleaved measurement, aligned across models.
+
+    times[name][i] is call i of that model; call i of every model ran on the same batch,
+    within the same round (rounds[r] is a slice of call indices), so per-call ratios
+    between two models are paired measurements.
+    """
+
+    times: dict[str, np.ndarray]
+    samples: dict[str, int]
+    rounds: list[slice]
+
+
+def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile,
+                     round_calls: int = ROUND_CALLS) -> Timings:
+    """Time every runner on the same batches in short interleaved rounds (A B C, A B C, ...).
+
+    Short rounds spread slow drift in machine load evenly over the models; the untimed
+    calls at the start of each round absorb the switch from the previous model (caches,
+    the other runtime's spinning threads).
+    """
     import torch
     prepared = {name: [runner.prepare(b) for b in batches] for name, runner in runners.items()}
     sizes = [len(next(iter(b.values()))) for b in batches]
-    per_round = [profile.iterations // rounds + (1 if r < profile.iterations % rounds else 0)
-                 for r in range(rounds)]
     times: dict[str, list[float]] = {name: [] for name in runners}
-    samples = dict.fromkeys(runners, 0)
+    rounds = [slice(start, min(start + round_calls, profile.iterations))
+              for start in range(0, profile.iterations, round_calls)]
     threads = torch.get_num_threads()
     torch.set_num_threads(profile.thread_count())
     try:
         for name, runner in runners.items():
             timed_calls(runner.run, prepared[name], 0, profile.warmup)
-        position = 0
-        for calls in filter(None, per_round):
+        for span in rounds:
             for name, runner in runners.items():
-                timed_calls(runner.run, prepared[name], position, ROUND_WARMUP)
-                times[name] += timed_calls(runner.run, prepared[name], position, calls)
-                samples[name] += sum(sizes[i % len(sizes)] for i in range(position, position + calls))
-            position += calls
+                timed_calls(runner.run, prepared[name], span.start, ROUND_WARMUP)
+                times[name] += timed_calls(runner.run, prepared[name], span.start, span.stop - span.start)
     finally:
         torch.set_num_threads(threads)
-    return {name: summarize(times[name], samples[name]) for name in runners}
+    samples = sum(sizes[i % len(sizes)] for i in range(profile.iterations))
+    return Timings({name: np.asarray(t) for name, t in times.items()}, dict.fromkeys(runners, samples), rounds)
+
+
+def measure_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile) -> dict[str, dict]:
+    """Time every runner on the same batches, in interleaved rounds; stats per runner."""
+    timings = time_interleaved(runners, batches, profile)
+    return {name: summarize(list(t), timings.samples[name]) for name, t in timings.times.items()}
+
+
+def paired_ratio(timings: Timings, a: str, b: str, seed: int = 0) -> dict:
+    """Median of a's per-call latency over b's on the same batches, with a 95% interval.
+
+    The interval resamples whole rounds (a block bootstrap), so noise that lasts a round
+    widens it as it should.
+    """
+    log_ratio = np.log(timings.times[a]) - np.log(timings.times[b])
+    blocks = [log_ratio[span] for span in timings.rounds]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(blocks), size=(BOOTSTRAP_RESAMPLES, len(blocks)))
+    medians = [np.median(np.concatenate([blocks[i] for i in pick])) for pick in picks]
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return {"ratio": float(np.exp(np.median(log_ratio))), "ci95": [float(np.exp(low)), float(np.exp(high))]}
+
+
+def tied(pair: dict) -> bool:
+    """Two models tie when their paired ratio is within the threshold or its interval holds 1."""
+    low, high = pair["ci95"]
+    return abs(pair["ratio"] - 1) < TIE_THRESHOLD or low <= 1 <= high
+
+
+def tied_pairs(timings: Timings) -> list[list[str]]:
+    """Every pair of models that tie (so neither may be called faster than the other)."""
+    names = list(timings.times)
+    return [[a, b] for i, a in enumerate(names) for b in names[i + 1:]
+            if tied(paired_ratio(timings, a, b))]
+
+
+def ranking_with_ties(timings: Timings) -> list[dict]:
+    """Models fastest first, grouped: a model joins the current group while it ties with the
+    group's fastest member. Each entry holds the paired ratio to the group's first model or,
+    for a group's first model, to the previous group's first."""
+    order = sorted(timings.times, key=lambda name: float(np.median(timings.times[name])))
+    groups: list[dict] = []
+    for name in order:
+        if groups:
+            pair = paired_ratio(timings, name, groups[-1]["models"][0])
+            if tied(pair):
+                groups[-1]["models"].append(name)
+                groups[-1]["ratios_to_first"].append(pair)
+                continue
+            groups.append({"models": [name], "ratios_to_first": [], "vs_previous_group": pair})
+        else:
+            groups.append({"models": [name], "ratios_to_first": [], "vs_previous_group": None})
+    return groups
 
 
 def peak_rss_mb(model: Deployable, profile: Profile, batch_sets: list[list[Feed]],

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import gc
 
-from compressor.bench import (Deployable, input_batches, load_runner, measure_interleaved,
-                              peak_rss_mb)
+from compressor.bench import (TIE_THRESHOLD, Deployable, input_batches, load_runner, peak_rss_mb,
+                              ranking_with_ties, summarize, tied_pairs, time_interleaved)
 from compressor.environment import environment
 from compressor.profiles import Profile, unavailable_reason
 from pretrain.data import Split
@@ -19,32 +19,42 @@ from pretrain.data import Split
 
 def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
                    log=print) -> dict:
-    """{"profiles": [...measured], "skipped": [...], "measurements": [...], "environment": ...}."""
-    measured, skipped, rows = [], [], []
+    """{"profiles": [...measured], "skipped": [...], "measurements": [...], "rankings": [...],
+    "environment": ...}."""
+    measured, skipped, rows, rankings = [], [], [], []
     for profile in settings.profile_objects():
         reason = unavailable_reason(profile)
         if reason is not None:
             skipped.append({"profile": profile.name, "reason": reason})
             log(f"benchmark: profile {profile.name} skipped: {reason}")
             continue
-        rows += measure_profile(models, profile, tokenizer, test, log)
+        profile_rows, profile_rankings = measure_profile(models, profile, tokenizer, test, log)
+        rows += profile_rows
+        rankings += profile_rankings
         measured.append(profile.model_dump(mode="json"))
-    return {"profiles": measured, "skipped": skipped, "measurements": rows, "environment": environment()}
+    return {"profiles": measured, "skipped": skipped, "measurements": rows, "rankings": rankings,
+            "environment": environment()}
 
 
-def measure_profile(models: list[Deployable], profile: Profile, tokenizer, test: Split, log) -> list[dict]:
+def measure_profile(models: list[Deployable], profile: Profile, tokenizer, test: Split,
+                    log) -> tuple[list[dict], list[dict]]:
+    """Latency rows (one per model and setting) and the tie-aware ranking of each setting."""
     runners = {m.name: load_runner(m, profile) for m in models}
     settings = [(b, n) for b in profile.batch_sizes for n in profile.sequence_lengths]
     batch_sets = [input_batches(tokenizer, test, b, n) for b, n in settings]
-    rows = []
+    rows, rankings = [], []
     try:
         for (batch_size, length), batches in zip(settings, batch_sets):
             log(f"benchmark: {profile.name} batch {batch_size} sequence {length}: "
                 f"{len(models)} models, {profile.iterations} iterations each")
-            stats = measure_interleaved(runners, batches, profile)
+            timings = time_interleaved(runners, batches, profile)
             rows += [{"model": m.name, "profile": profile.name, "batch_size": batch_size,
-                      "sequence_length": length, "kind": m.kind, "precision": m.precision, **stats[m.name]}
+                      "sequence_length": length, "kind": m.kind, "precision": m.precision,
+                      **summarize(list(timings.times[m.name]), timings.samples[m.name])}
                      for m in models]
+            rankings.append({"profile": profile.name, "batch_size": batch_size, "sequence_length": length,
+                             "tie_threshold": TIE_THRESHOLD, "groups": ranking_with_ties(timings),
+                             "ties": tied_pairs(timings)})
     finally:
         runners.clear()
         gc.collect()
@@ -53,4 +63,4 @@ def measure_profile(models: list[Deployable], profile: Profile, tokenizer, test:
     memory = {m.name: peak_rss_mb(m, profile, batch_sets) for m in models}
     for row in rows:
         row["peak_rss_mb"] = memory[row["model"]][settings.index((row["batch_size"], row["sequence_length"]))]
-    return rows
+    return rows, rankings

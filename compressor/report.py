@@ -254,6 +254,9 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
     for key in measurement_keys(report["models"]):
         out.append(("table", f"Latency: profile {key[0]}, batch {key[1]}, sequence {key[2]}",
                     latency_table(report, key)))
+    if report.get("benchmark", {}).get("rankings"):
+        out.append(("lines", "Ranking by latency (fastest first; '=' joins models that tie within the noise)",
+                    ranking_lines(report["benchmark"])))
     if report.get("pareto"):
         out.append(("chart", "Accuracy vs latency (marker area: file size; squares: baselines)", None))
     skipped = report.get("benchmark", {}).get("skipped", [])
@@ -263,6 +266,19 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
         out.append(("lines", "Warnings", report["warnings"]))
     out.append(("lines", "Environment", environment_lines(report["environment"])))
     return out
+
+
+def ranking_lines(benchmark: dict) -> list[str]:
+    """One line per measurement: groups joined by '<', tied models by '='."""
+    lines = []
+    for r in benchmark["rankings"]:
+        groups = []
+        for g in r["groups"]:
+            step = f" ({g['vs_previous_group']['ratio']:.2f}x)" if g.get("vs_previous_group") else ""
+            groups.append(" = ".join(g["models"]) + step)
+        lines.append(f"{r['profile']} batch {r['batch_size']} sequence {r['sequence_length']}: "
+                     + " < ".join(groups))
+    return lines
 
 
 def render_report_md(report: dict, chart_file: str | None) -> str:

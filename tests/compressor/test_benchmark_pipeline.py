@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from compressor import benchmark_stage, pipeline
@@ -64,6 +65,20 @@ def test_absent_hardware_is_skipped_with_its_reason(done):
     assert [p["name"] for p in report["benchmark"]["profiles"]] == ["cpu"]
 
 
+def test_each_measurement_has_a_ranking_of_every_model(done):
+    out, report = done[1], done[2]
+    rankings = report["benchmark"]["rankings"]
+    assert [(r["profile"], r["batch_size"]) for r in rankings] == [("cpu", 1), ("cpu", 4)]
+    names = sorted(m["name"] for m in report["models"])
+    for r in rankings:
+        assert sorted(n for g in r["groups"] for n in g["models"]) == names
+        p50 = {m["name"]: next(x["p50_ms"] for x in m["latency"] if x["batch_size"] == r["batch_size"])
+               for m in report["models"]}
+        firsts = [p50[g["models"][0]] for g in r["groups"]]
+        assert firsts == sorted(firsts)
+    assert "## Ranking by latency" in (out / "report.md").read_text()
+
+
 def test_pareto_front_is_the_undominated_set(done):
     _, _, report = done
     assert [(f["profile"], f["batch_size"]) for f in report["pareto"]] == [("cpu", 1), ("cpu", 4)]
@@ -97,17 +112,18 @@ def test_rerun_reuses_the_measurements_unless_asked(done, tmp_path, monkeypatch)
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
     monkeypatch.setattr(pipeline, "set_threads", lambda threads: None)
-    monkeypatch.setattr(benchmark_stage, "measure_interleaved",
+    monkeypatch.setattr(benchmark_stage, "time_interleaved",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured again")))
     again = run(raw, copy)
     assert [m["latency"] for m in again["models"]] == [m["latency"] for m in report["models"]]
-    from compressor.bench import summarize
+    from compressor.bench import Timings
     calls = []
 
     def counted(runners, batches, profile):
         calls.append(1)
-        return {name: summarize([1.0, 2.0], 2 * len(batches[0]["input_ids"])) for name in runners}
-    monkeypatch.setattr(benchmark_stage, "measure_interleaved", counted)
+        return Timings({name: np.array([1.0, 2.0]) for name in runners},
+                       dict.fromkeys(runners, 2 * len(batches[0]["input_ids"])), [slice(0, 1), slice(1, 2)])
+    monkeypatch.setattr(benchmark_stage, "time_interleaved", counted)
     for expected in (2, 4):   # every rebenchmark measures (2 batch sizes), also right after another
         run(raw, copy, rebenchmark=True)
         assert len(calls) == expected
