@@ -46,7 +46,7 @@ class Runner:
 MAX_DISTINCT_BATCHES = 64     # real batches cycled through by the timed iterations
 ROUND_CALLS = 10              # timed calls per model per interleaved round
 ROUND_WARMUP = 2              # untimed calls per model at the start of every round
-TIE_THRESHOLD = 0.03          # paired latency differences under 3% rank as ties
+TIE_THRESHOLD = 0.03          # per-call latency ratios within 3% of 1 rank as ties
 BOOTSTRAP_RESAMPLES = 400
 
 
@@ -213,10 +213,12 @@ def measure_interleaved(runners: dict[str, Runner], batches: list[Feed], profile
 
 
 def paired_ratio(timings: Timings, a: str, b: str, seed: int = 0) -> dict:
-    """Median of a's per-call latency over b's on the same batches, with a 95% interval.
+    """a's latency over b's: the median per-call ratio on the same batches, a 95% interval
+    for it, and the ratio of their p50s.
 
-    The interval resamples whole rounds (a block bootstrap), so noise that lasts a round
-    widens it as it should.
+    The interval resamples whole rounds (a block bootstrap), so noise lasting a round widens
+    it as it should. Pairing calls removes the batch-to-batch variation (real batches differ
+    in length) that the p50s carry.
     """
     log_ratio = np.log(timings.times[a]) - np.log(timings.times[b])
     blocks = [log_ratio[span] for span in timings.rounds]
@@ -224,13 +226,16 @@ def paired_ratio(timings: Timings, a: str, b: str, seed: int = 0) -> dict:
     picks = rng.integers(0, len(blocks), size=(BOOTSTRAP_RESAMPLES, len(blocks)))
     medians = [np.median(np.concatenate([blocks[i] for i in pick])) for pick in picks]
     low, high = np.percentile(medians, [2.5, 97.5])
-    return {"ratio": float(np.exp(np.median(log_ratio))), "ci95": [float(np.exp(low)), float(np.exp(high))]}
+    return {"ratio": float(np.exp(np.median(log_ratio))), "ci95": [float(np.exp(low)), float(np.exp(high))],
+            "p50_ratio": float(np.median(timings.times[a]) / np.median(timings.times[b]))}
 
 
 def tied(pair: dict) -> bool:
-    """Two models tie when their paired ratio is within the threshold or its interval holds 1."""
+    """Two models tie unless one is clearly faster: the per-call ratio is more than the
+    threshold away from 1, its interval excludes 1, and the p50s agree on the direction."""
     low, high = pair["ci95"]
-    return abs(pair["ratio"] - 1) < TIE_THRESHOLD or low <= 1 <= high
+    same_direction = (pair["ratio"] > 1) == (pair["p50_ratio"] > 1)
+    return abs(pair["ratio"] - 1) < TIE_THRESHOLD or low <= 1 <= high or not same_direction
 
 
 def tied_pairs(timings: Timings) -> list[list[str]]:
@@ -241,9 +246,9 @@ def tied_pairs(timings: Timings) -> list[list[str]]:
 
 
 def ranking_with_ties(timings: Timings) -> list[dict]:
-    """Models fastest first, grouped: a model joins the current group while it ties with the
-    group's fastest member. Each entry holds the paired ratio to the group's first model or,
-    for a group's first model, to the previous group's first."""
+    """Models by p50, fastest first, grouped: a model joins the current group while it ties
+    with the group's fastest member. Each group holds its members' ratios to its first
+    model, and its first model's ratio to the previous group's first (paired_ratio)."""
     order = sorted(timings.times, key=lambda name: float(np.median(timings.times[name])))
     groups: list[dict] = []
     for name in order:

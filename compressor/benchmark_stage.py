@@ -20,29 +20,31 @@ from pretrain.data import Split
 def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
                    log=print) -> dict:
     """{"profiles": [...measured], "skipped": [...], "measurements": [...], "rankings": [...],
-    "environment": ...}."""
-    measured, skipped, rows, rankings = [], [], [], []
+    "timings": [...every timed call], "environment": ...}."""
+    measured, skipped, rows, rankings, calls = [], [], [], [], []
     for profile in settings.profile_objects():
         reason = unavailable_reason(profile)
         if reason is not None:
             skipped.append({"profile": profile.name, "reason": reason})
             log(f"benchmark: profile {profile.name} skipped: {reason}")
             continue
-        profile_rows, profile_rankings = measure_profile(models, profile, tokenizer, test, log)
+        profile_rows, profile_rankings, profile_calls = measure_profile(models, profile, tokenizer, test, log)
         rows += profile_rows
         rankings += profile_rankings
+        calls += profile_calls
         measured.append(profile.model_dump(mode="json"))
     return {"profiles": measured, "skipped": skipped, "measurements": rows, "rankings": rankings,
-            "environment": environment()}
+            "timings": calls, "environment": environment()}
 
 
 def measure_profile(models: list[Deployable], profile: Profile, tokenizer, test: Split,
-                    log) -> tuple[list[dict], list[dict]]:
-    """Latency rows (one per model and setting) and the tie-aware ranking of each setting."""
+                    log) -> tuple[list[dict], list[dict], list[dict]]:
+    """Latency rows (one per model and setting), the tie-aware ranking of each setting, and
+    every timed call (kept so that anyone can recompute the statistics)."""
     runners = {m.name: load_runner(m, profile) for m in models}
     settings = [(b, n) for b in profile.batch_sizes for n in profile.sequence_lengths]
     batch_sets = [input_batches(tokenizer, test, b, n) for b, n in settings]
-    rows, rankings = [], []
+    rows, rankings, calls = [], [], []
     try:
         for (batch_size, length), batches in zip(settings, batch_sets):
             log(f"benchmark: {profile.name} batch {batch_size} sequence {length}: "
@@ -55,6 +57,10 @@ def measure_profile(models: list[Deployable], profile: Profile, tokenizer, test:
             rankings.append({"profile": profile.name, "batch_size": batch_size, "sequence_length": length,
                              "tie_threshold": TIE_THRESHOLD, "groups": ranking_with_ties(timings),
                              "ties": tied_pairs(timings)})
+            calls.append({"profile": profile.name, "batch_size": batch_size, "sequence_length": length,
+                          "rounds": [[r.start, r.stop] for r in timings.rounds],
+                          "times_ms": {name: [round(float(t), 4) for t in times]
+                                       for name, times in timings.times.items()}})
     finally:
         runners.clear()
         gc.collect()
@@ -63,4 +69,4 @@ def measure_profile(models: list[Deployable], profile: Profile, tokenizer, test:
     memory = {m.name: peak_rss_mb(m, profile, batch_sets) for m in models}
     for row in rows:
         row["peak_rss_mb"] = memory[row["model"]][settings.index((row["batch_size"], row["sequence_length"]))]
-    return rows, rankings
+    return rows, rankings, calls

@@ -6,7 +6,8 @@ import time
 
 import numpy as np
 
-from compressor.bench import Runner, Timings, paired_ratio, ranking_with_ties, tied_pairs, time_interleaved
+from compressor.bench import (Runner, Timings, paired_ratio, ranking_with_ties, tied, tied_pairs,
+                              time_interleaved)
 from compressor.profiles import load_profile
 
 
@@ -42,6 +43,12 @@ def test_noisy_measurements_of_a_small_difference_tie():
     # 8% apart but with 40% per-call noise over few calls: the interval holds 1, so a tie.
     timings = synthetic({"a": 1.0, "b": 1.08}, noise=0.4, calls=40)
     assert len(ranking_with_ties(timings)) == 1
+
+
+def test_models_tie_when_per_call_ratio_and_p50s_disagree_on_the_direction():
+    pair = {"ratio": 0.8, "ci95": [0.7, 0.9], "p50_ratio": 1.05}
+    assert tied(pair)
+    assert not tied({**pair, "p50_ratio": 0.85})
 
 
 def test_time_interleaved_aligns_calls_across_models():

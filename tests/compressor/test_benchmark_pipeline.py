@@ -77,6 +77,11 @@ def test_each_measurement_has_a_ranking_of_every_model(done):
         firsts = [p50[g["models"][0]] for g in r["groups"]]
         assert firsts == sorted(firsts)
     assert "## Ranking by latency" in (out / "report.md").read_text()
+    timings = json.loads((out / "benchmark" / "benchmark.json").read_text())["timings"]
+    assert [t["batch_size"] for t in timings] == [1, 4]
+    for t in timings:   # every timed call is kept, so the statistics can be recomputed
+        assert sorted(t["times_ms"]) == names
+        assert {len(v) for v in t["times_ms"].values()} == {t["rounds"][-1][1]}
 
 
 def test_pareto_front_is_the_undominated_set(done):
