@@ -17,7 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from compressor import pipeline
 from compressor.pretrain_command import pretrain_command
+from compressor.recipe import parse_recipe
 from pretrain.data import load_corpus
 from pretrain.errors import UserError
 from pretrain.models import check_model_ref, load_classifier
@@ -45,8 +47,11 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-def test_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path):
-    cfg = config(corpus)
+# mlm: one BERT, masks drawn per step; rtd: a generator and a discriminator, replacements
+# sampled with torch's RNG (which the checkpoint must carry).
+@pytest.mark.parametrize("objective", ["mlm", "rtd"])
+def test_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path, objective):
+    cfg = config(corpus, objective)
     whole = tmp_path / "whole"
     pretrain_command(cfg, whole, show_progress=False, checkpoint_every=2, threads=1)
 
@@ -177,3 +182,22 @@ def test_cli_dae_noise_errors_are_one_line(corpus, tmp_path):
         assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
         assert bad.stderr.startswith("error:") and said in bad.stderr
         assert not (tmp_path / "p").exists() and not checkpoint_dir(tmp_path / "p").exists()
+
+
+def test_pretrained_model_is_a_recipe_teacher(corpus, tmp_path, tiny_csv, monkeypatch):
+    """`compressor pretrain` output as teacher.model, fine-tuned by teacher.finetune in a run."""
+    pretrained = tmp_path / "pretrained"
+    pretrain_command(config(corpus, "mlm", steps=3), pretrained, show_progress=False, threads=1)
+    monkeypatch.setattr(pipeline, "set_threads", lambda threads: None)
+    recipe, steps = parse_recipe({
+        "name": "from-pretrained", "seed": 0,
+        "teacher": {"model": str(pretrained), "task": {"path": str(tiny_csv)},
+                    "finetune": {"epochs": 1, "batch_size": 16, "lr": 1e-3}},
+        "data": {"max_train_samples": 64}, "variants": {"same": []}})
+    report = pipeline.run_recipe(recipe, steps, tmp_path / "run", show_progress=False)
+    assert report["teacher"]["accuracy"] >= 0
+    key = "bert.embeddings.word_embeddings.weight"
+    before, after = weights(pretrained)[key], weights(Path(report["teacher"]["path"]))[key]
+    # Sparse embedding updates leave the rows of words the fine-tuning never saw as pretrained.
+    same = (before == after).all(dim=1).float().mean().item()
+    assert 0.5 < same < 1.0, same
