@@ -1,16 +1,23 @@
 """Peak memory of corpus streaming as the corpus grows from 10 MB to 1 GB.
 
-Each corpus is WordNet's glosses and examples repeated (documents reshuffled per copy)
-until the size is reached. For each size a fresh process streams one whole epoch through
-the pretraining path (`ChunkStream`: read, split sentences, tokenize with MiniLM's
-WordPiece, chunk to max_length 128, bounded shuffle buffer of 10,000 chunks) and reports
-its peak resident set size (ru_maxrss). Flat memory means the peak does not grow with the
-corpus. Tokenizing 1 GB takes hours on 2 shared cores, so corpora above
---tokenize-all-up-to-mb are streamed the way a resumed run starts: the whole file is read
-document by document up to the last 100,000 documents, which are then tokenized, chunked
-and shuffled (reading is what would grow memory if anything held on to text).
+Each corpus is WordNet's glosses and examples (8.9 MB, 117,659 documents) repeated, the
+documents reshuffled per copy, until the size is reached. For each size a fresh process
+streams one whole epoch through the pretraining data path (`ChunkStream`, what
+`compressor pretrain` reads with: read line by line, split sentences, tokenize with
+MiniLM's WordPiece, chunk to max_length 128, bounded shuffle buffer of 10,000 chunks) and
+reports its resident memory: the kernel's high-water mark (VmHWM) reset after the imports,
+so it covers the streaming alone, plus the RSS every 1,000 chunks.
 
-    .venv/bin/python benchmarks/stream_memory.py --sizes-mb 10 100 1000
+Tokenizing runs at about 0.6 MB/s on 2 shared cores (a whole 1 GB would take about half an
+hour), so corpora above --tokenize-all-up-to-mb are streamed the way a resumed run starts:
+`ChunkStream.restore` puts the position at the last --tail-docs documents, the stream reads
+(without tokenizing) the whole file up to there, then tokenizes, chunks and shuffles the
+rest. The read phase's peak (the file up to the position, plus the tokenized chunks that
+first fill the shuffle buffer) is reported separately: reading is what would grow memory
+if anything held on to text. `chunks_taken` counts chunks out of the shuffle buffer; when
+the epoch ends the last 10,000 are still in it.
+
+    .venv/bin/python benchmarks/stream_memory.py --sizes-mb 10 100 1000 --tokenize-all-up-to-mb 100
 """
 
 from __future__ import annotations
@@ -18,14 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TAIL_DOCS = 100_000
 sys.path.insert(0, str(ROOT))
 
 
@@ -36,16 +41,18 @@ def generate(path: Path, size_mb: int) -> int:
         return int(count_file.read_text())
     from pretrain.data import load_corpus
     docs = ["\n".join(d) + "\n\n" for d in load_corpus("wordnet")]
+    sizes = [len(d.encode()) for d in docs]
+    order = list(range(len(docs)))
     rng = random.Random(0)
     written = count = 0
     tmp = path.with_suffix(".tmp")
     with tmp.open("w", encoding="utf-8") as f:
         while written < size_mb * 1_000_000:
-            rng.shuffle(docs)
-            for doc in docs:
-                f.write(doc)
+            rng.shuffle(order)
+            for i in order:
+                f.write(docs[i])
                 count += 1
-                written += len(doc.encode())
+                written += sizes[i]
                 if written >= size_mb * 1_000_000:
                     break
     tmp.rename(path)
@@ -53,28 +60,48 @@ def generate(path: Path, size_mb: int) -> int:
     return count
 
 
+def rss_mb() -> float:
+    """Current resident set size."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    import resource
+    return pages * resource.getpagesize() / 2**20
+
+
 def measure(corpus: str, skip_docs: int = 0) -> dict:
-    """Stream one whole epoch in this process; peak RSS and counts.
+    """Stream one whole epoch in this process; memory readings and counts.
 
     With skip_docs, the stream starts as a resumed run would at that document: it reads
     (without tokenizing) the whole file up to there, then tokenizes the rest.
     """
+    from compressor.memory_probe import reset_hwm, vm_hwm_mb
     from pretrain.data.stream import ChunkStream
     from pretrain.models import load_tokenizer, resolve_model_path
     tokenizer = load_tokenizer(resolve_model_path("minilm"))
     stream = ChunkStream(corpus, tokenizer, 128, buffer_size=10_000, seed=0)
     if skip_docs:
         stream.restore(stream.state() | {"docs_read": skip_docs})
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after_imports = rss_mb()
+    reset_hwm()
+    row: dict = {"rss_after_imports_mb": round(after_imports, 1)}
     start = time.perf_counter()
     chunks = tokens = 0
+    if skip_docs:      # the read phase: the file up to the position, then the buffer fills
+        first = stream.take(1)
+        chunks, tokens = 1, sum(len(s) for c in first for s in c)
+        row |= {"read_phase_seconds": round(time.perf_counter() - start, 1),
+                "read_phase_peak_rss_mb": round(vm_hwm_mb(), 1)}
+    timeline = []
     while stream.epoch == 0:              # until the whole corpus has been read once
         batch = stream.take(1000)
         chunks += len(batch)
         tokens += sum(len(s) for c in batch for s in c)
-    return {"chunks": chunks, "tokens": tokens, "seconds": round(time.perf_counter() - start, 1),
-            "rss_after_imports_mb": round(baseline / 1024, 1),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+        timeline.append([chunks, round(rss_mb(), 1)])
+    step = max(1, len(timeline) // 20)    # about 20 readings are enough to see a trend
+    return row | {"chunks_taken": chunks, "tokens": tokens, "seconds": round(time.perf_counter() - start, 1),
+                  "peak_rss_mb": round(vm_hwm_mb(), 1),
+                  "growth_over_imports_mb": round(vm_hwm_mb() - after_imports, 1),
+                  "rss_by_chunks": timeline[::step] + ([timeline[-1]] if (len(timeline) - 1) % step else [])}
 
 
 def main() -> None:
@@ -83,7 +110,8 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "stream-memory")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stream_memory.json")
     p.add_argument("--tokenize-all-up-to-mb", type=int, default=100,
-                   help="larger corpora are read whole but tokenized only in their last TAIL_DOCS documents")
+                   help="larger corpora are read whole but tokenized only in their last --tail-docs documents")
+    p.add_argument("--tail-docs", type=int, default=100_000)
     p.add_argument("--measure", help=argparse.SUPPRESS)
     p.add_argument("--skip-docs", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -95,18 +123,19 @@ def main() -> None:
     for size in args.sizes_mb:
         path = args.work / f"corpus-{size}mb.txt"
         docs = generate(path, size)
-        skip = max(0, docs - TAIL_DOCS) if size > args.tokenize_all_up_to_mb else 0
+        skip = max(0, docs - args.tail_docs) if size > args.tokenize_all_up_to_mb else 0
         proc = subprocess.run([sys.executable, __file__, "--measure", str(path), "--skip-docs", str(skip)],
                               check=True, capture_output=True, text=True)
         row = {"corpus_mb": size, "bytes": path.stat().st_size, "documents": docs,
-               "mode": f"read whole, tokenize last {docs - skip} documents (resume path)" if skip
-               else "read and tokenize whole", **json.loads(proc.stdout.splitlines()[-1])}
-        print(json.dumps(row), flush=True)
+               "mode": (f"read whole, tokenize last {docs - skip} documents (resume path)" if skip
+                        else "read and tokenize whole"), **json.loads(proc.stdout.splitlines()[-1])}
+        print(json.dumps({k: v for k, v in row.items() if k != "rss_by_chunks"}), flush=True)
         rows.append(row)
     from compressor.environment import environment
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "benchmark": "peak RSS of streaming one epoch of a corpus (ChunkStream, max_length 128, buffer 10,000)",
+        "benchmark": "resident memory of streaming one epoch of a corpus (ChunkStream, max_length 128, "
+                     "buffer 10,000 chunks); VmHWM reset after the imports",
         "command": "benchmarks/stream_memory.py " + " ".join(sys.argv[1:]),
         "rows": rows, "environment": environment()}, indent=2) + "\n")
 

@@ -132,6 +132,12 @@ def add_pretraining_commands(sub) -> None:
 
     pt = sub.add_parser("pretrain", help="pretrain a model from scratch with a named objective")
     pt.add_argument("--objective", required=True, help="mlm, mlm-wwm, clm, nsp, sop, mlm+nsp, mlm+sop, ...")
+    pt.add_argument("--dae-noise", help="dae: noise functions to compose, each optionally =RATE: mask, delete, "
+                                        "infill (Poisson spans), permute, rotate; e.g. infilling,permutation "
+                                        "(default: BART's infill=0.3,permute)")
+    pt.add_argument("--mask-ratio", type=float, help="dae: rate of token masking / text infilling (fairseq's --mask)")
+    pt.add_argument("--objective-option", action="append", default=[], metavar="KEY[=VALUE]",
+                    help="an option of the objective (repeatable), e.g. poisson=3.5 for dae")
     pt.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
     pt.add_argument("--size", choices=["tiny", "small", "base"], default="small")
     pt.add_argument("--steps", type=positive_int, required=True)
@@ -156,8 +162,8 @@ def add_pretraining_commands(sub) -> None:
     em.add_argument("--min-count", type=positive_int, default=5)
     em.add_argument("--max-vocab", type=positive_int, default=50_000)
     em.add_argument("--steps", type=positive_int, default=3000)
-    em.add_argument("--batch-size", type=positive_int, default=1024)
-    em.add_argument("--lr", type=float, default=3e-3)
+    em.add_argument("--batch-size", type=positive_int, help="(centre, context) pairs per step (default 4096)")
+    em.add_argument("--lr", type=float, help="SGD step per pair, decaying linearly to 0 (default 0.1)")
     em.add_argument("--seed", type=int, default=0)
     em.add_argument("--out", required=True, type=Path)
     em.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -185,8 +191,10 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
     from compressor.pretrain_command import pretrain_command
-    from pretrain.pretraining import make_config
-    cfg = make_config(objective=args.objective, corpus=args.corpus, size=args.size, tokenizer=args.tokenizer,
+    from pretrain.pretraining import make_config, objective_options
+    options = objective_options(args.objective, args.dae_noise, args.mask_ratio, tuple(args.objective_option))
+    cfg = make_config(objective=args.objective, objective_options=options, corpus=args.corpus, size=args.size,
+                      tokenizer=args.tokenizer,
                       steps=args.steps, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                       seed=args.seed, buffer_size=args.buffer_size)
     metrics = pretrain_command(cfg, args.out, resume=args.resume, show_progress=not args.quiet,

@@ -62,7 +62,8 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
 
 def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bool = True) -> dict:
     """Skip-gram embeddings: embeddings.npy + vocab.txt + metrics.json (with probe neighbours)."""
-    from pretrain.static_embeddings import EmbeddingConfig, nearest_neighbours, save_embeddings, train_embeddings
+    from pretrain.static_embeddings import (EmbeddingConfig, geometry, nearest_neighbours, save_embeddings,
+                                            train_embeddings)
     try:
         cfg = EmbeddingConfig(**{k: v for k, v in settings.items() if v is not None})
     except ValidationError as err:
@@ -71,6 +72,7 @@ def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bo
     metrics = {"corpus": corpus, "vocab_size": len(vocab), "dim": cfg.dim, "steps": result.steps,
                "initial_loss": result.initial_loss, "final_loss": result.final_loss,
                "train_seconds": round(result.seconds, 2), "config": cfg.model_dump(),
+               "geometry": geometry([w for w, _ in vocab], matrix),
                "nearest_neighbours": nearest_neighbours([w for w, _ in vocab], matrix),
                # Diagnostic: the same after removing the mean vector (the common direction
                # SGNS vectors share; Mu & Viswanath 2018), to see whether it dominates.

@@ -39,6 +39,7 @@ class PretrainConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     objective: str
+    objective_options: str = ""              # canonical options string (dae: its noise functions)
     corpus: str
     size: str = "small"
     tokenizer: str = "minilm"
@@ -97,7 +98,23 @@ def make_config(**settings) -> PretrainConfig:
     if cfg.max_length > MAX_POSITIONS:
         raise UserError(f"max length {cfg.max_length} is longer than the model's {MAX_POSITIONS} "
                         "positions: expected at most 512")
+    if cfg.objective_options:   # validated now; stored canonical, so equal options resume alike
+        canonical = get_objective(cfg.objective, cfg.objective_options).options
+        cfg = cfg.model_copy(update={"objective_options": canonical})
     return cfg
+
+
+def objective_options(objective: str, dae_noise: str | None = None, mask_ratio: float | None = None,
+                      options: tuple[str, ...] = ()) -> str:
+    """The options string from the command's flags: `--dae-noise` and `--mask-ratio` (dae
+    only) and any `--objective-option KEY[=VALUE]`."""
+    if objective != "dae":
+        if dae_noise is not None or mask_ratio is not None:
+            raise UserError(f"--dae-noise and --mask-ratio configure --objective dae, not {objective!r}; "
+                            "expected --objective dae or neither flag")
+        return ",".join(options)
+    from pretrain.objectives.dae import compose_options
+    return compose_options(dae_noise, mask_ratio, options)
 
 
 def check_resume(cfg: PretrainConfig, ckpt: Path, resume: bool) -> None:
@@ -135,7 +152,7 @@ def prepare(cfg: PretrainConfig) -> tuple[Objective, PreTrainedTokenizerBase]:
     One batch is built from a separate stream: an empty corpus, a batch too small for the
     objective or a tokenizer it cannot use fails here.
     """
-    objective = get_objective(cfg.objective)
+    objective = get_objective(cfg.objective, cfg.objective_options)
     tokenizer = load_pretrain_tokenizer(cfg.tokenizer)
     objective.build_model(tokenizer, SIZES[cfg.size], cfg.max_length, cfg.seed)
     probe = ChunkStream(cfg.corpus, tokenizer, cfg.max_length, buffer_size=1, seed=cfg.seed, min_tokens=2)
@@ -157,8 +174,9 @@ def run_pretraining(cfg: PretrainConfig, objective: Objective, tokenizer: PreTra
                    callbacks=callbacks)
     delivered = objective.deliverable(model)
     # Recorded in config.json, so the model says where it came from.
-    delivered.config.pretraining = {"objective": cfg.objective, "steps": result.steps, "corpus": cfg.corpus}
-    metrics = {"objective": cfg.objective, "steps": result.steps, "samples": result.samples,
+    delivered.config.pretraining = {"objective": cfg.objective, "objective_options": cfg.objective_options,
+                                    "steps": result.steps, "corpus": cfg.corpus}
+    metrics = {"objective": cfg.objective, "objective_options": cfg.objective_options, "steps": result.steps, "samples": result.samples,
                "tokens": result.tokens, "initial_loss": result.initial_loss, "final_loss": result.final_loss,
                "tokens_per_second": round(result.tokens_per_second, 1),
                "samples_per_second": round(result.samples_per_second, 2),

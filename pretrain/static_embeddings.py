@@ -9,8 +9,21 @@ near contexts more), as in the reference word2vec.c.
 
 Words are the corpus's lower-cased BERT pre-tokens (the same normalisation as WordPiece),
 kept if they occur at least `min_count` times, at most `max_vocab` of them. Training is the
-project's loop (`pretrain.train.train`): batches are a pure function of the step, the
-centre-word table trains with sparse rows (SparseAdam) and the context table densely.
+project's loop (`pretrain.train.train`): batches are a pure function of the step.
+
+The optimisation is word2vec's: plain SGD on both tables (sparse rows: only the words of a
+batch move), a learning rate per (centre, context) pair decaying linearly to 0, centre
+vectors initialised uniformly in +-0.5/dim and context vectors at zero. A batch step is the
+sum of its pairs' word2vec steps: the loss is the sum over the batch's pairs divided by
+`batch_size`, and the loop's SGD runs at lr x batch_size.
+
+Why the defaults differ from word2vec's lr 0.025: on a corpus this small (WordNet's glosses
+are about 1.3M words) a run makes a few million pair updates, not word2vec's hundreds of
+millions. From their tiny initialisation SGNS vectors first learn one direction they all
+share (word frequency against the negative-sampling noise), and only later the directions
+that tell words apart; at 0.025 (and with Adam at 3e-3) a short run ends in that first
+phase, every pairwise cosine near 1 and the neighbours meaningless. At 0.1 the same number
+of updates gets past it (benchmarks/README.md, "Static embeddings").
 
 Exported: `embeddings.npy` (vocab x dim float32, the centre vectors word2vec exports),
 `vocab.txt` (one word per line, in row order, with its count), `metrics.json`.
@@ -21,6 +34,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Callable, Literal
 
 import numpy as np
 import torch
@@ -34,6 +48,9 @@ from pretrain.errors import UserError
 from pretrain.train import StepBatches, TrainConfig, TrainResult, train
 
 PROBE_WORDS = ("dog", "king", "red", "water", "music", "run", "happy", "tree", "money", "doctor")
+# Pairs of related words frequent in WordNet's glosses: a collapse check, against random pairs.
+RELATED_PAIRS = (("red", "yellow"), ("white", "black"), ("two", "three"), ("plant", "plants"),
+                 ("leaves", "flowers"), ("north", "south"), ("male", "female"), ("brown", "yellow"))
 
 
 class EmbeddingConfig(BaseModel):
@@ -46,8 +63,10 @@ class EmbeddingConfig(BaseModel):
     max_vocab: int = Field(50_000, ge=2)
     subsample: float = Field(1e-4, gt=0)      # word2vec's t
     steps: int = Field(3000, ge=1)
-    batch_size: int = Field(4096, ge=1)       # centre words per step
-    lr: float = Field(3e-3, gt=0)
+    batch_size: int = Field(4096, ge=1)       # (centre, context) pairs per step
+    lr: float = Field(0.1, gt=0)              # SGD step per pair (word2vec: 0.025, see the module doc)
+    # "adam": the loop's SparseAdam (centre) + AdamW (context) at lr, kept for comparison.
+    optimizer: Literal["sgd", "adam"] = "sgd"
     seed: int = 0
 
 
@@ -100,7 +119,7 @@ class SkipGram(nn.Module):
     def __init__(self, vocab_size: int, dim: int):
         super().__init__()
         self.centre = nn.Embedding(vocab_size, dim)
-        self.context = nn.Embedding(vocab_size, dim)
+        self.context = nn.Embedding(vocab_size, dim, sparse=True)   # a batch touches few rows
         nn.init.uniform_(self.centre.weight, -0.5 / dim, 0.5 / dim)
         nn.init.zeros_(self.context.weight)
 
@@ -108,14 +127,19 @@ class SkipGram(nn.Module):
         return self.centre
 
     def forward(self, input_ids: torch.Tensor, contexts: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
+        """Each pair's negative log-likelihood, shape (B,)."""
         v = self.centre(input_ids)                                   # (B, D)
         positive = (v * self.context(contexts)).sum(-1)              # (B,)
         negative = torch.einsum("bd,bkd->bk", v, self.context(negatives))   # (B, K)
-        return -(F.logsigmoid(positive) + F.logsigmoid(-negative).sum(-1)).mean()
+        return -(F.logsigmoid(positive) + F.logsigmoid(-negative).sum(-1))
 
 
-def sgns_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    return model(batch["input_ids"], batch["contexts"], batch["negatives"])
+def sgns_loss(batch_size: int) -> Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]:
+    """Sum of the pairs' losses / batch_size: the mean over a full batch, and a fixed
+    per-pair weight (so a step moves each pair by the same lr) when a batch comes up short."""
+    def loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(batch["input_ids"], batch["contexts"], batch["negatives"]).sum() / batch_size
+    return loss
 
 
 class PairSampler:
@@ -127,6 +151,7 @@ class PairSampler:
         self.keep = np.minimum(1.0, np.sqrt(cfg.subsample / freq))   # word2vec subsampling
         noise = counts.astype(np.float64) ** 0.75
         self.noise_cdf = np.cumsum(noise / noise.sum())
+        self._acceptance: float | None = None
 
     def batch(self, step: int) -> dict[str, torch.Tensor]:
         rng = np.random.default_rng((self.cfg.seed, step))
@@ -139,23 +164,36 @@ class PairSampler:
     def pairs(self, rng: np.random.Generator, max_rounds: int = 64) -> tuple[np.ndarray, np.ndarray]:
         """batch_size (centre, context) positions: random positions, a dynamic window offset,
         dropped when subsampled or when the context lies in another document."""
-        n, cfg = len(self.ids), self.cfg
         found_pos, found_ctx, total = [], [], 0
+        draw = int(self.cfg.batch_size / self.acceptance * 1.25) + 16   # usually one round is enough
         for _ in range(max_rounds):
-            pos = rng.integers(0, n, size=cfg.batch_size * 2)
-            reach = rng.integers(1, cfg.window + 1, size=pos.shape) * rng.choice([-1, 1], size=pos.shape)
-            ctx = np.clip(pos + reach, 0, n - 1)
-            ok = (ctx != pos) & (self.doc_of[pos] == self.doc_of[ctx]) \
-                & (rng.random(pos.shape) < self.keep[self.ids[pos]]) \
-                & (rng.random(pos.shape) < self.keep[self.ids[ctx]])
-            found_pos.append(pos[ok])
-            found_ctx.append(ctx[ok])
-            total += int(ok.sum())
-            if total >= cfg.batch_size:
+            pos, ctx = self.candidates(rng, draw)
+            found_pos.append(pos)
+            found_ctx.append(ctx)
+            total += len(pos)
+            if total >= self.cfg.batch_size:
                 break
         if total == 0:
             raise UserError("no word pairs found within one document: expected documents of several words")
-        return np.concatenate(found_pos)[: cfg.batch_size], np.concatenate(found_ctx)[: cfg.batch_size]
+        return np.concatenate(found_pos)[: self.cfg.batch_size], np.concatenate(found_ctx)[: self.cfg.batch_size]
+
+    def candidates(self, rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs of `size` random draws that survive subsampling and document bounds."""
+        n, window = len(self.ids), self.cfg.window
+        pos = rng.integers(0, n, size=size)
+        reach = rng.integers(1, window + 1, size=size) * (2 * rng.integers(0, 2, size=size) - 1)
+        ctx = np.clip(pos + reach, 0, n - 1)
+        ok = (ctx != pos) & (self.doc_of[pos] == self.doc_of[ctx]) \
+            & (rng.random(size) < self.keep[self.ids[pos]]) & (rng.random(size) < self.keep[self.ids[ctx]])
+        return pos[ok], ctx[ok]
+
+    @property
+    def acceptance(self) -> float:
+        """The share of random draws that make a pair (measured once, on a fixed draw)."""
+        if self._acceptance is None:
+            pos, _ = self.candidates(np.random.default_rng(0), 20_000)
+            self._acceptance = max(len(pos) / 20_000, 1e-3)
+        return self._acceptance
 
 
 # -- training and use ---------------------------------------------------------------------
@@ -170,10 +208,16 @@ def train_embeddings(corpus: str, cfg: EmbeddingConfig, show_progress: bool = Tr
     sampler = PairSampler(ids, doc_of, np.array([c for _, c in vocab], dtype=np.float64), cfg)
     torch.manual_seed(cfg.seed)
     model = SkipGram(len(vocab), cfg.dim)
-    train_cfg = TrainConfig(lr=cfg.lr, weight_decay=0.0, warmup_ratio=0.0, max_grad_norm=None,
-                            seed=cfg.seed, embedding_updates="sparse")
-    result = train(model, StepBatches(steps=cfg.steps, make=sampler.batch), train_cfg, loss_fn=sgns_loss,
-                   desc="skip-gram", show_progress=show_progress)
+    if cfg.optimizer == "sgd":
+        # lr x batch_size: the loss divides the pairs' sum by batch_size (see the module doc).
+        train_cfg = TrainConfig(lr=cfg.lr * cfg.batch_size, weight_decay=0.0, warmup_ratio=0.0,
+                                max_grad_norm=None, seed=cfg.seed, embedding_updates="sparse", optimizer="sgd")
+    else:
+        model.context.sparse = False      # AdamW takes dense gradients only
+        train_cfg = TrainConfig(lr=cfg.lr, weight_decay=0.0, warmup_ratio=0.0, max_grad_norm=None,
+                                seed=cfg.seed, embedding_updates="sparse")
+    result = train(model, StepBatches(steps=cfg.steps, make=sampler.batch), train_cfg,
+                   loss_fn=sgns_loss(cfg.batch_size), desc="skip-gram", show_progress=show_progress)
     return vocab, model.centre.weight.detach().numpy().copy(), result
 
 
@@ -191,6 +235,24 @@ def nearest_neighbours(words: list[str], matrix: np.ndarray, probes: tuple[str, 
         best = np.argsort(-sims)[:k]
         out[probe] = [[words[i], round(float(sims[i]), 3)] for i in best]
     return out
+
+
+def geometry(words: list[str], matrix: np.ndarray, top: int = 2000, seed: int = 0) -> dict[str, float]:
+    """Collapse checks: the mean cosine over all pairs of the `top` most frequent words (near 1
+    when the vectors share one direction), and the mean cosine of RELATED_PAIRS found in
+    the vocabulary beside that of as many random pairs of those `top` words."""
+    unit = matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+    head = unit[:top]
+    n = len(head)
+    cos = head @ head.T
+    index = {w: i for i, w in enumerate(words)}
+    related = [float(unit[index[a]] @ unit[index[b]]) for a, b in RELATED_PAIRS if a in index and b in index]
+    rng = np.random.default_rng(seed)
+    pairs = rng.choice(n, size=(max(len(related), 1) * 50, 2)) if n > 1 else np.zeros((0, 2), dtype=int)
+    random = [float(cos[i, j]) for i, j in pairs if i != j]
+    return {"mean_pairwise_cosine": float((cos.sum() - n) / max(n * (n - 1), 1)),
+            "related_pairs": len(related), "related_pairs_cosine": float(np.mean(related)) if related else float("nan"),
+            "random_pairs_cosine": float(np.mean(random)) if random else float("nan")}
 
 
 def save_embeddings(directory: Path, vocab: list[tuple[str, int]], matrix: np.ndarray) -> None:

@@ -68,6 +68,9 @@ class TrainConfig(BaseModel):
     seed: int = 0
     embedding_updates: Literal["sparse", "dense", "frozen"] = "sparse"
     group_by_length: bool = True
+    # "sgd": plain SGD without momentum over every parameter, sparse gradients included
+    # (word2vec's update; Adam's per-coordinate scaling collapses skip-gram vectors).
+    optimizer: Literal["adamw", "sgd"] = "adamw"
 
 
 class Checkpointing(BaseModel):
@@ -444,7 +447,11 @@ def embedding_mode(model: nn.Module, mode: str) -> Iterator[list[nn.Parameter]]:
 
 def make_optimizers(model: nn.Module, cfg: TrainConfig, sparse_params: list[nn.Parameter]
                     ) -> list[torch.optim.Optimizer]:
-    """AdamW (no decay on biases and LayerNorm) plus SparseAdam for sparse-gradient params."""
+    """AdamW (no decay on biases and LayerNorm) plus SparseAdam for sparse-gradient params;
+    or, with cfg.optimizer "sgd", one plain SGD over everything (it takes sparse gradients)."""
+    if cfg.optimizer == "sgd":
+        return [torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                weight_decay=cfg.weight_decay)]
     sparse_ids = {id(p) for p in sparse_params}
     decay, no_decay = [], []
     for name, p in model.named_parameters():

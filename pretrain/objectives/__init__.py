@@ -70,14 +70,20 @@ class Objective(Protocol):
 
 
 _OBJECTIVES: dict[str, Callable[[], Objective]] = {}
+_WITH_OPTIONS: dict[str, Callable[[str], Objective]] = {}   # objectives that take an options string
 
 
-def register_objective(name: str) -> Callable[[Callable[[], Objective]], Callable[[], Objective]]:
-    """Register a zero-argument factory under the name `--objective` takes."""
+def register_objective(name: str, with_options: Callable[[str], Objective] | None = None
+                       ) -> Callable[[Callable[[], Objective]], Callable[[], Objective]]:
+    """Register a zero-argument factory under the name `--objective` takes, and optionally
+    a factory from an options string (`--objective-option`s; the objective then has an
+    `options` property giving its canonical string)."""
     def decorate(factory: Callable[[], Objective]) -> Callable[[], Objective]:
         if name in _OBJECTIVES:
             raise ValueError(f"objective {name!r} registered twice")
         _OBJECTIVES[name] = factory
+        if with_options is not None:
+            _WITH_OPTIONS[name] = with_options
         return factory
     return decorate
 
@@ -99,8 +105,14 @@ def objective_names() -> list[str]:
     return sorted(_OBJECTIVES)
 
 
-def get_objective(name: str) -> Objective:
+def get_objective(name: str, options: str = "") -> Objective:
+    """The objective `name`, configured by `options` (empty: its defaults)."""
     load_objective_modules()
     if name not in _OBJECTIVES:
         raise UserError(f"unknown objective {name!r}; known objectives: {', '.join(objective_names())}")
-    return _OBJECTIVES[name]()
+    if not options:
+        return _OBJECTIVES[name]()
+    if name not in _WITH_OPTIONS:
+        raise UserError(f"objective {name!r} takes no options (got {options!r}); objectives with options: "
+                        f"{', '.join(sorted(_WITH_OPTIONS))}")
+    return _WITH_OPTIONS[name](options)

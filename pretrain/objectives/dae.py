@@ -14,8 +14,13 @@ applied in this order (fairseq's: sentences, then tokens, then spans, then rotat
     whole_words=0 infill over tokens instead of whole words
 
 e.g. "infill=0.3,permute" (BART's final recipe; also what the plain `dae` objective uses),
-"mask=0.3", "delete=0.2,rotate". The noise functions only ever see the text between the
-document's start and end tokens, which frame the result. Each is in noising.py.
+"mask=0.3", "delete=0.2,rotate". The functions may also be named by their nouns (masking,
+deletion, infilling, permutation, rotation). The noise functions only ever see the text
+between the document's start and end tokens, which frame the result. Each is in noising.py.
+
+On the command line: `compressor pretrain --objective dae --dae-noise infilling,permutation
+--mask-ratio 0.3` or `--objective-option infill=0.3 --objective-option rotate`
+(`compose_options` turns the flags into one options string).
 """
 
 from __future__ import annotations
@@ -36,6 +41,49 @@ from pretrain.objectives.noising import (delete_tokens, fit_sentences, flatten, 
 
 # Value a function takes when named without one ("rotate" = "rotate=1.0").
 BARE_DEFAULTS = {"permute": 1.0, "mask": 0.15, "delete": 0.15, "infill": 0.3, "rotate": 1.0}
+ALIASES = {"masking": "mask", "deletion": "delete", "infilling": "infill", "permutation": "permute",
+           "rotation": "rotate"}
+KNOWN = ("mask (token masking), delete (token deletion), infill (text infilling), permute (sentence "
+         "permutation), rotate (document rotation); settings poisson=LAMBDA, whole_words=0|1")
+MASKING = ("mask", "infill")        # what --mask-ratio sets (fairseq's --mask)
+
+
+def parse_items(options: str) -> dict[str, str | None]:
+    """'infilling, mask=0.2' -> {'infill': None, 'mask': '0.2'}: canonical names, raw values."""
+    items: dict[str, str | None] = {}
+    for item in filter(None, (part.strip() for part in options.split(","))):
+        key, has_value, raw = (part.strip() for part in item.partition("="))
+        key = ALIASES.get(key, key)
+        if key not in NoiseConfig.model_fields:
+            raise UserError(f"unknown dae noise option {key!r}; known: {KNOWN} (e.g. 'infill=0.3,permute')")
+        if key in items:
+            raise UserError(f"dae noise option {key!r} is given twice in {options!r}; expected each once")
+        items[key] = raw if has_value else None
+    return items
+
+
+def compose_options(noise: str | None, mask_ratio: float | None, extra: tuple[str, ...] = ()) -> str:
+    """The options string of `--dae-noise`, `--mask-ratio` and `--objective-option`s.
+
+    The noise list and the extra options are joined; `--mask-ratio` sets the rate of token
+    masking and text infilling among them. When they name no noise function (only a setting
+    such as poisson=3.5, or only --mask-ratio), the functions are BART's: infilling +
+    permutation. Empty when no flag is given.
+    """
+    items = parse_items(",".join(filter(None, [noise or "", *extra])))
+    if (items or mask_ratio is not None) and not any(k in BARE_DEFAULTS for k in items):
+        items = {"infill": None, "permute": None, **items}     # settings alone: BART's functions
+    if mask_ratio is not None:
+        targets = [k for k in MASKING if k in items]
+        if not targets:
+            raise UserError(f"--mask-ratio sets the rate of token masking or text infilling, but the noise "
+                            f"({', '.join(items)}) has neither: expected mask or infill among them")
+        for key in targets:
+            if items[key] is not None:
+                raise UserError(f"the rate of {key} is given twice ({key}={items[key]} and --mask-ratio "
+                                f"{mask_ratio}); expected one of them")
+            items[key] = str(mask_ratio)
+    return ",".join(key if value is None else f"{key}={value}" for key, value in items.items())
 
 
 class NoiseConfig(BaseModel):
@@ -55,14 +103,10 @@ class NoiseConfig(BaseModel):
     def parse(cls, options: str) -> "NoiseConfig":
         """'infill=0.3,permute' -> NoiseConfig; functions not named stay off."""
         values: dict[str, object] = {}
-        for item in filter(None, (part.strip() for part in options.split(","))):
-            key, has_value, raw = (part.strip() for part in item.partition("="))
-            if key not in cls.model_fields:
-                raise UserError(f"unknown dae noise option {key!r}; expected some of: "
-                                f"{', '.join(cls.model_fields)} (e.g. 'infill=0.3,permute')")
-            if not has_value and key not in BARE_DEFAULTS:
+        for key, raw in parse_items(options).items():
+            if raw is None and key not in BARE_DEFAULTS:
                 raise UserError(f"dae noise option {key!r} needs a value, e.g. {key}=3.5")
-            values[key] = raw if has_value else BARE_DEFAULTS[key]
+            values[key] = raw if raw is not None else BARE_DEFAULTS[key]
         try:
             config = cls(**values)
         except ValidationError as err:
@@ -71,8 +115,15 @@ class NoiseConfig(BaseModel):
                             f"(got {problem['input']!r})") from None
         if not any(getattr(config, k) for k in BARE_DEFAULTS):
             raise UserError(f"dae noise options {options!r} switch no noise function on; "
-                            f"expected some of: {', '.join(BARE_DEFAULTS)}")
+                            f"expected some of: {KNOWN}")
         return config
+
+    def options(self) -> str:
+        """The canonical options string: the functions switched on, then settings changed."""
+        on = [f"{k}={getattr(self, k)}" for k in BARE_DEFAULTS if getattr(self, k)]
+        changed = [f"{k}={getattr(self, k)}" for k in ("poisson", "whole_words")
+                   if getattr(self, k) != NoiseConfig.model_fields[k].default]
+        return ",".join(on + changed)
 
 
 BART = NoiseConfig(permute=1.0, infill=0.3, poisson=3.0)
@@ -109,6 +160,10 @@ class DaeObjective:
     def from_options(cls, options: str) -> "DaeObjective":
         return cls(NoiseConfig.parse(options))
 
+    @property
+    def options(self) -> str:
+        return self.noise.options()
+
     def build_model(self, tokenizer: PreTrainedTokenizerBase, size: ModelSize, max_length: int,
                     seed: int) -> BartForConditionalGeneration:
         return fresh_bart(tokenizer, self.name, size, max_length, seed)
@@ -143,7 +198,7 @@ class DaeObjective:
         return self._word_starts
 
 
-@register_objective("dae")
+@register_objective("dae", with_options=DaeObjective.from_options)
 def dae_objective() -> DaeObjective:
     """BART's final recipe: sentence permutation + text infilling (30% of words, Poisson 3)."""
     return DaeObjective(BART)

@@ -17,11 +17,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from compressor import pipeline
 from compressor.pretrain_command import pretrain_command
+from compressor.recipe import parse_recipe
 from pretrain.data import load_corpus
 from pretrain.errors import UserError
 from pretrain.models import check_model_ref, load_classifier
-from pretrain.pretraining import checkpoint_dir, make_config
+from pretrain.objectives.dae import NoiseConfig
+from pretrain.pretraining import SETTINGS_FILE, check_resume, checkpoint_dir, make_config, objective_options, prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,8 +47,11 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-def test_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path):
-    cfg = config(corpus)
+# mlm: one BERT, masks drawn per step; rtd: a generator and a discriminator, replacements
+# sampled with torch's RNG (which the checkpoint must carry).
+@pytest.mark.parametrize("objective", ["mlm", "rtd"])
+def test_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path, objective):
+    cfg = config(corpus, objective)
     whole = tmp_path / "whole"
     pretrain_command(cfg, whole, show_progress=False, checkpoint_every=2, threads=1)
 
@@ -70,7 +76,7 @@ def test_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 
 
-@pytest.mark.parametrize("objective", ["mlm", "mlm-wwm", "clm", "nsp", "sop", "mlm+nsp", "mlm+sop"])
+@pytest.mark.parametrize("objective", ["mlm", "mlm-wwm", "clm", "nsp", "sop", "mlm+nsp", "mlm+sop", "span", "unilm"])
 def test_pretrained_model_is_a_valid_teacher(corpus, tmp_path, objective, tiny_task):
     out = tmp_path / objective
     metrics = pretrain_command(config(corpus, objective, steps=3), out, show_progress=False, threads=1)
@@ -145,3 +151,35 @@ def test_cli_tokenizer_and_pretrain_bad_input(corpus, tmp_path):
               "--steps", "2", "--tokenizer", str(tok), "--out", str(tmp_path / "p"))
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and len(bad.stderr.splitlines()) == 1
     assert not (tmp_path / "p").exists()
+
+
+def test_dae_noise_options_reach_the_objective_metrics_and_model(corpus, tmp_path):
+    options = objective_options("dae", "infilling,rotation", 0.4, ("poisson=3.5",))
+    cfg = config(corpus, "dae", steps=2, objective_options=options)
+    assert cfg.objective_options == "infill=0.4,rotate=1.0,poisson=3.5"      # canonical
+    objective, _ = prepare(cfg)
+    assert objective.noise == NoiseConfig(infill=0.4, rotate=1.0, poisson=3.5)
+    metrics = pretrain_command(cfg, tmp_path / "dae", show_progress=False, threads=1)
+    assert metrics["objective_options"] == cfg.objective_options
+    recorded = json.loads((tmp_path / "dae" / "config.json").read_text())["pretraining"]
+    assert recorded["objective_options"] == cfg.objective_options
+
+
+def test_equal_options_spelled_differently_resume_alike(corpus, tmp_path):
+    ckpt = tmp_path / "run.checkpoint"
+    ckpt.mkdir()
+    first = config(corpus, "dae", objective_options=objective_options("dae", "permutation,infilling", 0.3))
+    (ckpt / SETTINGS_FILE).write_text(json.dumps(first.model_dump(mode="json")))
+    check_resume(config(corpus, "dae", objective_options="infill=0.3,permute=1"), ckpt, resume=True)
+    with pytest.raises(UserError, match="objective_options"):
+        check_resume(config(corpus, "dae", objective_options="infill=0.4,permute"), ckpt, resume=True)
+
+
+def test_cli_dae_noise_errors_are_one_line(corpus, tmp_path):
+    bad = cli("pretrain", "--objective", "dae", "--dae-noise", "infilling,shuffle", "--corpus", corpus,
+              "--steps", "2", "--out", str(tmp_path / "p"))
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
+    assert bad.stderr.startswith("error:") and "infill (text infilling)" in bad.stderr   # lists the functions
+    assert not (tmp_path / "p").exists() and not checkpoint_dir(tmp_path / "p").exists()
+    with pytest.raises(UserError, match="configure --objective dae"):
+        objective_options("mlm", mask_ratio=0.3)

@@ -12,7 +12,7 @@ from transformers import BartForConditionalGeneration
 
 from pretrain.errors import UserError
 from pretrain.objectives import get_objective
-from pretrain.objectives.dae import DaeObjective, NoiseConfig, noise_document
+from pretrain.objectives.dae import DaeObjective, NoiseConfig, compose_options, noise_document
 from pretrain.objectives.noising import (delete_tokens, infill, mask_tokens, permute_sentences, poisson_lengths,
                                          rotate, token_units, word_units)
 
@@ -127,6 +127,32 @@ def test_options_string():
                       ("mask=lots", "mask")]:
         with pytest.raises(UserError, match=said):
             NoiseConfig.parse(bad)
+
+
+def test_command_line_flags_compose_into_options():
+    parse = NoiseConfig.parse
+    assert parse(compose_options("infilling,permutation", 0.4)) == NoiseConfig(infill=0.4, permute=1.0)
+    assert parse(compose_options(None, 0.4)) == NoiseConfig(infill=0.4, permute=1.0)        # BART's, at 0.4
+    assert parse(compose_options("masking,deletion=0.1", 0.2)) == NoiseConfig(mask=0.2, delete=0.1)
+    assert parse(compose_options("rotation", None, ("delete=0.1",))) == NoiseConfig(rotate=1.0, delete=0.1)
+    assert parse(compose_options(None, None, ("poisson=3.5",))) == NoiseConfig(infill=0.3, permute=1.0, poisson=3.5)
+    assert compose_options(None, None) == ""
+    for noise, ratio, said in [("permute", 0.3, "neither"), ("infill=0.3", 0.4, "given twice"),
+                               ("mask,masking", None, "given twice"), ("shuffle", None, "infill .text infilling.")]:
+        with pytest.raises(UserError, match=said):
+            compose_options(noise, ratio)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rates=st.lists(st.sampled_from([0.0, 0.1, 0.35, 1.0]), min_size=5, max_size=5),
+       poisson=st.sampled_from([1.0, 3.0, 3.5]), whole=st.booleans())
+def test_canonical_options_round_trip(rates, poisson, whole):
+    rates[2] = min(rates[2], 0.9)                      # delete < 1
+    if not any(rates):
+        rates[0] = 1.0
+    cfg = NoiseConfig(**dict(zip(["permute", "mask", "delete", "infill", "rotate"], rates)),
+                      poisson=poisson, whole_words=whole)
+    assert NoiseConfig.parse(cfg.options()) == cfg
 
 
 def test_composed_noise_on_real_documents(wp_tokenizer, documents, max_length):
