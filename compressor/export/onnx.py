@@ -27,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -73,19 +74,31 @@ class GateFailure(UserError):
     """An export failed its parity or accuracy gate (a one-line message with the numbers)."""
 
 
+@dataclass(frozen=True)
+class Exported:
+    """What `export_into` wrote and measured.
+
+    `predictions` are the shipped model's task class ids on the gate's test examples (the
+    ones `record["accuracy"]` scores), so callers need not score the same split again.
+    """
+
+    record: dict
+    predictions: np.ndarray
+
+
 def export_bundle(bundle: ModelBundle, out: Path, settings: ExportSettings, task: TaskData,
                   max_eval_samples: int | None = None) -> dict:
     """Export, gate and write `out` atomically; return the export record (also in export.json)."""
     out = Path(out)
     with atomic_dir(out) as tmp:
-        record = export_into(tmp, bundle, settings, task, max_eval_samples)
+        record = export_into(tmp, bundle, settings, task, max_eval_samples).record
         record["path"] = str(out)
         write_json(tmp / EXPORT_FILE, record)
     return record
 
 
 def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, task: TaskData,
-                max_eval_samples: int | None = None) -> dict:
+                max_eval_samples: int | None = None) -> Exported:
     """Write the export files into an existing (temporary) dir; raise GateFailure on a bad graph."""
     check_exportable(bundle.model)
     quantize = requested_quantization(bundle)
@@ -93,17 +106,18 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
     calibration = calibration_split(bundle, quantize, task)   # checked before any work
     gate = Gate(settings, bundle, task, test)
     if quantize is not None and quantize.mode == "torch-dynamic-int8":
-        record = torch_int8_into(directory, bundle, gate, quantize)
+        record, logits = torch_int8_into(directory, bundle, gate, quantize)
     else:
-        record = onnx_into(directory, bundle, settings, gate, quantize, calibration)
+        record, logits = onnx_into(directory, bundle, settings, gate, quantize, calibration)
     bundle.model.config.save_pretrained(str(directory))
     bundle.tokenizer.save_pretrained(str(directory))
     bundle.write_provenance(directory)
-    return record
+    return Exported(record, gate.predictions(logits))
 
 
 def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, gate: "Gate",
-              quantize: QuantizeConfig | None, calibration: Encoded | None) -> dict:
+              quantize: QuantizeConfig | None, calibration: Encoded | None) -> tuple[dict, np.ndarray]:
+    """Export, fuse and quantize; the record and the shipped graph's test logits."""
     if quantize is not None and quantize.mode == "fp16":
         warn_fp16_on_cpu()
     with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
@@ -122,7 +136,7 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         else:
             why = UNFUSED_MODES.get(quantize.mode) if settings.optimize and quantize else None
             record.update({"optimized": False, "fusions": {}, "fusion_fallback": why})
-        fp32_logits = gate.onnx_logits(graph)
+        fp32_logits = shipped_logits = gate.onnx_logits(graph)
         record.update(gate.fp32_metrics(fp32_logits, graph))
         if quantize is not None:
             realised = quantize
@@ -133,12 +147,13 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
             record.update(plan_record)
             quantized = work / "quantized.onnx"
             quantize_onnx(graph, quantized, realised, plan)
-            record.update(gate.quantized_metrics(fp32_logits, gate.onnx_logits(quantized), quantize))
+            shipped_logits = gate.onnx_logits(quantized)
+            record.update(gate.quantized_metrics(fp32_logits, shipped_logits, quantize))
             graph = quantized
         record["size_bytes"] = graph.stat().st_size
         record["size_ratio_to_fp32"] = record["size_bytes"] / record["fp32_size_bytes"]
         shutil.copyfile(graph, directory / ONNX_FILE)
-    return record
+    return record, shipped_logits
 
 
 # Modes that quantize the unfused graph, and why (recorded as the fusion fallback).
@@ -182,20 +197,23 @@ def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,
     return Plan(calibration, tuple(exclude), activation_ranges), record
 
 
-def torch_int8_into(directory: Path, bundle: ModelBundle, gate: "Gate", cfg: QuantizeConfig) -> dict:
-    """The PyTorch deployment: int8 state dict + config + tokenizer, gated like ONNX modes."""
+def torch_int8_into(directory: Path, bundle: ModelBundle, gate: "Gate",
+                    cfg: QuantizeConfig) -> tuple[dict, np.ndarray]:
+    """The PyTorch deployment: int8 state dict + config + tokenizer, gated like ONNX modes;
+    the record and the int8 model's test logits."""
     model = quantized_copy(bundle.model)
     fp32_logits = predict_logits(bundle.model, gate.data)
     with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
         fp32_file = Path(work_dir) / "model.safetensors"
         save_file({k: v.contiguous() for k, v in bundle.model.state_dict().items()}, str(fp32_file))
         fp32_size = fp32_file.stat().st_size
+    int8_logits = predict_logits(model, gate.data)
     record = {"format": "torch", "file": INT8_FILE, "inputs": list(bundle.tokenizer.model_input_names),
               **gate.fp32_metrics(fp32_logits, None), "fp32_size_bytes": fp32_size,
-              **gate.quantized_metrics(fp32_logits, predict_logits(model, gate.data), cfg)}
+              **gate.quantized_metrics(fp32_logits, int8_logits, cfg)}
     size = save_int8_model(model, directory).stat().st_size
     record.update({"size_bytes": size, "size_ratio_to_fp32": size / fp32_size})
-    return record
+    return record, int8_logits
 
 
 def warn_fp16_on_cpu() -> None:
