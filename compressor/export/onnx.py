@@ -41,8 +41,9 @@ from compressor.bundle import ModelBundle
 from compressor.evaluate import label_permutation, onnx_logits_fn
 from compressor.export.optimize import Fusion, fuse
 from compressor.export.embedding import factorize_graph
-from compressor.export.graph_map import linear_nodes
-from compressor.export.quantize import INT8_ONNX_MODES, Plan, QuantizeConfig, quantize_onnx
+from compressor.export.graph_map import embedding_gathers, linear_nodes
+from compressor.export.quantize import (INT8_ONNX_MODES, LINEAR_SCOPE_UNFUSED, Plan, QuantizeConfig,
+                                        quantize_onnx)
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
 from pretrain.batching import Encoded, encode
 from pretrain.data import Split, TaskData
@@ -89,12 +90,18 @@ class Exported:
 def export_bundle(bundle: ModelBundle, out: Path, settings: ExportSettings, task: TaskData,
                   max_eval_samples: int | None = None) -> dict:
     """Export, gate and write `out` atomically; return the export record (also in export.json)."""
+    return export_scored(bundle, out, settings, task, max_eval_samples).record
+
+
+def export_scored(bundle: ModelBundle, out: Path, settings: ExportSettings, task: TaskData,
+                  max_eval_samples: int | None = None) -> Exported:
+    """`export_bundle`, also returning the shipped model's test predictions."""
     out = Path(out)
     with atomic_dir(out) as tmp:
-        record = export_into(tmp, bundle, settings, task, max_eval_samples).record
-        record["path"] = str(out)
-        write_json(tmp / EXPORT_FILE, record)
-    return record
+        exported = export_into(tmp, bundle, settings, task, max_eval_samples)
+        exported.record["path"] = str(out)
+        write_json(tmp / EXPORT_FILE, exported.record)
+    return exported
 
 
 def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, task: TaskData,
@@ -131,7 +138,7 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
                   "parity_tolerance": settings.parity_tolerance,
                   "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
         if settings.optimize and not (quantize and quantize.mode in UNFUSED_MODES):
-            graph, fusion_record = optimized(graph, work / "fused.onnx", gate)
+            graph, fusion_record = optimized(graph, work / "fused.onnx", gate, unfused_ops(quantize))
             record.update(fusion_record)
         else:
             why = UNFUSED_MODES.get(quantize.mode) if settings.optimize and quantize else None
@@ -161,6 +168,14 @@ UNFUSED_MODES = {"int4-weight-only": "int4-weight-only quantizes the unfused gra
                                      "EmbedLayerNormalization nodes hide their weights from MatMulNBits"}
 
 
+def unfused_ops(quantize: QuantizeConfig | None) -> tuple[str, ...]:
+    """Fusions left out: static int8 of the Linear layers only needs each Linear as its own
+    MatMul (a fused Attention holds Q, K and V in one node) and a plain embedding Gather."""
+    if quantize is not None and quantize.mode == "static-int8" and quantize.scope == "linears":
+        return LINEAR_SCOPE_UNFUSED
+    return ()
+
+
 def calibration_split(bundle: ModelBundle, quantize: QuantizeConfig | None, task: TaskData) -> Encoded | None:
     """The first calibration_samples examples: train ones to calibrate static-int8 ranges,
     validation ones for inc's accuracy-aware tuning (which must not see the test split)."""
@@ -181,10 +196,15 @@ def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,
     """What the `sensitivity` and `qat` passes recorded, translated to this graph's nodes."""
     keep = tuple((bundle.deploy.get("sensitivity") or {}).get("keep", ()))
     ranges = (bundle.deploy.get("qat") or {}).get("activation_ranges") or {}
-    if not keep and not ranges or cfg.mode not in INT8_ONNX_MODES:
+    linears = cfg.mode == "static-int8" and cfg.scope == "linears"
+    if not keep and not ranges and not linears or cfg.mode not in INT8_ONNX_MODES:
         return Plan(calibration=calibration), {}
     nodes = linear_nodes(graph, bundle.model)
     exclude = sorted({nodes[name].node for name in keep if name in nodes})
+    scope = {}
+    if linears:
+        scope = {"linear_nodes": tuple(sorted({n.node for n in nodes.values()})),
+                 "embedding_gathers": tuple(embedding_gathers(graph, bundle.model))}
     activation_ranges = {}
     if cfg.mode == "static-int8":
         for name, threshold in ranges.items():
@@ -194,7 +214,10 @@ def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,
                 activation_ranges[tensor] = max(threshold, activation_ranges.get(tensor, 0.0))
     record = {"kept_in_float": exclude, "kept_layers": list(keep),
               "qat_ranges_applied": len(activation_ranges)}
-    return Plan(calibration, tuple(exclude), activation_ranges), record
+    if linears:
+        record["quantized_linears"] = len(scope["linear_nodes"])
+        record["quantized_embedding_lookups"] = len(scope["embedding_gathers"])
+    return Plan(calibration, tuple(exclude), activation_ranges, **scope), record
 
 
 def torch_int8_into(directory: Path, bundle: ModelBundle, gate: "Gate",
@@ -227,9 +250,9 @@ def warn_fp16_on_cpu() -> None:
               file=sys.stderr, flush=True)
 
 
-def optimized(graph: Path, target: Path, gate: "Gate") -> tuple[Path, dict]:
+def optimized(graph: Path, target: Path, gate: "Gate", unfused: tuple[str, ...] = ()) -> tuple[Path, dict]:
     """The fused graph if fusion applies and keeps parity; otherwise the input graph."""
-    fusion, parity = fuse(graph, target), {}
+    fusion, parity = fuse(graph, target, unfused), {}
     if fusion.path is not None:
         try:
             parity = gate.parity(fusion.path, "the fused graph")   # the shipped graph's parity
@@ -237,6 +260,8 @@ def optimized(graph: Path, target: Path, gate: "Gate") -> tuple[Path, dict]:
             fusion = Fusion(None, {}, f"fused graph failed parity: {err}")
     record = {"optimized": fusion.path is not None, "fusions": fusion.fusions,
               "fusion_fallback": fusion.fallback, **parity}
+    if unfused:
+        record["fusions_left_out"] = list(unfused)
     return (fusion.path or graph), record
 
 
