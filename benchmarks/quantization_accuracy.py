@@ -67,6 +67,7 @@ def variants(args) -> dict[str, list[tuple[str, dict]]]:
         # symmetric weights, symmetric MinMax input ranges), without QAT: QAT's baseline.
         "static-int8-linears-per-tensor-minmax": linears(per_channel=False),
         "qat+static-int8": [("qat", {"epochs": args.qat_epochs, "max_train_samples": args.qat_samples})],
+        "static-int8-linears-minmax": linears(),   # per-channel weights
         # Factorized word embedding, the encoder re-trained around it (embedding frozen to keep
         # the rank), then the demo's int8 mode.
         **{f"factorize-embedding-{rank}+finetune-frozen+dynamic-int8-per-channel": [
@@ -74,7 +75,6 @@ def variants(args) -> dict[str, list[tuple[str, dict]]]:
             ("finetune", {"epochs": 1, "max_train_samples": args.factorize_samples, "lr": 5e-5,
                           "embedding_updates": "frozen"}),
             *quantize(per_channel=True)] for rank in (256, 128)},
-        "static-int8-linears-minmax": linears(),   # per-channel weights
         "sensitivity+static-int8-entropy-qdq": [("sensitivity", {"keep_fraction": 0.1}), *static("entropy")],
         "int4-weight-only": quantize(mode="int4-weight-only"),
         "torch-dynamic-int8": quantize(mode="torch-dynamic-int8"),
