@@ -35,6 +35,7 @@ from pretrain.metrics import agreement
 from pretrain.models import set_threads
 
 OPEN_GATE = ExportSettings(optimize=True, accuracy_tolerance=1.0)
+REFERENCE_FILE = "test_predictions.npy"   # the fp32 graph's predictions, for --reuse-fp32
 
 
 def quantize(**config) -> list:
@@ -101,6 +102,8 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="run only these variants (and fp32)")
     parser.add_argument("--merge", action="store_true",
                         help="replace only the rows run now in an existing --out, keeping the others")
+    parser.add_argument("--reuse-fp32", action="store_true",
+                        help="with --merge: take the fp32 reference predictions an earlier run saved in --work")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--markdown", action="store_true", help="print --out's results as a table and exit")
     args = parser.parse_args()
@@ -117,8 +120,11 @@ def main() -> int:
     order = list(variants(args))
     kept = {r["name"]: r for r in (prior or {}).get("results", [])}
     rows, reference = [], None
+    saved_reference = args.work / "fp32" / REFERENCE_FILE
+    if args.reuse_fp32 and args.merge and "fp32" in kept and saved_reference.exists():
+        reference = np.load(saved_reference)   # the fp32 row of --out stays as measured then
     for name, steps in variants(args).items():
-        if args.only and name not in args.only and name != "fp32":
+        if args.only and name not in args.only and (name != "fp32" or reference is not None):
             continue
         try:
             row, predicted = run_variant(name, steps, teacher, task, test, ctx, args, reference)
@@ -128,6 +134,7 @@ def main() -> int:
         if reference is None and predicted is not None:
             reference = predicted   # the teacher's fp32 ONNX graph
             row["agreement_with_teacher_fp32"] = 1.0
+            np.save(saved_reference, reference)
         rows.append(row)
         write_json(args.out, results_file(args, command, len(test), rows, prior, kept, order))
     return 0
