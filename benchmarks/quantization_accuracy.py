@@ -69,6 +69,9 @@ def variants(args) -> dict[str, list[tuple[str, dict]]]:
         "static-int8-linears-per-tensor-minmax": linears(per_channel=False),
         "qat+static-int8": [("qat", {"epochs": args.qat_epochs, "max_train_samples": args.qat_samples})],
         "static-int8-linears-minmax": linears(),   # per-channel weights
+        "static-int8-linears-entropy": static("entropy", scope="linears"),
+        # The old 10,000-example QAT budget with the aligned export (the fix vs more data).
+        "qat-10000+static-int8": [("qat", {"epochs": args.qat_epochs, "max_train_samples": 10000})],
         # Factorized word embedding, the encoder re-trained around it (embedding frozen to keep
         # the rank), then the demo's int8 mode.
         **{f"factorize-embedding-{rank}+finetune-frozen+dynamic-int8-per-channel": [
