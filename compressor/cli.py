@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--weight-type", choices=["qint8", "quint8"])
     ex.add_argument("--calibration", choices=["minmax", "entropy", "percentile"], help="static-int8 ranges (default entropy)")
     ex.add_argument("--format", choices=["qdq", "qoperator"], help="static-int8 graph form")
+    ex.add_argument("--scope", choices=["ops", "linears"],
+                    help="static-int8: every fusable op (default) or only the Linear layers and embedding")
     ex.add_argument("--calibration-samples", type=positive_int, help="static-int8/inc: train examples")
     ex.add_argument("--block-size", type=positive_int, help="int4-weight-only: weights per scale")
     ex.add_argument("--tolerable-loss", type=float, help="inc: relative accuracy loss allowed")
@@ -244,7 +246,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         quantize=args.quantize,
         quantize_options={"per_channel": args.per_channel, "reduce_range": args.reduce_range,
                           "weight_type": args.weight_type, "calibration": args.calibration,
-                          "format": args.format, "calibration_samples": args.calibration_samples,
+                          "format": args.format, "scope": args.scope,
+                          "calibration_samples": args.calibration_samples,
                           "block_size": args.block_size, "tolerable_loss": args.tolerable_loss,
                           "max_trials": args.max_trials},
         max_eval_samples=args.max_eval_samples, seed=args.seed)

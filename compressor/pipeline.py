@@ -2,7 +2,8 @@
 
 Stages, in order: the teacher (load, optionally fine-tune); each variant (the teacher with
 the variant's passes applied in order); one ONNX export per model when the recipe has
-`export: {onnx: true}` (DIR/<name>-onnx/, gated for parity and accuracy); the baselines and
+`export: {onnx: true}` (DIR/<name>-onnx/, or DIR/<name>-torch-int8/ for a torch-dynamic-int8
+deployment; gated for parity and accuracy); the baselines and
 one benchmark of every deployable model on the recipe's hardware profiles when it has
 `benchmark:`. Every stage goes through `cached`: its output dir is written atomically
 (temporary name, then rename) and carries `stage.json` with a content key (the key of its
@@ -32,10 +33,11 @@ from compressor.atomic import atomic_dir, write_json
 from compressor.baselines import BUILDERS, baseline_kind, model_file
 from compressor.bench import Deployable
 from compressor.benchmark_stage import run_benchmarks
-from compressor.bundle import ModelBundle
+from compressor.bundle import ModelBundle, read_provenance
 from compressor.environment import environment
 from compressor.evaluate import load_predictor, predict_classes
 from compressor.export.onnx import EXPORT_FILE, ONNX_FILE, ExportSettings, export_into
+from compressor.export.torch_int8 import is_int8_dir
 from compressor.passes import Context, apply_pass, get_pass
 from compressor.recipe import (BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR, RUN_FILE, Recipe, Step,
                                export_dir_name)
@@ -270,21 +272,44 @@ def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: Tas
 
 def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: TaskData,
                  out_dir: Path) -> dict:
-    """Export a finished stage to DIR/<name>-onnx/ (gated); the record plus test predictions.
+    """Export a finished stage to DIR/<name>-onnx/ (DIR/<name>-torch-int8/ for torch-dynamic-int8),
+    gated; the record plus test predictions.
 
     The key covers the stage's own key (its weights, passes and deploy settings), the export
     settings and the test-sample limit the gate evaluates on.
     """
-    path = out_dir / export_dir_name(stage.name)
+    path = out_dir / export_dir_name(stage.name, quantize_mode(stage.path))
     key = content_key({"input": stage.key, "export": key_fields(settings),
                        "eval": recipe.data.max_eval_samples})
+    adopt_legacy_export(path, out_dir / export_dir_name(stage.name), key)
 
     def write(tmp: Path) -> dict:
-        export = export_into(tmp, ModelBundle.load(stage.path), settings, task, recipe.data.max_eval_samples)
-        write_json(tmp / EXPORT_FILE, {**export, "path": str(path)})
-        return {"export": export, "predictions": test_predictions(tmp, task, recipe).tolist()}
+        exported = export_into(tmp, ModelBundle.load(stage.path), settings, task, recipe.data.max_eval_samples)
+        write_json(tmp / EXPORT_FILE, {**exported.record, "path": str(path)})
+        # The gate already scored the shipped model on these test examples: reuse its predictions.
+        return {"export": exported.record, "predictions": exported.predictions.tolist()}
     record = cached(path, key, write)
     return {"path": str(path), **record["export"], "predictions": record["predictions"]}
+
+
+def quantize_mode(model_dir: Path) -> str | None:
+    """The quantize mode a stage's passes recorded (compressor.json deploy), if any."""
+    return (read_provenance(model_dir).get("deploy", {}).get("quantize") or {}).get("mode")
+
+
+def adopt_legacy_export(path: Path, legacy: Path, key: str) -> None:
+    """Move a torch-dynamic-int8 export cached under its old name (<name>-onnx) to `path`.
+
+    Version 0.2.0 and earlier named these dirs <name>-onnx although they hold model.int8.pt;
+    renaming keeps their finished export instead of rebuilding it.
+    """
+    if path == legacy or path.exists() or not is_int8_dir(legacy) or read_stage_record(legacy).get("key") != key:
+        return
+    with disk_errors(path.parent):
+        legacy.rename(path)
+        record = read_json(path / EXPORT_FILE)
+        if record:
+            write_json(path / EXPORT_FILE, {**record, "path": str(path)})
 
 
 def test_predictions(model_path: Path, task: TaskData, recipe: Recipe) -> np.ndarray:

@@ -22,6 +22,7 @@ from pretrain.finetune import FinetuneConfig
 
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 EXPORT_SUFFIX = "-onnx"            # stage `x` exports to DIR/x-onnx/
+TORCH_INT8_SUFFIX = "-torch-int8"  # ... or to DIR/x-torch-int8/ when it is a torch-dynamic-int8 deployment
 RUN_FILE = "run.json"              # which recipe owns an output dir
 BASELINES_DIR = "baselines"        # DIR/baselines/<name>/
 BENCHMARK_DIR = "benchmark"        # DIR/benchmark/benchmark.json
@@ -30,8 +31,10 @@ RESERVED_NAMES = {"teacher", "report.json", "report.md", "report.html", "pareto.
                   BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR}
 
 
-def export_dir_name(stage_name: str) -> str:
-    return f"{stage_name}{EXPORT_SUFFIX}"
+def export_dir_name(stage_name: str, quantize_mode: str | None = None) -> str:
+    """Where stage `stage_name` is deployed: an ONNX dir, or a PyTorch int8 dir (model.int8.pt)."""
+    suffix = TORCH_INT8_SUFFIX if quantize_mode == "torch-dynamic-int8" else EXPORT_SUFFIX
+    return f"{stage_name}{suffix}"
 
 
 class Strict(BaseModel):
@@ -122,10 +125,12 @@ class Recipe(Strict):
         # `variants` and `passes` are declared before `export`, so they are validated by now.
         names = {"teacher", *(info.data.get("variants") or {}),
                  *(["main"] if info.data.get("passes") is not None else [])}
-        taken = sorted(name for name in names if export_dir_name(name) in names)
-        if taken:
-            raise ValueError(f"variant name {export_dir_name(taken[0])!r} is where {taken[0]!r} is "
-                             f"exported; rename it (export dirs are <name>{EXPORT_SUFFIX})")
+        clashes = sorted((name + suffix, name) for name in names for suffix in (EXPORT_SUFFIX, TORCH_INT8_SUFFIX)
+                         if name + suffix in names)
+        if clashes:
+            raise ValueError(f"variant name {clashes[0][0]!r} is where {clashes[0][1]!r} may be "
+                             f"exported; rename it (export dirs are <name>{EXPORT_SUFFIX}, or "
+                             f"<name>{TORCH_INT8_SUFFIX} for torch-dynamic-int8)")
         return export
 
     def variant_steps(self) -> dict[str, list[Step]]:

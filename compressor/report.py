@@ -98,8 +98,18 @@ def runtime_warnings(report: dict) -> list[str]:
                 warnings.append(
                     f"{m['name']} is {1 - m['size_bytes'] / reference['size_bytes']:.0%} smaller than "
                     f"onnxruntime-fp32 but only {speedup:.2f}x as fast {where}: the runtime does not turn "
-                    "the saved bytes into speed")
+                    f"the saved bytes into speed{slow_int8_cause(m)}")
     return warnings
+
+
+def slow_int8_cause(model: dict) -> str:
+    """Why a static-int8 graph of `scope: ops` is slow on ORT's CPU provider, when it is one."""
+    quantization = (model.get("onnx") or {}).get("quantization") or {}
+    if quantization.get("mode") != "static-int8" or quantization.get("scope", "ops") != "ops":
+        return ""
+    return ("; static-int8 with scope: ops puts int8 on fused Attention and EmbedLayerNormalization, "
+            "which have no integer kernel there, so ORT dequantizes their weights (the whole word-"
+            "embedding table included) on every run: use scope: linears for speed")
 
 
 # -- tables ----------------------------------------------------------------------------

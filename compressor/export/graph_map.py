@@ -56,3 +56,13 @@ def holds_block(matrix: np.ndarray, weight: np.ndarray) -> bool:
     width = weight.shape[1]
     return any(np.array_equal(matrix[:, start:start + width], weight)
                for start in range(0, matrix.shape[1], width))
+
+
+def embedding_gathers(graph: Path, model: nn.Module) -> list[str]:
+    """The Gather nodes that look up word embeddings: their table has one row per vocabulary
+    entry (the dense V x H matrix, or its V x r factor after `factorize-embedding`)."""
+    import onnx
+    proto = onnx.load(str(graph), load_external_data=False)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    tables = {t.name for t in proto.graph.initializer if len(t.dims) == 2 and t.dims[0] == vocab}
+    return [n.name for n in proto.graph.node if n.op_type == "Gather" and n.input[0] in tables]

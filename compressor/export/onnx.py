@@ -27,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +41,9 @@ from compressor.bundle import ModelBundle
 from compressor.evaluate import label_permutation, onnx_logits_fn
 from compressor.export.optimize import Fusion, fuse
 from compressor.export.embedding import factorize_graph
-from compressor.export.graph_map import linear_nodes
-from compressor.export.quantize import INT8_ONNX_MODES, Plan, QuantizeConfig, quantize_onnx
+from compressor.export.graph_map import embedding_gathers, linear_nodes
+from compressor.export.quantize import (INT8_ONNX_MODES, LINEAR_SCOPE_UNFUSED, Plan, QuantizeConfig,
+                                        quantize_onnx)
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
 from pretrain.batching import Encoded, encode
 from pretrain.data import Split, TaskData
@@ -73,19 +75,37 @@ class GateFailure(UserError):
     """An export failed its parity or accuracy gate (a one-line message with the numbers)."""
 
 
+@dataclass(frozen=True)
+class Exported:
+    """What `export_into` wrote and measured.
+
+    `predictions` are the shipped model's task class ids on the gate's test examples (the
+    ones `record["accuracy"]` scores), so callers need not score the same split again.
+    """
+
+    record: dict
+    predictions: np.ndarray
+
+
 def export_bundle(bundle: ModelBundle, out: Path, settings: ExportSettings, task: TaskData,
                   max_eval_samples: int | None = None) -> dict:
     """Export, gate and write `out` atomically; return the export record (also in export.json)."""
+    return export_scored(bundle, out, settings, task, max_eval_samples).record
+
+
+def export_scored(bundle: ModelBundle, out: Path, settings: ExportSettings, task: TaskData,
+                  max_eval_samples: int | None = None) -> Exported:
+    """`export_bundle`, also returning the shipped model's test predictions."""
     out = Path(out)
     with atomic_dir(out) as tmp:
-        record = export_into(tmp, bundle, settings, task, max_eval_samples)
-        record["path"] = str(out)
-        write_json(tmp / EXPORT_FILE, record)
-    return record
+        exported = export_into(tmp, bundle, settings, task, max_eval_samples)
+        exported.record["path"] = str(out)
+        write_json(tmp / EXPORT_FILE, exported.record)
+    return exported
 
 
 def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, task: TaskData,
-                max_eval_samples: int | None = None) -> dict:
+                max_eval_samples: int | None = None) -> Exported:
     """Write the export files into an existing (temporary) dir; raise GateFailure on a bad graph."""
     check_exportable(bundle.model)
     quantize = requested_quantization(bundle)
@@ -93,17 +113,18 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
     calibration = calibration_split(bundle, quantize, task)   # checked before any work
     gate = Gate(settings, bundle, task, test)
     if quantize is not None and quantize.mode == "torch-dynamic-int8":
-        record = torch_int8_into(directory, bundle, gate, quantize)
+        record, logits = torch_int8_into(directory, bundle, gate, quantize)
     else:
-        record = onnx_into(directory, bundle, settings, gate, quantize, calibration)
+        record, logits = onnx_into(directory, bundle, settings, gate, quantize, calibration)
     bundle.model.config.save_pretrained(str(directory))
     bundle.tokenizer.save_pretrained(str(directory))
     bundle.write_provenance(directory)
-    return record
+    return Exported(record, gate.predictions(logits))
 
 
 def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, gate: "Gate",
-              quantize: QuantizeConfig | None, calibration: Encoded | None) -> dict:
+              quantize: QuantizeConfig | None, calibration: Encoded | None) -> tuple[dict, np.ndarray]:
+    """Export, fuse and quantize; the record and the shipped graph's test logits."""
     if quantize is not None and quantize.mode == "fp16":
         warn_fp16_on_cpu()
     with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
@@ -117,12 +138,12 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
                   "parity_tolerance": settings.parity_tolerance,
                   "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
         if settings.optimize and not (quantize and quantize.mode in UNFUSED_MODES):
-            graph, fusion_record = optimized(graph, work / "fused.onnx", gate)
+            graph, fusion_record = optimized(graph, work / "fused.onnx", gate, unfused_ops(quantize))
             record.update(fusion_record)
         else:
             why = UNFUSED_MODES.get(quantize.mode) if settings.optimize and quantize else None
             record.update({"optimized": False, "fusions": {}, "fusion_fallback": why})
-        fp32_logits = gate.onnx_logits(graph)
+        fp32_logits = shipped_logits = gate.onnx_logits(graph)
         record.update(gate.fp32_metrics(fp32_logits, graph))
         if quantize is not None:
             realised = quantize
@@ -133,17 +154,26 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
             record.update(plan_record)
             quantized = work / "quantized.onnx"
             quantize_onnx(graph, quantized, realised, plan)
-            record.update(gate.quantized_metrics(fp32_logits, gate.onnx_logits(quantized), quantize))
+            shipped_logits = gate.onnx_logits(quantized)
+            record.update(gate.quantized_metrics(fp32_logits, shipped_logits, quantize))
             graph = quantized
         record["size_bytes"] = graph.stat().st_size
         record["size_ratio_to_fp32"] = record["size_bytes"] / record["fp32_size_bytes"]
         shutil.copyfile(graph, directory / ONNX_FILE)
-    return record
+    return record, shipped_logits
 
 
 # Modes that quantize the unfused graph, and why (recorded as the fusion fallback).
 UNFUSED_MODES = {"int4-weight-only": "int4-weight-only quantizes the unfused graph: fused Attention and "
                                      "EmbedLayerNormalization nodes hide their weights from MatMulNBits"}
+
+
+def unfused_ops(quantize: QuantizeConfig | None) -> tuple[str, ...]:
+    """Fusions left out: static int8 of the Linear layers only needs each Linear as its own
+    MatMul (a fused Attention holds Q, K and V in one node) and a plain embedding Gather."""
+    if quantize is not None and quantize.mode == "static-int8" and quantize.scope == "linears":
+        return LINEAR_SCOPE_UNFUSED
+    return ()
 
 
 def calibration_split(bundle: ModelBundle, quantize: QuantizeConfig | None, task: TaskData) -> Encoded | None:
@@ -166,10 +196,15 @@ def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,
     """What the `sensitivity` and `qat` passes recorded, translated to this graph's nodes."""
     keep = tuple((bundle.deploy.get("sensitivity") or {}).get("keep", ()))
     ranges = (bundle.deploy.get("qat") or {}).get("activation_ranges") or {}
-    if not keep and not ranges or cfg.mode not in INT8_ONNX_MODES:
+    linears = cfg.mode == "static-int8" and cfg.scope == "linears"
+    if not keep and not ranges and not linears or cfg.mode not in INT8_ONNX_MODES:
         return Plan(calibration=calibration), {}
     nodes = linear_nodes(graph, bundle.model)
     exclude = sorted({nodes[name].node for name in keep if name in nodes})
+    scope = {}
+    if linears:
+        scope = {"linear_nodes": tuple(sorted({n.node for n in nodes.values()})),
+                 "embedding_gathers": tuple(embedding_gathers(graph, bundle.model))}
     activation_ranges = {}
     if cfg.mode == "static-int8":
         for name, threshold in ranges.items():
@@ -179,23 +214,29 @@ def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,
                 activation_ranges[tensor] = max(threshold, activation_ranges.get(tensor, 0.0))
     record = {"kept_in_float": exclude, "kept_layers": list(keep),
               "qat_ranges_applied": len(activation_ranges)}
-    return Plan(calibration, tuple(exclude), activation_ranges), record
+    if linears:
+        record["quantized_linears"] = len(scope["linear_nodes"])
+        record["quantized_embedding_lookups"] = len(scope["embedding_gathers"])
+    return Plan(calibration, tuple(exclude), activation_ranges, **scope), record
 
 
-def torch_int8_into(directory: Path, bundle: ModelBundle, gate: "Gate", cfg: QuantizeConfig) -> dict:
-    """The PyTorch deployment: int8 state dict + config + tokenizer, gated like ONNX modes."""
+def torch_int8_into(directory: Path, bundle: ModelBundle, gate: "Gate",
+                    cfg: QuantizeConfig) -> tuple[dict, np.ndarray]:
+    """The PyTorch deployment: int8 state dict + config + tokenizer, gated like ONNX modes;
+    the record and the int8 model's test logits."""
     model = quantized_copy(bundle.model)
     fp32_logits = predict_logits(bundle.model, gate.data)
     with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
         fp32_file = Path(work_dir) / "model.safetensors"
         save_file({k: v.contiguous() for k, v in bundle.model.state_dict().items()}, str(fp32_file))
         fp32_size = fp32_file.stat().st_size
+    int8_logits = predict_logits(model, gate.data)
     record = {"format": "torch", "file": INT8_FILE, "inputs": list(bundle.tokenizer.model_input_names),
               **gate.fp32_metrics(fp32_logits, None), "fp32_size_bytes": fp32_size,
-              **gate.quantized_metrics(fp32_logits, predict_logits(model, gate.data), cfg)}
+              **gate.quantized_metrics(fp32_logits, int8_logits, cfg)}
     size = save_int8_model(model, directory).stat().st_size
     record.update({"size_bytes": size, "size_ratio_to_fp32": size / fp32_size})
-    return record
+    return record, int8_logits
 
 
 def warn_fp16_on_cpu() -> None:
@@ -209,9 +250,9 @@ def warn_fp16_on_cpu() -> None:
               file=sys.stderr, flush=True)
 
 
-def optimized(graph: Path, target: Path, gate: "Gate") -> tuple[Path, dict]:
+def optimized(graph: Path, target: Path, gate: "Gate", unfused: tuple[str, ...] = ()) -> tuple[Path, dict]:
     """The fused graph if fusion applies and keeps parity; otherwise the input graph."""
-    fusion, parity = fuse(graph, target), {}
+    fusion, parity = fuse(graph, target, unfused), {}
     if fusion.path is not None:
         try:
             parity = gate.parity(fusion.path, "the fused graph")   # the shipped graph's parity
@@ -219,6 +260,8 @@ def optimized(graph: Path, target: Path, gate: "Gate") -> tuple[Path, dict]:
             fusion = Fusion(None, {}, f"fused graph failed parity: {err}")
     record = {"optimized": fusion.path is not None, "fusions": fusion.fusions,
               "fusion_fallback": fusion.fallback, **parity}
+    if unfused:
+        record["fusions_left_out"] = list(unfused)
     return (fusion.path or graph), record
 
 

@@ -20,7 +20,11 @@ class Fusion:
     fallback: str | None = None     # why the unfused graph is kept
 
 
-def fuse(source: Path, target: Path) -> Fusion:
+# Fusions a caller may leave out -> ORT's FusionOptions flag.
+FUSION_FLAGS = {"Attention": "enable_attention", "EmbedLayerNormalization": "enable_embed_layer_norm"}
+
+
+def fuse(source: Path, target: Path, unfused: tuple[str, ...] = ()) -> Fusion:
     """Fuse the BERT-family graph at `source` into `target`.
 
     num_heads=0 and hidden_size=0 make ORT read both from each attention's Reshape nodes,
@@ -28,13 +32,17 @@ def fuse(source: Path, target: Path) -> Fusion:
     would be wrong for every pruned layer. opt_level=0 applies only the Python fusions,
     so the saved graph stays portable across CPUs (no hardware-specific ORT rewrites).
     model_type "bert" covers every supported family (RoBERTa, ELECTRA, DistilBERT share
-    the encoder pattern), as in Optimum.
+    the encoder pattern), as in Optimum. `unfused` names fusions (FUSION_FLAGS) to leave out.
     """
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
+    options = FusionOptions("bert")
+    for op in unfused:
+        setattr(options, FUSION_FLAGS[op], False)
     try:
         with quiet_logs():
             model = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0,
-                                   opt_level=0)
+                                   opt_level=0, optimization_options=options)
             counts = model.get_fused_operator_statistics()
     except Exception as err:  # the optimizer raises many types on graphs it cannot read
         return Fusion(None, {}, f"fusion failed: {first_line(err)}")

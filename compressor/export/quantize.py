@@ -44,6 +44,21 @@ DYNAMIC_INT8_OPS = ["MatMul", "Attention", "Gather", "EmbedLayerNormalization"]
 STATIC_INT8_OPS = DYNAMIC_INT8_OPS
 CALIBRATION_BATCH = 32
 
+# static-int8 `scope`: which tensors become int8.
+#   ops      every op of STATIC_INT8_OPS in the fused graph, the way ORT's static quantizer
+#            treats it: a fused Attention or EmbedLayerNormalization gets all its inputs
+#            (weights, biases, LayerNorm gains) and its output quantized as activations, a
+#            MatMul its output too, and a quantized tensor reaches every consumer through one
+#            shared Q/DQ pair, residual connections included.
+#   linears  what Q8BERT (and the `qat` pass) quantize and nothing else: each Linear layer's
+#            weight and input, and the word-embedding table (symmetric int8, per-tensor
+#            scale). Outputs, residual paths, LayerNorm, softmax and attention products stay
+#            float. The exporter leaves attention and embedding-layernorm unfused so that
+#            every Linear is its own MatMul; each then runs as an integer kernel
+#            (MatMulIntegerToFloat) and the embedding is gathered in int8, then dequantized.
+LINEAR_SCOPE_OPS = ["MatMul", "Gemm", "Gather"]
+LINEAR_SCOPE_UNFUSED = ("Attention", "EmbedLayerNormalization")
+
 # Options that only mean something for some modes: setting one for another mode is an error
 # (a recipe that asks for `calibration: entropy` with dynamic-int8 would silently get nothing).
 MODE_OPTIONS = {
@@ -52,6 +67,7 @@ MODE_OPTIONS = {
     "weight_type": ("dynamic-int8", "static-int8"),
     "calibration": ("static-int8",),
     "format": ("static-int8",),
+    "scope": ("static-int8",),
     "calibration_samples": ("static-int8", "inc"),
     "block_size": ("int4-weight-only",),
     "tolerable_loss": ("inc",),
@@ -77,6 +93,7 @@ class QuantizeConfig(BaseModel):
     # compares all three on 5,000.)
     calibration: Literal["minmax", "entropy", "percentile"] = "entropy"
     format: Literal["qdq", "qoperator"] = "qdq"                            # static-int8 graph form
+    scope: Literal["ops", "linears"] = "ops"      # static-int8: what becomes int8 (LINEAR_SCOPE_OPS note)
     calibration_samples: int = Field(512, ge=1)   # first N train (static-int8) / validation (inc) examples
     block_size: int = Field(32, ge=16)            # int4: weights per scale (a power of 2)
     tolerable_loss: float = Field(0.01, ge=0, le=1)   # inc: relative accuracy loss allowed (INC's definition)
@@ -97,6 +114,8 @@ class QuantizeConfig(BaseModel):
         for name, modes in MODE_OPTIONS.items():
             if self.mode not in modes and getattr(self, name) != defaults[name]:
                 raise ValueError(f"{name} applies to quantize mode {' or '.join(modes)}, not {self.mode}")
+        if self.scope == "linears" and self.format != "qdq":
+            raise ValueError("scope linears is a QDQ graph: set format: qdq (or scope: ops)")
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of 2, got {self.block_size}")
         return self
@@ -109,6 +128,8 @@ class Plan:
     calibration: Encoded | None = None                          # static-int8: train examples
     exclude_nodes: tuple[str, ...] = ()                         # graph nodes kept in float
     activation_ranges: dict[str, float] = field(default_factory=dict)   # tensor -> max|x| (QAT)
+    linear_nodes: tuple[str, ...] = ()        # scope linears: the nodes computing Linear layers
+    embedding_gathers: tuple[str, ...] = ()   # scope linears: the word-embedding lookups
 
 
 def quantize_onnx(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan = Plan()) -> None:
@@ -148,8 +169,9 @@ def static_int8(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan) -> 
     """int8 weights and activations, activation ranges calibrated on train examples.
 
     Activations are uint8 with a zero point (U8S8, ONNX Runtime's CPU recommendation),
-    weights int8 symmetric. Ranges QAT learned (`plan.activation_ranges`) replace the
-    calibrated ones of the tensors they cover, as symmetric [-t, t] ranges.
+    weights int8 symmetric; with `scope: linears`, activation ranges are symmetric as in
+    Q8BERT (uint8 with zero point 128). Ranges QAT learned (`plan.activation_ranges`) replace the calibrated ones of the
+    tensors they cover, as symmetric [-t, t] ranges.
     """
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -160,22 +182,139 @@ def static_int8(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan) -> 
     import numpy as np
     overrides = {name: [{"rmin": np.float32(-t), "rmax": np.float32(t)}]   # ORT wants numpy scalars
                  for name, t in plan.activation_ranges.items()}
+    options = {"DefaultTensorType": onnx.TensorProto.FLOAT,
+               # One batch per collection step: the histogram calibrators stack
+               # the outputs of a step, which fails on batches of different lengths.
+               "CalibStridedMinMax": 1}
+    op_types, nodes = STATIC_INT8_OPS, None
+    if cfg.scope == "linears":
+        if not plan.linear_nodes:
+            raise ValueError("static-int8 scope linears needs the graph nodes of the Linear layers")
+        op_types, nodes = LINEAR_SCOPE_OPS, [*plan.linear_nodes, *plan.embedding_gathers]
+        options["OpTypesToExcludeOutputQuantization"] = ["MatMul", "Gemm"]
+        # Symmetric ranges as in Q8BERT, on ORT's fast uint8 grid: scale 2t/255, zero point
+        # 128 (the qat pass trains with exactly this grid). Symmetric int8 activations would
+        # match Q8BERT's 127/t, but ORT then leaves Q, K and V (one shared input) as float MatMuls.
+        options["ActivationSymmetric"] = True
     with tempfile.TemporaryDirectory(prefix="compressor-static-") as work, quiet_logs(), \
             contextlib.redirect_stdout(io.StringIO()):   # the histogram calibrators print progress
         prepared = Path(work) / "prepared.onnx"
         with_shapes(source, prepared)
+        if nodes:
+            unshare_initializers(prepared, set(nodes))
+        for table in gathered_tables(prepared, plan.embedding_gathers):
+            # As the weights: symmetric int8, one scale for the table (Q8BERT's embedding).
+            overrides[table] = [{"quant_type": QuantType.QInt8, "symmetric": True}]
+        if overrides:
+            options["TensorQuantOverrides"] = overrides
         quantize_static(
             str(prepared), str(target), CalibrationReader(plan.calibration, graph_inputs(prepared)),
             quant_format=QuantFormat.QDQ if cfg.format == "qdq" else QuantFormat.QOperator,
-            op_types_to_quantize=STATIC_INT8_OPS, per_channel=bool(cfg.per_channel),
+            op_types_to_quantize=op_types, nodes_to_quantize=nodes, per_channel=bool(cfg.per_channel),
             reduce_range=cfg.reduce_range, activation_type=QuantType.QUInt8,
             weight_type=quant_type(cfg.weight_type), calibrate_method=method,
-            nodes_to_exclude=list(plan.exclude_nodes),
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT,
-                           # One batch per collection step: the histogram calibrators stack
-                           # the outputs of a step, which fails on batches of different lengths.
-                           "CalibStridedMinMax": 1,
-                           **({"TensorQuantOverrides": overrides} if overrides else {})})
+            nodes_to_exclude=list(plan.exclude_nodes), extra_options=options)
+    if cfg.scope == "linears":
+        keep_float_elsewhere(target, set(nodes) - set(plan.exclude_nodes))
+
+
+def gathered_tables(graph: Path, gathers: tuple[str, ...]) -> list[str]:
+    import onnx
+    if not gathers:
+        return []
+    wanted = set(gathers)
+    return [n.input[0] for n in onnx.load(str(graph), load_external_data=False).graph.node if n.name in wanted]
+
+
+def unshare_initializers(path: Path, quantized: set[str]) -> None:
+    """Give a quantized node its own copy of a constant that other nodes read too.
+
+    The exporter stores identical constants once (e.g. the all-zero biases of a fresh
+    model), so a Linear's bias may also be a LayerNorm's; quantizing it for the Linear
+    must not hand the LayerNorm an int32-rounded copy.
+    """
+    import onnx
+    model = onnx.load(str(path))
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in set(node.input):
+            if name in initializers:
+                readers.setdefault(name, []).append(node)
+    changed = False
+    for name, nodes in readers.items():
+        if len(nodes) > 1 and any(n.name in quantized for n in nodes):
+            for node in (n for n in nodes if n.name in quantized):
+                copy = onnx.TensorProto()
+                copy.CopyFrom(initializers[name])
+                copy.name = f"{name}/{node.name}"
+                graph.initializer.append(copy)
+                node.input[:] = [copy.name if i == name else i for i in node.input]
+                changed = True
+    if changed:
+        onnx.save(model, str(path))
+
+
+def keep_float_elsewhere(path: Path, quantized: set[str]) -> None:
+    """Rewrite a QDQ graph so that int8 reaches only the `quantized` nodes.
+
+    ORT's quantizer gives a tensor one Q/DQ pair that every consumer reads: the residual
+    branch beside a Linear's input would read the rounded values too. Those consumers get
+    the float tensor back. A Gather of a quantized table is turned round to gather the int8
+    rows and dequantize only those (ORT would otherwise dequantize the whole 30522-row
+    table on every run), which is exact for a per-tensor scale. Q/DQ nodes nobody reads
+    any more are dropped.
+    """
+    import onnx
+    from onnx import helper
+    model = onnx.load(str(path))
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    initializers = {t.name for t in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        dq = producer.get(node.input[0]) if node.op_type == "Gather" else None
+        if node.name in quantized and dq is not None and dq.op_type == "DequantizeLinear" \
+                and dq.input[0] in initializers and is_scalar(graph, dq.input[1]):
+            rows = f"{node.output[0]}_int8_rows"
+            nodes.append(helper.make_node("DequantizeLinear", [rows, *dq.input[1:]], [node.output[0]],
+                                          name=f"{node.name}_DequantizeRows"))
+            node.input[0], node.output[0] = dq.input[0], rows
+    del graph.node[:]
+    graph.node.extend(nodes)
+    producer = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        if node.name in quantized or node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        for i, name in enumerate(node.input):
+            dq = producer.get(name)
+            q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+            if q is not None and q.op_type == "QuantizeLinear":
+                node.input[i] = q.input[0]   # the float tensor the pair was made from
+    drop_unread_qdq(graph)
+    onnx.save(model, str(path))
+
+
+def is_scalar(graph, name: str) -> bool:
+    return any(t.name == name and len(t.dims) == 0 for t in graph.initializer)
+
+
+def drop_unread_qdq(graph) -> None:
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = {name for node in graph.node for name in node.input} | outputs
+        unread = [n for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                  and not any(o in read for o in n.output)]
+        if not unread:
+            break
+        for node in unread:
+            graph.node.remove(node)
+    used = {name for node in graph.node for name in node.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 def with_shapes(source: Path, target: Path) -> None:
@@ -194,7 +333,12 @@ def with_shapes(source: Path, target: Path) -> None:
         try:
             quant_pre_process(str(source), str(target), skip_optimization=True)
         except Exception:  # "Incomplete symbolic shape inference" and friends
-            quant_pre_process(str(source), str(target), skip_optimization=True, skip_symbolic_shape=True)
+            try:
+                # Unfused embeddings stop it at the position Add ("sequence" vs a Slice's
+                # length) unless it may merge the two symbolic dims.
+                quant_pre_process(str(source), str(target), skip_optimization=True, auto_merge=True)
+            except Exception:
+                quant_pre_process(str(source), str(target), skip_optimization=True, skip_symbolic_shape=True)
 
 
 def graph_inputs(path: Path) -> set[str]:

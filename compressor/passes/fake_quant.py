@@ -4,7 +4,16 @@ Symmetric linear 8-bit quantization, x -> round(x * 127 / t) * t / 127 clipped t
 - weights: t = max|W| of the whole matrix, recomputed at every forward;
 - activations (each Linear's input): t = an exponential moving average of max|x| over
   training batches (decay 0.9999 in the paper; the first batch sets it), frozen in eval;
+  the range [-t, t] is rounded on the export's uint8 grid (step 2t/255, see
+  `fake_quantize_activation`), a 0.4% finer step than the paper's t/127;
+- the word embedding: t = max|E| of the table (Q8BERT quantizes embeddings too), applied
+  to the looked-up rows, which equals looking up rows of the quantized table and keeps the
+  embedding's sparse gradients;
 - gradients pass straight through the rounding (straight-through estimator).
+
+These are exactly the tensors the `qat` pass's export makes int8 (static-int8 with
+`scope: linears`, export/quantize.py); everything else (Linear outputs, residual paths,
+LayerNorm, attention products) is float in both.
 
 It attaches to an ordinary Transformers model without changing its module types: the
 weight through `torch.nn.utils.parametrize`, the input through a forward pre-hook. Leaving
@@ -30,6 +39,21 @@ def fake_quantize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     """Quantize-dequantize x to 8 bits in [-threshold, threshold]; identity gradient (STE)."""
     scale = LEVELS / threshold.clamp(min=1e-8)
     quantized = torch.clamp(torch.round(x * scale), -LEVELS, LEVELS) / scale
+    return x + (quantized - x).detach()
+
+
+ACTIVATION_STEPS = 255   # a symmetric range [-t, t] on ORT's uint8 grid: scale 2t/255, zero point 128
+
+
+def fake_quantize_activation(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """Quantize-dequantize x as the int8 export does a Linear's input: symmetric range
+    [-t, t] stored as uint8 with zero point 128, i.e. integers -128..127 times 2t/255.
+
+    (Q8BERT's own grid is -127..127 times t/127; the export keeps activations uint8, the
+    integer kernels ONNX Runtime runs fastest, and the training simulates that grid exactly.)
+    """
+    scale = 2 * threshold.clamp(min=1e-8) / ACTIVATION_STEPS
+    quantized = torch.clamp(torch.round(x / scale), -128, 127) * scale
     return x + (quantized - x).detach()
 
 
@@ -75,6 +99,9 @@ def q8bert_fake_quant(model: nn.Module, ema_decay: float) -> Iterator[dict[str, 
         ranges[name] = ActivationRange(ema_decay)
         parametrize.register_parametrization(linear, "weight", WeightFakeQuant())
         handles.append(linear.register_forward_pre_hook(input_hook(ranges[name])))
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if isinstance(embedding, nn.Embedding):
+        handles.append(embedding.register_forward_hook(embedding_hook))
     try:
         yield ranges
     finally:
@@ -94,8 +121,13 @@ def input_hook(observed: ActivationRange):
             threshold = observed.threshold
         else:
             return args   # evaluated before any training step: nothing learned yet
-        return (fake_quantize(x, threshold), *args[1:])
+        return (fake_quantize_activation(x, threshold), *args[1:])
     return hook
+
+
+def embedding_hook(module: nn.Embedding, args: tuple, rows: torch.Tensor) -> torch.Tensor:
+    """Rows of the table quantized with one symmetric scale for the whole table."""
+    return fake_quantize(rows, module.weight.detach().abs().max())
 
 
 @contextlib.contextmanager

@@ -108,7 +108,16 @@ def test_export_section(tmp_path):
     message = error_of(tmp_path, "name: r\n" + TEACHER + "passes: []\nexport: {accuracy_tolerance: 2}\n")
     assert "export.accuracy_tolerance" in message
     message = error_of(tmp_path, "name: r\n" + TEACHER + "variants: {a: [], a-onnx: []}\nexport: {onnx: true}\n")
-    assert "'a-onnx' is where 'a' is exported" in message
+    assert "'a-onnx' is where 'a' may be exported" in message
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants: {a: [], a-torch-int8: []}\nexport: {onnx: true}\n")
+    assert "'a-torch-int8' is where 'a' may be exported" in message
+
+
+def test_export_dir_names_say_what_the_dir_holds():
+    from compressor.recipe import export_dir_name
+    assert export_dir_name("int8") == "int8-onnx"
+    assert export_dir_name("int8", "dynamic-int8") == "int8-onnx"
+    assert export_dir_name("int8", "torch-dynamic-int8") == "int8-torch-int8"
 
 
 def test_missing_required_field(tmp_path):

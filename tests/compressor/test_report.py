@@ -49,6 +49,22 @@ def test_warnings_name_savings_the_runtime_did_not_turn_into_speed(tmp_path):
     assert any(w.startswith("int4 is 75% smaller than onnxruntime-fp32 but only 1.00x as fast") for w in warnings)
     assert any(w.startswith("half is fp16, which profile cpu does not run fast") for w in warnings)
     assert not any(w.startswith("good") for w in warnings)
+    assert not any("scope: linears" in w for w in warnings)
+
+
+def test_a_slow_static_int8_graph_is_told_why():
+    base = entry("onnxruntime-fp32", 0.8, 10.0, size=1000, params=1200, baseline=True)
+    slow = entry("static", 0.8, 28.0, size=250, params=1200, precision="static-int8")
+    slow["onnx"] = {"quantization": {"mode": "static-int8", "scope": "ops"}}
+    linear = entry("linears", 0.8, 10.5, size=250, params=1200, precision="static-int8")
+    linear["onnx"] = {"quantization": {"mode": "static-int8", "scope": "linears"}}
+    report = {"teacher": {"path": None, "params": 1200}, "models": [base, slow, linear],
+              "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
+    warnings = runtime_warnings(report)
+    (static,) = [w for w in warnings if w.startswith("static ")]
+    assert "0.36x as fast" in static and "use scope: linears" in static
+    (linears,) = [w for w in warnings if w.startswith("linears ")]
+    assert "scope" not in linears
 
 
 def test_markdown_report_has_every_section():

@@ -39,6 +39,7 @@ BAD_INPUT = {
     "option-of-another-mode": ["--quantize", "calibration applies to quantize mode static-int8, not dynamic-int8"],
     "onnx-as-source": ["is an ONNX model", "model.safetensors"],
     "options-without-quantize": ["--per-channel", "only meaningful with a --quantize mode"],
+    "linears-as-qoperator": ["--quantize", "scope linears is a QDQ graph"],
 }
 IN_SUBPROCESS = ("int8", "corrupted-onnx", "unsupported-family")
 
@@ -67,6 +68,8 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, tiny_task, gpt2_dir):
                                    "--calibration", "percentile"],
         "onnx-as-source": ["export", "--model", str(corrupted), "--task", csv],
         "options-without-quantize": ["export", "--model", tiny, "--task", csv, "--per-channel"],
+        "linears-as-qoperator": ["export", "--model", tiny, "--task", csv, "--quantize", "static-int8",
+                                 "--scope", "linears", "--format", "qoperator"],
         "as-recorded": ["export", "--model", str(recorded), "--task", csv, "--out", str(root / "as-recorded"),
                         "--accuracy-tolerance", "1"],
         "forced-fp32": ["export", "--model", str(recorded), "--task", csv, "--out", str(root / "forced-fp32"),

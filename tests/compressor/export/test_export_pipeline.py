@@ -85,8 +85,20 @@ def test_export_settings_change_rebuilds_only_the_exports(done, tmp_path, monkey
     shutil.copytree(out, copy)
     monkeypatch.setattr(pipeline, "set_threads", lambda threads: None)
     monkeypatch.setattr(pipeline, "apply_pass", refuse)
+    # The gate's scoring of the test split is the only one: the stage reuses its predictions.
+    monkeypatch.setattr(pipeline, "predict_classes", refuse)
     report = run({**raw, "export": {**raw["export"], "optimize": False}}, copy)
     assert all(not m["onnx"]["optimized"] and m["onnx"]["fusions"] == {} for m in report["models"])
+
+
+def test_export_stage_predictions_are_the_shipped_models(done, tiny_task):
+    """The predictions the stage keeps (from the gate) equal scoring the written dir afresh."""
+    from compressor.evaluate import load_predictor, predict_classes
+    _, out, _ = done
+    for name in ("teacher", "same", "int8"):
+        kept = json.loads((out / f"{name}-onnx" / "stage.json").read_text())["predictions"]
+        fresh = predict_classes(load_predictor(out / f"{name}-onnx"), tiny_task.split("test"), tiny_task)
+        assert kept == fresh.tolist()
 
 
 def test_summary_table_lists_every_export(done):

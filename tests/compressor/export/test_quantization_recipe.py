@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from compressor import pipeline
@@ -32,6 +33,21 @@ def test_recipe_with_qat_sensitivity_and_every_mode_exports_each_variant(tiny_be
     for entry in entries.values():
         assert entry["size_ratio_to_fp32"] < 0.45   # every mode shrinks the embedding with the rest
         assert evaluate_path(entry["path"], None)["accuracy"] == entry["accuracy"]
+    # A PyTorch deployment is not named as an ONNX one.
+    assert Path(entries["torch8"]["path"]).name == "torch8-torch-int8"
+    assert Path(entries["static"]["path"]).name == "static-onnx" and not (tmp_path / "run" / "torch8-onnx").exists()
+
+    # A run dir from before the rename keeps its finished torch-int8 export: it is moved, not rebuilt.
+    (tmp_path / "run" / "torch8-torch-int8").rename(tmp_path / "run" / "torch8-onnx")
+    monkeypatch.setattr(pipeline, "export_into", refuse)
+    again = pipeline.run_recipe(recipe, steps, tmp_path / "run", show_progress=False)
+    moved = {m["name"]: m["onnx"] for m in again["models"]}["torch8"]
+    assert moved["path"] == entries["torch8"]["path"] and not (tmp_path / "run" / "torch8-onnx").exists()
+    assert json.loads((Path(moved["path"]) / "export.json").read_text())["path"] == moved["path"]
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("a cached export was rebuilt")
 
 
 def test_the_shipped_quantization_recipe_validates():

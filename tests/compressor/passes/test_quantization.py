@@ -92,6 +92,64 @@ def test_qat_export_uses_the_learned_ranges(bert_bundle, tiny_task, tmp_path):
     assert any(scale == pytest.approx(2 * threshold / 255, rel=1e-4) for scale in scales.values())
 
 
+def test_qat_export_computes_what_qat_simulated(bert_bundle, tiny_task, tmp_path):
+    """The int8 graph's logits are the fake-quantized torch model's, not just close to fp32's:
+    the export quantizes exactly the tensors QAT trained with (Linear weights and inputs, the
+    word embedding) with QAT's ranges, and nothing else."""
+    import numpy as np
+    from compressor.evaluate import onnx_logits_fn
+    from pretrain.batching import encode
+    from pretrain.finetune import predict_logits
+    model = bert_bundle.copy_model()
+    with torch.no_grad():
+        model.classifier.weight *= 100   # a random head is near uniform; make outputs respond
+    cfg = config("qat", epochs=1, batch_size=16, lr=1e-3, max_train_samples=48)
+    out = apply_pass(bert_bundle.replace(model=model), "qat", cfg, ctx(tiny_task))
+    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task)
+    assert out.deploy["quantize"]["scope"] == "linears"
+    assert record["quantized_linears"] == len(linear_layers(out.model))   # each Linear its own node
+    assert record["quantized_embedding_lookups"] == 1 and record["fusions_left_out"]
+    data = encode(out.tokenizer, tiny_task.split("test"))
+    int8 = onnx_logits_fn(tmp_path / "q" / "model.onnx")(data)
+    fp32 = predict_logits(out.model, data)
+    model = out.copy_model().train()
+    with q8bert_fake_quant(model, ema_decay=0.5) as ranges:
+        model(input_ids=torch.randint(1, 1000, (1, 6)))   # a training forward creates the ranges
+        for name, r in ranges.items():
+            r.threshold = torch.tensor(out.deploy["qat"]["activation_ranges"][name])
+        simulated = predict_logits(model.eval(), data)
+    # Not bit-exact: float sums in a different order flip the odd rounding at a half step.
+    to_simulation, to_fp32 = np.abs(int8 - simulated).mean(), np.abs(int8 - fp32).mean()
+    assert to_simulation < 0.1 * to_fp32, (to_simulation, to_fp32)
+
+
+def test_linear_scope_graph_runs_every_linear_as_an_integer_kernel(bert_bundle, tiny_task, tmp_path):
+    """Static int8 of the Linear layers only: int8 reaches nothing but the Linears and the
+    embedding lookup; residuals stay float; ORT runs each Linear as an integer matmul and
+    never dequantizes the whole embedding table."""
+    import onnxruntime as ort
+    bundle = bert_bundle.replace(deploy={"quantize": {"mode": "static-int8", "scope": "linears",
+                                                      "calibration_samples": 32}})
+    record = export_bundle(bundle, tmp_path / "q", LOOSE, tiny_task)
+    assert record["fusions_left_out"] == ["Attention", "EmbedLayerNormalization"]
+    assert record["fusions"]["SkipLayerNormalization"] and "Attention" not in record["fusions"]
+    graph = onnx.load(str(tmp_path / "q" / "model.onnx")).graph
+    producers = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:   # only the Linears read rounded values (the looked-up rows are exact)
+        rounded = [i for i in node.input if i in producers and producers[i].op_type == "DequantizeLinear"
+                   and not producers[i].name.endswith("_DequantizeRows")]
+        assert not rounded or node.op_type in ("MatMul", "Gemm"), (node.op_type, node.name)
+    gather = next(n for n in graph.node if n.op_type == "Gather" and n.name.endswith("word_embeddings/Gather"))
+    table = next(t for t in graph.initializer if t.name == gather.input[0])
+    assert table.data_type == onnx.TensorProto.INT8                     # int8 rows, dequantized after
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "runtime.onnx")
+    ort.InferenceSession(str(tmp_path / "q" / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    runtime = [n.op_type for n in onnx.load(str(tmp_path / "runtime.onnx")).graph.node]
+    layers = bundle.model.config.num_hidden_layers
+    assert runtime.count("MatMulIntegerToFloat") == 6 * layers and runtime.count("QGemm") == 2
+
+
 def test_sensitivity_ranks_a_fragile_layer_first_and_records_every_score(bert_bundle, tiny_task):
     model = bert_bundle.copy_model()
     fragile = model.bert.pooler.dense
