@@ -40,8 +40,8 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
         raise UserError(f"--nproc_per_node={processes} is larger than the {train_examples} training examples; "
                         f"expected at most {train_examples}")
     place = distributed.world()
-    # Under torchrun the processes share the machine's cores: split them, not oversubscribe.
-    set_threads(max(1, (os.cpu_count() or 1) // place.size) if place.distributed else None)
+    # Under torchrun this machine's processes share its cores: split them, not oversubscribe.
+    set_threads(max(1, (os.cpu_count() or 1) // distributed.local_size()) if place.distributed else None)
 
     model, tokenizer = load_classifier(model_ref, task.label_names, seed=cfg.seed)
     result = finetune(model, tokenizer, task, cfg, show_progress=show_progress and place.is_main,
