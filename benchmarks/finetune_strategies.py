@@ -37,7 +37,8 @@ def runs(args) -> dict[str, list[str]]:
     """name -> command line (after `python -m`)."""
     budget = ["--max-train-samples", str(args.train_samples), "--epochs", str(args.epochs)]
     small = ["--max-train-samples", str(args.ddp_train_samples), "--epochs", "1"]
-    ft = ["compressor", "finetune", "--model", "minilm", "--task", "wordnet-supersense", "--quiet"]
+    ft = ["compressor", "finetune", "--model", "minilm", "--task", "wordnet-supersense", "--quiet",
+          *(["--seed", str(args.seed)] if args.seed else [])]
     full = [*ft, *budget, "--strategy", "full", "--lr", args.lr]
     head = ["--lr", args.head_lr]        # rows that train a small part of the model take a larger rate
     return {
@@ -51,6 +52,12 @@ def runs(args) -> dict[str, list[str]]:
         "ddp-1": [*ft, *small, "--lr", "2e-4"],
         "ddp-2": ["torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", *ft, *small, "--lr", "2e-4"],
     }
+
+
+def display_path(path: Path) -> Path:
+    """Recorded paths are relative to the repository when they lie inside it."""
+    path = path.resolve()
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
 def target_steps(args) -> int:
@@ -67,7 +74,7 @@ def run_one(name: str, argv: list[str], out_dir: Path, max_eval: int | None) -> 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    shown = " ".join(["python", "-m", *argv, "--out", f"runs/strategies/{name}"]
+    shown = " ".join(["python", "-m", *argv, "--out", str(display_path(out))]
                      + (["--max-eval-samples", str(max_eval)] if max_eval else []))
     if proc.returncode != 0:
         return {"name": name, "command": shown, "error": proc.stderr[-2000:], "wall_seconds": round(wall, 1)}
@@ -87,6 +94,7 @@ def main() -> None:
     parser.add_argument("--ddp-train-samples", type=int, default=6000)
     parser.add_argument("--lr", default="1e-4", help="learning rate of the rows that train every weight")
     parser.add_argument("--head-lr", default="1e-3", help="learning rate of frozen, scalar-mix and adapters")
+    parser.add_argument("--seed", type=int, default=0, help="every run's seed (data order, heads, dropout)")
     parser.add_argument("--max-eval-samples", type=int, help="default: the whole test split")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "strategies")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "finetune_strategies.json")
@@ -113,7 +121,7 @@ def main() -> None:
                                "transformers": transformers.__version__},
                   "settings": {"train_samples": args.train_samples, "epochs": args.epochs,
                                "target_steps": target_steps(args), "lr": args.lr, "head_lr": args.head_lr,
-                               "ddp_train_samples": args.ddp_train_samples, "batch_size": 32, "seed": 0,
+                               "ddp_train_samples": args.ddp_train_samples, "batch_size": 32, "seed": args.seed,
                                "max_eval_samples": args.max_eval_samples},
                   "runs": list(results.values())}
         args.out.parent.mkdir(parents=True, exist_ok=True)
