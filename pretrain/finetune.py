@@ -63,7 +63,8 @@ class FinetuneConfig(TrainConfig):
     @field_validator("domain_steps", "domain_lr")
     @classmethod
     def only_with_a_corpus(cls, value: float, info: ValidationInfo) -> float:
-        if info.data.get("domain_corpus") is None:
+        # The default passes, so a dumped config (which lists every field) validates back.
+        if info.data.get("domain_corpus") is None and value != cls.model_fields[info.field_name].default:
             raise ValueError("set without domain_corpus; expected a corpus to run MLM on")
         return value
 

@@ -123,3 +123,5 @@ def test_domain_settings_without_a_corpus_are_refused():
     with pytest.raises(ValidationError, match="without domain_corpus"):
         FinetuneConfig(domain_steps=10)
     assert FinetuneConfig(domain_corpus="wordnet").domain_config().objective == "mlm"
+    dumped = FinetuneConfig().model_dump(mode="json")            # lists the default domain settings
+    assert FinetuneConfig.model_validate(dumped) == FinetuneConfig()
