@@ -6,14 +6,23 @@ held-out test split) is collected into one results file, rewritten after every r
 partial sweep is still recorded. Accuracy only: the machine is shared, times are not a
 throughput figure.
 
+Every row takes the same target-task steps (train samples x epochs / batch 32), seed and
+test examples. Two-stage rows first train as many steps on wordnet-wsd (`two-stage-wsd`)
+or with MLM on the wordnet corpus (`two-stage-mlm`); `multi-task-wsd` adds a wordnet-wsd
+batch to every target step.
+
     python benchmarks/finetune_strategies.py --runs adapters,ddp-1,ddp-2 \
         --out benchmarks/results/finetune_strategies.json
+    python benchmarks/finetune_strategies.py --runs full,two-stage-mlm,two-stage-wsd,multi-task-wsd,frozen,scalar-mix \
+        --train-samples 3200 --lr 2e-4 --max-eval-samples 3000 \
+        --out benchmarks/results/finetune_strategies_equal_steps.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -28,18 +37,32 @@ def runs(args) -> dict[str, list[str]]:
     """name -> command line (after `python -m`)."""
     budget = ["--max-train-samples", str(args.train_samples), "--epochs", str(args.epochs)]
     small = ["--max-train-samples", str(args.ddp_train_samples), "--epochs", "1"]
-    ft = ["compressor", "finetune", "--model", "minilm", "--task", "wordnet-supersense", "--quiet"]
+    ft = ["compressor", "finetune", "--model", "minilm", "--task", "wordnet-supersense", "--quiet",
+          *(["--seed", str(args.seed)] if args.seed else [])]
+    full = [*ft, *budget, "--strategy", "full", "--lr", args.lr]
+    head = ["--lr", args.head_lr]        # rows that train a small part of the model take a larger rate
     return {
-        "full": [*ft, *budget, "--strategy", "full", "--lr", "1e-4"],
-        "adapters": [*ft, *budget, "--strategy", "adapters", "--lr", "1e-3"],
-        "frozen": [*ft, *budget, "--strategy", "frozen", "--lr", "1e-3"],
-        "scalar-mix": [*ft, *budget, "--strategy", "scalar-mix", "--lr", "1e-3"],
-        "two-stage-wsd": [*ft, *budget, "--strategy", "full", "--lr", "1e-4", "--intermediate-task", "wordnet-wsd"],
-        "multi-task-wsd": [*ft, *budget, "--strategy", "full", "--lr", "1e-4",
-                           "--tasks", "wordnet-supersense,wordnet-wsd"],
+        "full": full,
+        "adapters": [*ft, *budget, "--strategy", "adapters", *head],
+        "frozen": [*ft, *budget, "--strategy", "frozen", *head],
+        "scalar-mix": [*ft, *budget, "--strategy", "scalar-mix", *head],
+        "two-stage-wsd": [*full, "--intermediate-task", "wordnet-wsd"],
+        "two-stage-mlm": [*full, "--domain-corpus", "wordnet", "--domain-steps", str(target_steps(args))],
+        "multi-task-wsd": [*full, "--tasks", "wordnet-supersense,wordnet-wsd"],
         "ddp-1": [*ft, *small, "--lr", "2e-4"],
         "ddp-2": ["torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", *ft, *small, "--lr", "2e-4"],
     }
+
+
+def display_path(path: Path) -> Path:
+    """Recorded paths are relative to the repository when they lie inside it."""
+    path = path.resolve()
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def target_steps(args) -> int:
+    """The target task's optimizer steps (the loop's count for batch 32): the domain MLM gets as many."""
+    return max(1, math.ceil(args.epochs * math.ceil(args.train_samples / 32)))
 
 
 def run_one(name: str, argv: list[str], out_dir: Path, max_eval: int | None) -> dict:
@@ -51,13 +74,14 @@ def run_one(name: str, argv: list[str], out_dir: Path, max_eval: int | None) -> 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    shown = " ".join(["python", "-m", *argv, "--out", f"runs/strategies/{name}"]
+    shown = " ".join(["python", "-m", *argv, "--out", str(display_path(out))]
                      + (["--max-eval-samples", str(max_eval)] if max_eval else []))
     if proc.returncode != 0:
         return {"name": name, "command": shown, "error": proc.stderr[-2000:], "wall_seconds": round(wall, 1)}
     metrics = json.loads((out / "metrics.json").read_text())
     keep = ("accuracy", "macro_f1", "samples", "strategy", "trainable_params", "total_params",
-            "trainable_percent", "steps", "train_samples", "train_seconds", "final_loss", "stages", "processes")
+            "trainable_percent", "steps", "train_samples", "train_seconds", "final_loss", "stages", "processes",
+            "domain_mlm")
     return {"name": name, "command": shown, **{k: metrics.get(k) for k in keep},
             "lr": metrics["config"]["lr"], "wall_seconds": round(wall, 1)}
 
@@ -68,6 +92,9 @@ def main() -> None:
     parser.add_argument("--train-samples", type=int, default=30000)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--ddp-train-samples", type=int, default=6000)
+    parser.add_argument("--lr", default="1e-4", help="learning rate of the rows that train every weight")
+    parser.add_argument("--head-lr", default="1e-3", help="learning rate of frozen, scalar-mix and adapters")
+    parser.add_argument("--seed", type=int, default=0, help="every run's seed (data order, heads, dropout)")
     parser.add_argument("--max-eval-samples", type=int, help="default: the whole test split")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "strategies")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "finetune_strategies.json")
@@ -93,7 +120,8 @@ def main() -> None:
                   "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                "transformers": transformers.__version__},
                   "settings": {"train_samples": args.train_samples, "epochs": args.epochs,
-                               "ddp_train_samples": args.ddp_train_samples, "batch_size": 32, "seed": 0,
+                               "target_steps": target_steps(args), "lr": args.lr, "head_lr": args.head_lr,
+                               "ddp_train_samples": args.ddp_train_samples, "batch_size": 32, "seed": args.seed,
                                "max_eval_samples": args.max_eval_samples},
                   "runs": list(results.values())}
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--adapter-size", type=positive_int, default=64, help="adapter bottleneck width")
     ft.add_argument("--intermediate-task", help="two-stage: fine-tune on this task (name or file) first")
     ft.add_argument("--tasks", help="multi-task: comma-separated tasks trained with --task, one head each")
+    ft.add_argument("--domain-corpus",
+                    help="first continue MLM pretraining on this text: 'wordnet' or a text file "
+                         "(blank lines between documents), as `pretrain --corpus`")
+    ft.add_argument("--domain-steps", type=positive_int, help="MLM steps on --domain-corpus (default 100)")
+    ft.add_argument("--domain-lr", type=float, help="MLM learning rate on --domain-corpus (default 5e-5)")
     ft.add_argument("--quiet", action="store_true", help="no progress bar")
     ft.set_defaults(handler=cmd_finetune)
 
@@ -210,6 +215,13 @@ def task_arg(value: str) -> str | dict:
     return {"path": value} if Path(value).suffix.lower() in (".csv", ".tsv", ".jsonl", ".json") else value
 
 
+def corpus_arg(value: str | None) -> str | None:
+    """A corpus file is recorded by its absolute path (a built-in name stays a name)."""
+    if value is None or not Path(value).is_file():
+        return value
+    return str(Path(value).resolve())
+
+
 def cmd_finetune(args: argparse.Namespace) -> int:
     from compressor.finetune_command import finetune_command
     metrics = finetune_command(
@@ -220,7 +232,9 @@ def cmd_finetune(args: argparse.Namespace) -> int:
                    "adapter_size": args.adapter_size,
                    "intermediate_task": task_arg(args.intermediate_task) if args.intermediate_task else None,
                    "tasks": tuple(task_arg(t.strip()) for t in args.tasks.split(",") if t.strip())
-                   if args.tasks else None},
+                   if args.tasks else None,
+                   "domain_corpus": corpus_arg(args.domain_corpus), "domain_steps": args.domain_steps,
+                   "domain_lr": args.domain_lr},
         max_eval_samples=args.max_eval_samples, show_progress=not args.quiet)
     if metrics:       # empty on the other ranks of a torchrun
         print(json.dumps(metrics, indent=2))

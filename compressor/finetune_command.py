@@ -29,7 +29,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
         cfg = FinetuneConfig(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as err:
         raise UserError(describe_validation_error(err)) from None
-    check_model_ref(model_ref)
+    model_path = check_model_ref(model_ref)
     processes = distributed.launched_size()
     if processes > cfg.batch_size:
         raise UserError(f"--nproc_per_node={processes} is larger than the batch size {cfg.batch_size}: "
@@ -40,11 +40,12 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
         raise UserError(f"--nproc_per_node={processes} is larger than the {train_examples} training examples; "
                         f"expected at most {train_examples}")
     place = distributed.world()
-    # Under torchrun the processes share the machine's cores: split them, not oversubscribe.
-    set_threads(max(1, (os.cpu_count() or 1) // place.size) if place.distributed else None)
+    # Under torchrun this machine's processes share its cores: split them, not oversubscribe.
+    set_threads(max(1, (os.cpu_count() or 1) // distributed.local_size()) if place.distributed else None)
 
     model, tokenizer = load_classifier(model_ref, task.label_names, seed=cfg.seed)
-    result = finetune(model, tokenizer, task, cfg, show_progress=show_progress and place.is_main)
+    result = finetune(model, tokenizer, task, cfg, show_progress=show_progress and place.is_main,
+                      mlm_head_from=model_path)
     if not place.is_main:
         distributed.shutdown()
         return {}
@@ -55,7 +56,8 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
                "total_params": result.total_params, "trainable_percent": round(result.trainable_percent, 3),
                "train_seconds": round(train.seconds, 2), "train_samples": train.samples,
                "samples_per_second": round(train.samples_per_second, 2), "steps": train.steps,
-               "final_loss": train.final_loss, "stages": result.stages, "processes": place.size,
+               "final_loss": train.final_loss, "stages": result.stages, "domain_mlm": result.domain,
+               "processes": place.size,
                "model": model_ref, "config": cfg.model_dump(mode="json"), "environment": environment()}
     bundle = ModelBundle(model=model, tokenizer=tokenizer, task=task.spec,
                          history=({"pass": "finetune", "config": cfg.model_dump(mode="json")},))
@@ -64,3 +66,4 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
         write_json(tmp / "metrics.json", metrics)
     distributed.shutdown()
     return metrics
+

@@ -35,6 +35,12 @@ def launched_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def local_size() -> int:
+    """Processes on this machine (LOCAL_WORLD_SIZE from torchrun; 1 for a plain process).
+    Differs from the world size when torchrun spans several nodes."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 

@@ -10,7 +10,12 @@
   one thing to the head and another to the data;
 - `tasks` (multi-task): the target and the listed tasks train together, one head per task
   around one shared encoder; every step's batch holds `batch_size` examples of each task,
-  so the target gets as many steps as on its own.
+  so the target gets as many steps as on its own;
+- `domain_corpus` (two-stage, domain-adaptive): first `domain_steps` steps of the `mlm`
+  objective on in-domain text (pretrain/domain.py), then the rest as above.
+
+Order: domain MLM (the whole encoder), then the strategy's modules are added, then the
+intermediate task, then the target (with its partner tasks).
 
 Extra heads are ordinary Transformers classifiers whose encoder *is* the target model's
 encoder (the same module object), so training any of them trains the shared encoder.
@@ -20,18 +25,21 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
 from pretrain.batching import Encoded, collate, encode, inference_order, iterate
 from pretrain.data import Split, TaskData, load_task
+from pretrain.domain import check_domain, domain_adapt
 from pretrain.errors import UserError
 from pretrain.metrics import classification_metrics
 from pretrain.models import count_params
+from pretrain.pretraining import PretrainConfig
 from pretrain.strategies import Strategy, prepare, trainable_for
 from pretrain.train import (Batch, EpochBatches, TrainConfig, TrainResult, accepts_token_types,
                             epoch_batches, train)
@@ -48,6 +56,25 @@ class FinetuneConfig(TrainConfig):
     adapter_size: int = Field(64, ge=1)                  # Houlsby bottleneck width
     intermediate_task: TaskSpec | None = None            # two-stage: train on this first
     tasks: tuple[TaskSpec, ...] = ()                     # multi-task: trained with the target
+    domain_corpus: str | None = None                     # domain MLM on this corpus first ('wordnet' or a file)
+    domain_steps: int = Field(100, ge=1)                 # its optimizer steps, `batch_size` sequences each
+    domain_lr: float = Field(5e-5, gt=0)                 # Sun et al. 2019's further-pretraining rate
+
+    @field_validator("domain_steps", "domain_lr")
+    @classmethod
+    def only_with_a_corpus(cls, value: float, info: ValidationInfo) -> float:
+        # The default passes, so a dumped config (which lists every field) validates back.
+        if info.data.get("domain_corpus") is None and value != cls.model_fields[info.field_name].default:
+            raise ValueError("set without domain_corpus; expected a corpus to run MLM on")
+        return value
+
+    def domain_config(self) -> PretrainConfig | None:
+        """The domain stage as an `mlm` pretraining run (same batch size, length, seed, decay, warm-up)."""
+        if self.domain_corpus is None:
+            return None
+        return PretrainConfig(objective="mlm", corpus=self.domain_corpus, steps=self.domain_steps,
+                              batch_size=self.batch_size, lr=self.domain_lr, weight_decay=self.weight_decay,
+                              warmup_ratio=self.warmup_ratio, max_length=self.max_length, seed=self.seed)
 
 
 @dataclass
@@ -56,6 +83,7 @@ class FinetuneResult:
     trainable_params: int         # under the strategy, target stage (shared encoder + its head)
     total_params: int             # of the target model, added modules included
     stages: list[dict] = field(default_factory=list)   # one summary per training stage
+    domain: dict | None = None    # the domain MLM stage's summary (also in stages), if one ran
 
     @property
     def trainable_percent(self) -> float:
@@ -63,12 +91,24 @@ class FinetuneResult:
 
 
 def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: TaskData,
-             cfg: FinetuneConfig, desc: str = "finetune", show_progress: bool = True) -> FinetuneResult:
-    """Train `model` in place on the task's train split (the first max_train_samples)."""
+             cfg: FinetuneConfig, desc: str = "finetune", show_progress: bool = True,
+             mlm_head_from: Path | None = None) -> FinetuneResult:
+    """Train `model` in place on the task's train split (the first max_train_samples).
+
+    `mlm_head_from`: the model dir whose masked-LM head the domain stage starts from, if it has one.
+    """
     intermediate = load_intermediate(cfg, task)
     partners = load_partners(cfg, task)          # every input is checked before training starts
+    domain = cfg.domain_config()
+    if domain is not None:
+        check_domain(domain, model, tokenizer)
+    stages, domain_summary = [], None
+    if domain is not None:
+        adapted = domain_adapt(model, tokenizer, domain, mlm_head_from, f"{desc} (mlm on {domain.corpus})",
+                               show_progress)
+        domain_summary = adapted.summary(domain.corpus)
+        stages.append(domain_summary)
     prepare(model, cfg.strategy, cfg.adapter_size)
-    stages = []
     if intermediate is not None:
         first = model if intermediate.label_names == task.label_names else with_head(model, intermediate.label_names,
                                                                                       cfg.seed)
@@ -79,7 +119,7 @@ def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
     result, trainable = train_stage(heads, [task, *partners], tokenizer, cfg, desc, show_progress)
     stages.append(stage_summary("+".join(t.name for t in [task, *partners]), result))
     return FinetuneResult(train=result, trainable_params=trainable, total_params=count_params(model),
-                          stages=stages)
+                          stages=stages, domain=domain_summary)
 
 
 def train_stage(models: list[PreTrainedModel], tasks: list[TaskData], tokenizer: PreTrainedTokenizerBase,

@@ -84,6 +84,9 @@ BAD_INPUT = {
     "unknown-profile": lambda msg: "'tpu'" in msg and "cpu" in msg and "gpu-cuda-fp16" in msg,
     "unknown-strategy": lambda msg: "'lora'" in msg and all(
         name in msg for name in ("'full'", "'frozen'", "'scalar-mix'", "'adapters'")),
+    "intermediate-clash": lambda msg: "'clash'" in msg and "labels clash" in msg and "noun.animal" in msg,
+    "missing-domain-corpus": lambda msg: "no-such-corpus.txt" in msg and "wordnet" in msg,
+    "domain-steps-without-corpus": lambda msg: "domain_steps" in msg and "domain_corpus" in msg,
 }
 
 
@@ -95,6 +98,8 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
     shutil.copy(tiny_csv, recipes / "data.csv")       # recipes name their data relative to themselves
     nolabel = root / "nolabel.csv"
     nolabel.write_text(tiny_csv.read_text().replace("text,label", "text,category", 1))
+    clash = root / "clash.csv"        # labels sharing one name (not all) with the target's
+    clash.write_text("text,label\n" + "".join(f"{i},{'noun.animal' if i % 2 else 'other'}\n" for i in range(40)))
     existing = root / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("precious")
@@ -118,6 +123,10 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
         "unknown-flag": ["finetune", "--model", tiny, "--task", csv, "--bogus-flag"],
         "unknown-profile": ["bench", "--model", tiny, "--task", csv, "--profile", "tpu"],
         "unknown-strategy": ["finetune", "--model", tiny, "--task", csv, "--strategy", "lora"],
+        "intermediate-clash": ["finetune", "--model", tiny, "--task", csv, "--intermediate-task", str(clash)],
+        "missing-domain-corpus": ["finetune", "--model", tiny, "--task", csv,
+                                  "--domain-corpus", str(root / "no-such-corpus.txt")],
+        "domain-steps-without-corpus": ["finetune", "--model", tiny, "--task", csv, "--domain-steps", "5"],
         "existing-out": ["finetune", "--model", tiny, "--task", "no-such-task", "--out", str(existing)],
     }
     for name in BAD_INPUT:

@@ -1,4 +1,4 @@
-"""`compressor finetune` under torchrun (2 gloo processes), strategies in metrics.json."""
+"""`compressor finetune` under torchrun (2 gloo processes): strategies and domain MLM in metrics.json."""
 
 from __future__ import annotations
 
@@ -23,11 +23,13 @@ def torchrun(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_bert_dir, tiny_csv):
+def runs(tmp_path_factory, tiny_bert_dir, tiny_csv, tiny_task):
     root = tmp_path_factory.mktemp("torchrun")
+    corpus = root / "glosses.txt"          # in-domain text: the task's glosses, one document each
+    corpus.write_text("\n\n".join(tiny_task.split("train").texts) + "\n", encoding="utf-8")
     common = ["finetune", "--model", str(tiny_bert_dir), "--task", str(tiny_csv), "--quiet", "--lr", "1e-3"]
     jobs = {"adapters": [*common, "--out", str(root / "ok"), "--batch-size", "16", "--strategy", "adapters",
-                         "--adapter-size", "8"],
+                         "--adapter-size", "8", "--domain-corpus", str(corpus), "--domain-steps", "2"],
             "too-many": [*common, "--out", str(root / "bad"), "--batch-size", "1"]}
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {name: pool.submit(torchrun, argv, root) for name, argv in jobs.items()}
@@ -45,6 +47,10 @@ def test_torchrun_two_processes_write_one_model_with_strategy_metrics(runs, tiny
     assert metrics["trainable_percent"] == pytest.approx(100 * metrics["trainable_params"] / metrics["total_params"],
                                                          abs=1e-3)
     assert result.stdout.count('"accuracy"') == 1                          # only rank 0 printed
+    domain = metrics["domain_mlm"]                                          # MLM ran first, on both ranks
+    assert domain["steps"] == 2 and domain["samples"] == 2 * 16 and domain["head"] == "fresh"
+    assert domain["corpus"] == str(root / "glosses.txt") and metrics["stages"][0] == domain
+    assert metrics["config"]["domain_corpus"] == domain["corpus"] and metrics["config"]["domain_steps"] == 2
     assert not [p for p in root.iterdir() if p.name.startswith(".")]
     reloaded = ModelBundle.load(root / "ok")
     assert any(".adapter." in n for n, _ in reloaded.model.named_parameters())

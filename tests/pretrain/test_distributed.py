@@ -76,3 +76,13 @@ def test_two_processes_match_one_process(tmp_path):
 
 if __name__ == "__main__":
     worker(Path(sys.argv[1]))
+
+
+def test_threads_are_split_over_this_nodes_processes_not_the_world(monkeypatch):
+    from pretrain.distributed import launched_size, local_size
+    monkeypatch.setenv("WORLD_SIZE", "8")           # torchrun --nnodes=2 --nproc_per_node=4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert (launched_size(), local_size()) == (8, 4)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert (launched_size(), local_size()) == (1, 1)

@@ -128,3 +128,14 @@ def test_adapters_need_the_expected_layers(bert_bundle):
 
 def test_strategies_are_the_four_of_the_issue():
     assert STRATEGIES == ("full", "frozen", "scalar-mix", "adapters")
+
+
+def test_adapters_on_a_family_without_known_sites_name_the_known_ones(tokenizer):
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+    model = AlbertForSequenceClassification(AlbertConfig(vocab_size=len(tokenizer), embedding_size=16, hidden_size=32,
+                                                         num_hidden_layers=1, num_attention_heads=2,
+                                                         intermediate_size=64))
+    before = count_params(model)
+    with pytest.raises(UserError, match="not available for model family 'albert'; expected one of: bert, .*distilbert"):
+        prepare(model, "adapters")
+    assert count_params(model) == before and not getattr(model.config, "compressor_adapter_size", None)

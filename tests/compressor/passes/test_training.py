@@ -20,3 +20,18 @@ def test_finetune_pass_with_adapters(bert_bundle, tiny_task, tmp_path):
     out.save(tmp_path / "out")
     reloaded = ModelBundle.load(tmp_path / "out")
     assert reloaded.params == out.params
+
+
+def test_finetune_pass_with_domain_mlm_leaves_its_input_alone(bert_bundle, tiny_task, tmp_path):
+    corpus = tmp_path / "glosses.txt"
+    corpus.write_text("\n\n".join(tiny_task.split("train").texts[:64]) + "\n", encoding="utf-8")
+    before = {k: v.clone() for k, v in bert_bundle.model.state_dict().items()}
+    cfg = get_pass("finetune").config_type.model_validate(
+        {"epochs": 1, "batch_size": 16, "lr": 1e-3, "strategy": "frozen", "max_train_samples": 32,
+         "domain_corpus": str(corpus), "domain_steps": 2, "domain_lr": 1e-3})
+    out = apply_pass(bert_bundle, "finetune", cfg, Context(task=tiny_task, show_progress=False))
+    assert all(torch.equal(v, bert_bundle.model.state_dict()[k]) for k, v in before.items())
+    # frozen fine-tuning leaves the encoder as it was: what moved, the domain MLM moved
+    assert not torch.equal(out.model.bert.encoder.layer[0].output.dense.weight,
+                           before["bert.encoder.layer.0.output.dense.weight"])
+    assert out.history[-1]["config"]["domain_corpus"] == str(corpus)
