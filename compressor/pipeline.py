@@ -76,6 +76,8 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     teacher_ref = resolve_path(recipe.teacher.model, base_dir, keep=BUNDLED_MODELS)
     teacher_path = check_model_ref(teacher_ref)
     task = load_task(resolve_task_paths(recipe.teacher.task, base_dir), seed=recipe.seed)
+    steps = {name: [resolve_step_paths(step, base_dir) for step in variant_steps]
+             for name, variant_steps in steps.items()}
     created = claim_out_dir(out_dir, recipe, force)
     try:
         teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)
@@ -528,6 +530,19 @@ def resolve_path(ref: str, base_dir: Path, keep: tuple[str, ...] = ()) -> str:
     if not path.is_absolute() and not path.exists() and (base_dir / path).exists():
         path = base_dir / path
     return str(path.resolve()) if path.exists() else ref
+
+
+def resolve_step_paths(step: Step, base_dir: Path) -> Step:
+    """A pass's data paths (another task's files, a domain corpus) resolved like the teacher's."""
+    config, update = step.config, {}
+    if getattr(config, "intermediate_task", None) is not None:
+        update["intermediate_task"] = resolve_task_paths(config.intermediate_task, base_dir)
+    if getattr(config, "tasks", None):
+        update["tasks"] = tuple(resolve_task_paths(t, base_dir) for t in config.tasks)
+    if getattr(config, "domain_corpus", None) is not None:
+        update["domain_corpus"] = resolve_path(config.domain_corpus, base_dir)
+    changed = {k: v for k, v in update.items() if v != getattr(config, k)}
+    return Step(name=step.name, config=config.model_copy(update=changed)) if changed else step
 
 
 def resolve_task_paths(spec: str | dict, base_dir: Path) -> str | dict:

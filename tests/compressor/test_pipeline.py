@@ -203,6 +203,24 @@ def test_a_relative_task_path_resolves_against_the_recipe_dir(tiny_bert_dir, tin
     assert report["teacher"]["eval_samples"] == 30
 
 
+def test_pass_data_paths_resolve_against_the_recipe_dir_too(tiny_csv, tmp_path, monkeypatch):
+    recipe_dir = tmp_path / "recipes"
+    recipe_dir.mkdir()
+    shutil.copy(tiny_csv, recipe_dir / "other.csv")
+    (recipe_dir / "domain.txt").write_text("some text\n")
+    monkeypatch.chdir(tmp_path)
+    raw = raw_recipe("minilm", "wordnet-supersense", {"v": [{"finetune": {
+        "intermediate_task": {"path": "other.csv"}, "tasks": [{"path": "other.csv"}, "wordnet-wsd"],
+        "domain_corpus": "domain.txt"}}]})
+    _, steps = parse_recipe(raw)
+    config = pipeline.resolve_step_paths(steps["v"][0], recipe_dir).config
+    assert config.intermediate_task == {"path": str(recipe_dir / "other.csv")}
+    assert config.tasks == ({"path": str(recipe_dir / "other.csv")}, "wordnet-wsd")   # names stay names
+    assert config.domain_corpus == str(recipe_dir / "domain.txt")
+    untouched = parse_recipe(raw_recipe("minilm", "wordnet-supersense", {"v": [{"finetune": {}}]}))[1]["v"][0]
+    assert pipeline.resolve_step_paths(untouched, recipe_dir) is untouched
+
+
 def count_finetunes(monkeypatch) -> list[int]:
     from compressor.passes import training
     calls: list[int] = []
