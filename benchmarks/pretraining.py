@@ -40,6 +40,38 @@ def run(cmd: list[str], log: list[dict], done: Path | None = None) -> None:
     log.append({"command": " ".join(cmd), "seconds": round(time.time() - start, 1)})
 
 
+def tokenizer_step(cli: list[str], tok: Path, vocab_size: int, log: list[dict]) -> None:
+    """The WordPiece tokenizer every arm shares, trained once on the corpus."""
+    run(cli + ["tokenizer", "--corpus", "wordnet", "--kind", "wordpiece",
+               "--vocab-size", str(vocab_size), "--out", str(tok)], log, done=tok)
+
+
+def pretrain_step(cli: list[str], objective: str, tok: Path, out: Path, args: argparse.Namespace,
+                  log: list[dict]) -> dict:
+    """`compressor pretrain` with the benchmark's shared settings; returns its metrics.json."""
+    run(cli + ["pretrain", "--objective", objective, "--corpus", "wordnet", "--size", "small",
+               "--tokenizer", str(tok), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+               "--max-length", str(args.max_length), "--lr", str(args.lr), "--seed", str(args.seed),
+               "--checkpoint-every", "100", "--threads", str(args.threads), "--resume",
+               "--out", str(out)], log, done=out)
+    return json.loads((out / "metrics.json").read_text())
+
+
+def finetune_step(cli: list[str], model_dir: Path, out: Path, args: argparse.Namespace, log: list[dict],
+                  max_eval_samples: int | None = None) -> dict:
+    """`compressor finetune` on wordnet-supersense; returns the test metrics of the arm."""
+    eval_limit = [] if max_eval_samples is None else ["--max-eval-samples", str(max_eval_samples)]
+    run(cli + ["finetune", "--model", str(model_dir), "--task", "wordnet-supersense",
+               "--max-train-samples", str(args.finetune_samples), "--epochs", str(args.finetune_epochs),
+               "--lr", str(args.finetune_lr), "--batch-size", "32", "--seed", str(args.seed),
+               *eval_limit, "--quiet", "--out", str(out)], log, done=out)
+    metrics = json.loads((out / "metrics.json").read_text())
+    arm = {k: metrics[k] for k in ("accuracy", "macro_f1", "train_samples", "steps",
+                                   "final_loss", "train_seconds") if k in metrics}
+    arm["test_examples"] = metrics["samples"]
+    return arm
+
+
 def random_init_dir(tokenizer_dir: Path, out: Path, max_length: int, seed: int) -> None:
     """The untrained arm: what `compressor pretrain` would start from, saved as an HF dir."""
     from compressor.atomic import atomic_dir
@@ -77,29 +109,16 @@ def main() -> None:
     log: list[dict] = []
     tok, pre, rnd = work / "tokenizer", work / "mlm", work / "random"
 
-    run(cli + ["tokenizer", "--corpus", "wordnet", "--kind", "wordpiece",
-               "--vocab-size", str(args.vocab_size), "--out", str(tok)], log, done=tok)
+    tokenizer_step(cli, tok, args.vocab_size, log)
     if not args.only_random:
-        run(cli + ["pretrain", "--objective", "mlm", "--corpus", "wordnet", "--size", "small",
-                   "--tokenizer", str(tok), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-                   "--max-length", str(args.max_length), "--lr", str(args.lr), "--seed", str(args.seed),
-                   "--checkpoint-every", "100", "--threads", str(args.threads), "--resume",
-                   "--out", str(pre)], log, done=pre)
+        pretrain_step(cli, "mlm", tok, pre, args, log)
     if not rnd.exists():
         random_init_dir(tok, rnd, args.max_length, args.seed)
 
     arms = {}
     both = (("pretrained_mlm", pre), ("random_init", rnd))
     for name, model_dir in both[1:] if args.only_random else both:
-        ft = work / f"finetune-{name}"
-        run(cli + ["finetune", "--model", str(model_dir), "--task", "wordnet-supersense",
-                   "--max-train-samples", str(args.finetune_samples), "--epochs", str(args.finetune_epochs),
-                   "--lr", str(args.finetune_lr), "--batch-size", "32", "--seed", str(args.seed),
-                   "--quiet", "--out", str(ft)], log, done=ft)
-        metrics = json.loads((ft / "metrics.json").read_text())
-        arms[name] = {k: metrics[k] for k in ("accuracy", "macro_f1", "train_samples", "steps",
-                                              "final_loss", "train_seconds") if k in metrics}
-        arms[name]["test_examples"] = metrics["samples"]
+        arms[name] = finetune_step(cli, model_dir, work / f"finetune-{name}", args, log)
     if args.only_random:
         return
 

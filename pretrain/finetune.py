@@ -122,11 +122,25 @@ def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
                           stages=stages, domain=domain_summary)
 
 
+# RoBERTa-style position ids start after the padding index: that many positions are unusable.
+OFFSET_POSITIONS = {"roberta": 2, "xlm-roberta": 2, "camembert": 2}
+
+
+def usable_length(model: PreTrainedModel, max_length: int) -> int:
+    """`max_length`, capped at the positions the model has: a model pretrained here with
+    `--max-length 64` (ELECTRA, SpanBERT) has 64 and cannot embed a longer sequence."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if not positions:
+        return max_length
+    return min(max_length, positions - OFFSET_POSITIONS.get(model.config.model_type, 0))
+
+
 def train_stage(models: list[PreTrainedModel], tasks: list[TaskData], tokenizer: PreTrainedTokenizerBase,
                 cfg: FinetuneConfig, desc: str, show_progress: bool) -> tuple[TrainResult, int]:
     """One training run: a single task as before, or several heads on mixed batches."""
     train_cfg = TrainConfig(**cfg.model_dump(include=set(TrainConfig.model_fields)))
-    data = [encode(tokenizer, t.split("train").head(cfg.max_train_samples), cfg.max_length) for t in tasks]
+    max_length = usable_length(models[0], cfg.max_length)
+    data = [encode(tokenizer, t.split("train").head(cfg.max_train_samples), max_length) for t in tasks]
     encoder = models[0].base_model
     if len(models) == 1:
         with trainable_for(models[0], cfg.strategy, encoder) as trainable:
@@ -263,6 +277,6 @@ def predict_logits(model: PreTrainedModel, data: Encoded, batch_size: int = 64) 
 def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, split: Split,
              max_length: int = 128) -> tuple[dict[str, float], np.ndarray]:
     """Accuracy and macro-F1 on a split, plus the predicted class of every example."""
-    data = encode(tokenizer, split, max_length)
+    data = encode(tokenizer, split, usable_length(model, max_length))
     predictions = predict_logits(model, data).argmax(axis=1)
     return classification_metrics(data.labels, predictions), predictions

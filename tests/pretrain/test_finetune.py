@@ -124,3 +124,20 @@ def test_unknown_strategy_lists_the_known_ones():
     from pydantic import ValidationError
     with pytest.raises(ValidationError, match="full.*frozen.*scalar-mix.*adapters"):
         FinetuneConfig(strategy="lora")
+
+
+def test_models_with_few_positions_fine_tune_and_evaluate_within_them(tokenizer, tiny_task):
+    """An ELECTRA pretrained with --max-length 16 has 16 positions: longer glosses are cut
+    to fit, not fed past the position table (which raised a size mismatch)."""
+    from transformers import ElectraConfig, ElectraForSequenceClassification
+    from pretrain.finetune import evaluate, usable_length
+    torch.manual_seed(0)
+    model = ElectraForSequenceClassification(ElectraConfig(
+        vocab_size=len(tokenizer), embedding_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=16, num_labels=len(tiny_task.label_names)))
+    assert max(len(tokenizer(t)["input_ids"]) for t in tiny_task.split("test").texts) > 16
+    assert usable_length(model, 128) == 16
+    result = finetune(model, tokenizer, tiny_task, FinetuneConfig(**QUICK), show_progress=False)
+    assert result.train.steps > 0
+    metrics, predictions = evaluate(model, tokenizer, tiny_task.split("test"))
+    assert len(predictions) == len(tiny_task.split("test").labels) and 0 <= metrics["accuracy"] <= 1

@@ -1,0 +1,133 @@
+"""Pretraining objectives at equal compute: mlm, mlm+sop, rtd and span, then the same fine-tune.
+
+Issue 3 asks for downstream wordnet-supersense accuracy after pretraining with each objective
+at equal compute (ELECTRA's paper found replaced token detection more compute-efficient than
+MLM). Every arm is the same small architecture (SIZES["small"]: 4 layers, hidden 256, 4
+heads, FFN 1024) with the same WordPiece tokenizer (trained once on the corpus), pretrained
+on the WordNet corpus with the same batch size, max length, learning rate, seed and number
+of steps. The corpus stream is seeded the same way for every objective, so each sees the
+same documents: the same steps and (up to the pair objective's one extra [SEP] per
+sequence) the same tokens. Each deliverable is then fine-tuned with the same `compressor
+finetune` settings and evaluated on the same held-out test examples.
+
+`rtd` trains a generator (hidden 64, 1/4 of the discriminator's, sharing its embeddings)
+beside the discriminator: extra compute per step, recorded as trained parameters and wall
+seconds; only the discriminator is kept and fine-tuned (the objective's deliverable). A
+random-initialisation arm (the same fine-tune from an untrained model) shows how much any of
+the short pretraining runs adds at all.
+
+Every step is a `compressor` command (recorded); a step whose output exists is skipped, and
+the results file is rewritten after every arm ("complete": false until the last one), so an
+interrupted run keeps what it finished and a rerun continues.
+
+    .venv/bin/python benchmarks/pretraining_objectives.py --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.pretraining import finetune_step, pretrain_step, random_init_dir, tokenizer_step  # noqa: E402
+
+OBJECTIVES = ("mlm", "mlm+sop", "rtd", "span")
+
+
+def trained_params(objective: str, tokenizer_dir: Path, max_length: int, seed: int) -> int:
+    """Parameters the objective trains (shared ones counted once): for rtd the generator's too."""
+    from pretrain.models import load_tokenizer
+    from pretrain.objectives import SIZES, get_objective
+    model = get_objective(objective).build_model(load_tokenizer(tokenizer_dir), SIZES["small"], max_length, seed)
+    return sum(p.numel() for p in model.parameters())
+
+
+def pretraining_summary(metrics: dict, params: int) -> dict:
+    seconds = metrics["train_seconds"]
+    return {"steps": metrics["steps"], "samples": metrics["samples"], "tokens": metrics["tokens"],
+            "train_seconds": seconds, "seconds_per_step": round(seconds / max(1, metrics["steps"]), 3),
+            "initial_loss": metrics["initial_loss"], "final_loss": metrics["final_loss"],
+            "architecture": metrics["architecture"], "delivered_params": metrics["params"],
+            "trained_params": params, "loss_curve": metrics["loss_curve"]}
+
+
+def write_results(args: argparse.Namespace, log: list[dict], arms: dict, tok: Path, complete: bool) -> None:
+    from compressor.atomic import write_json
+    from compressor.environment import environment
+    result = {
+        "benchmark": "pretraining objectives at equal steps and tokens: mlm, mlm+sop, rtd, span on the "
+                     "wordnet corpus, each fine-tuned on wordnet-supersense",
+        "script": "benchmarks/pretraining_objectives.py " + " ".join(sys.argv[1:]),
+        "settings": vars(args) | {"work": str(args.work), "out": str(args.out)},
+        "complete": complete,
+        "commands": log,
+        "tokenizer": json.loads((tok / "tokenizer_metrics.json").read_text()) | {"environment": None},
+        "arms": arms,
+        "notes": ["final_loss is each objective's own training loss (rtd: generator MLM + 50 x "
+                  "discriminator BCE; span: MLM + SBO; mlm+sop: MLM + SOP): not comparable across arms",
+                  "rtd's trained_params include its generator, which runs forward and backward on every "
+                  "batch: more compute per step than the other arms; only the discriminator is fine-tuned"],
+        "environment": environment(),
+    }
+    write_json(args.out, result)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-pretraining-objectives")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pretraining_objectives.json")
+    p.add_argument("--objectives", default=",".join(OBJECTIVES), help="comma-separated, in run order")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=250)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--finetune-samples", type=int, default=5000)
+    p.add_argument("--finetune-epochs", type=float, default=2)
+    p.add_argument("--finetune-lr", type=float, default=2e-4)
+    p.add_argument("--max-eval-samples", type=int, default=3000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads for pretraining")
+    p.add_argument("--no-random", action="store_true", help="skip the random-initialisation arm")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    cli = [sys.executable, "-m", "compressor"]
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    log: list[dict] = []
+    arms: dict[str, dict] = {}
+    tok = work / "tokenizer"
+    tokenizer_step(cli, tok, args.vocab_size, log)
+
+    if not args.no_random:
+        rnd = work / "random"
+        if not rnd.exists():
+            random_init_dir(tok, rnd, args.max_length, args.seed)
+        arms["random_init"] = {"finetune": finetune_step(cli, rnd, work / "finetune-random_init", args, log,
+                                                         args.max_eval_samples)}
+        write_results(args, log, arms, tok, complete=False)
+
+    objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
+    for objective in objectives:
+        name = objective.replace("+", "-")
+        metrics = pretrain_step(cli, objective, tok, work / name, args, log)
+        params = trained_params(objective, tok, args.max_length, args.seed)
+        finetune = finetune_step(cli, work / name, work / f"finetune-{name}", args, log, args.max_eval_samples)
+        arms[objective] = {"pretraining": pretraining_summary(metrics, params), "finetune": finetune}
+        write_results(args, log, arms, tok, complete=objective == objectives[-1])
+
+    print(json.dumps({name: {"accuracy": arm["finetune"]["accuracy"],
+                             **({"pretrain_seconds": arm["pretraining"]["train_seconds"],
+                                 "tokens": arm["pretraining"]["tokens"]} if "pretraining" in arm else {})}
+                      for name, arm in arms.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
