@@ -1,6 +1,6 @@
 """Compression and deployment optimizer for pretrained NLP encoders."""
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 
 __all__ = ["Pipeline", "__version__"]
 

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="full: all weights; frozen: head only; scalar-mix: frozen encoder, learned mix of "
                          "all layers; adapters: Houlsby bottlenecks + LayerNorms + head")
     ft.add_argument("--adapter-size", type=positive_int, default=64, help="adapter bottleneck width")
+    ft.add_argument("--adapter-init-std", type=float, default=None,
+                    help="std of the adapters' initial weights (default 1e-3, Houlsby's near-identity init)")
     ft.add_argument("--intermediate-task", help="two-stage: fine-tune on this task (name or file) first")
     ft.add_argument("--tasks", help="multi-task: comma-separated tasks trained with --task, one head each")
     ft.add_argument("--domain-corpus",
@@ -229,7 +231,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         overrides={"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                    "max_train_samples": args.max_train_samples, "seed": args.seed,
                    "embedding_updates": args.embedding_updates, "strategy": args.strategy,
-                   "adapter_size": args.adapter_size,
+                   "adapter_size": args.adapter_size, "adapter_init_std": args.adapter_init_std,
                    "intermediate_task": task_arg(args.intermediate_task) if args.intermediate_task else None,
                    "tasks": tuple(task_arg(t.strip()) for t in args.tasks.split(",") if t.strip())
                    if args.tasks else None,

@@ -302,7 +302,7 @@ def quantize_mode(model_dir: Path) -> str | None:
 def adopt_legacy_export(path: Path, legacy: Path, key: str) -> None:
     """Move a torch-dynamic-int8 export cached under its old name (<name>-onnx) to `path`.
 
-    Version 0.2.0 and earlier named these dirs <name>-onnx although they hold model.int8.pt;
+    Earlier versions named these dirs <name>-onnx although they hold model.int8.pt;
     renaming keeps their finished export instead of rebuilding it.
     """
     if path == legacy or path.exists() or not is_int8_dir(legacy) or read_stage_record(legacy).get("key") != key:

@@ -40,7 +40,7 @@ from pretrain.errors import UserError
 from pretrain.metrics import classification_metrics
 from pretrain.models import count_params
 from pretrain.pretraining import PretrainConfig
-from pretrain.strategies import Strategy, prepare, trainable_for
+from pretrain.strategies import ADAPTER_INIT_STD, Strategy, prepare, trainable_for
 from pretrain.train import (Batch, EpochBatches, TrainConfig, TrainResult, accepts_token_types,
                             epoch_batches, train)
 
@@ -54,6 +54,7 @@ class FinetuneConfig(TrainConfig):
     max_length: int = Field(128, ge=8, le=512)
     strategy: Strategy = "full"
     adapter_size: int = Field(64, ge=1)                  # Houlsby bottleneck width
+    adapter_init_std: float = Field(ADAPTER_INIT_STD, gt=0, le=1)   # std of the adapters' initial weights
     intermediate_task: TaskSpec | None = None            # two-stage: train on this first
     tasks: tuple[TaskSpec, ...] = ()                     # multi-task: trained with the target
     domain_corpus: str | None = None                     # domain MLM on this corpus first ('wordnet' or a file)
@@ -108,7 +109,7 @@ def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
                                show_progress)
         domain_summary = adapted.summary(domain.corpus)
         stages.append(domain_summary)
-    prepare(model, cfg.strategy, cfg.adapter_size)
+    prepare(model, cfg.strategy, cfg.adapter_size, cfg.adapter_init_std)
     if intermediate is not None:
         first = model if intermediate.label_names == task.label_names else with_head(model, intermediate.label_names,
                                                                                       cfg.seed)

@@ -33,7 +33,9 @@ from pretrain.errors import UserError
 
 Strategy = Literal["full", "frozen", "scalar-mix", "adapters"]
 STRATEGIES: tuple[str, ...] = ("full", "frozen", "scalar-mix", "adapters")
-ADAPTER_INIT_STD = 1e-2   # Houlsby's near-identity init: tiny weights, zero biases
+# Houlsby's near-identity init: weights drawn with std 1e-3 (the official code's
+# adapter_init_scale), zero biases, so each adapter starts as (almost) the identity.
+ADAPTER_INIT_STD = 1e-3
 
 # model_type -> (per layer) the modules after whose output an adapter goes, and where the
 # adapter module itself is registered, relative to one Transformer layer.
@@ -49,12 +51,12 @@ ADAPTER_SITES = {
 class Adapter(nn.Module):
     """Houlsby bottleneck adapter: (..., hidden) -> (..., hidden), x + up(gelu(down(x)))."""
 
-    def __init__(self, hidden: int, bottleneck: int):
+    def __init__(self, hidden: int, bottleneck: int, init_std: float = ADAPTER_INIT_STD):
         super().__init__()
         self.down = nn.Linear(hidden, bottleneck)
         self.up = nn.Linear(bottleneck, hidden)
         for linear in (self.down, self.up):
-            nn.init.normal_(linear.weight, std=ADAPTER_INIT_STD)
+            nn.init.normal_(linear.weight, std=init_std)
             nn.init.zeros_(linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +98,7 @@ class ScalarMix(nn.Module):
         return output
 
 
-def add_adapters(model: PreTrainedModel, bottleneck: int = 64) -> None:
+def add_adapters(model: PreTrainedModel, bottleneck: int = 64, init_std: float = ADAPTER_INIT_STD) -> None:
     """Insert an adapter after the attention and feed-forward sublayers of every layer."""
     from pretrain.models import encoder_layers
     family = model.config.model_type
@@ -114,7 +116,7 @@ def add_adapters(model: PreTrainedModel, bottleneck: int = 64) -> None:
                         f"expected standard {family} layers") from None
     hidden = model.config.hidden_size if hasattr(model.config, "hidden_size") else model.config.dim
     for hooked, owner in sites:
-        adapter = Adapter(hidden, bottleneck)
+        adapter = Adapter(hidden, bottleneck, init_std)
         owner.add_module("adapter", adapter)
         hooked.register_forward_hook(adapter.after)
     model.config.compressor_adapter_size = bottleneck
@@ -143,10 +145,11 @@ def submodule(root: nn.Module, path: str) -> nn.Module:
     return root
 
 
-def prepare(model: PreTrainedModel, strategy: str, adapter_size: int = 64) -> None:
+def prepare(model: PreTrainedModel, strategy: str, adapter_size: int = 64,
+            adapter_init_std: float = ADAPTER_INIT_STD) -> None:
     """Add what the strategy needs (idempotent: a model that has it keeps it)."""
     if strategy == "adapters":
-        add_adapters(model, adapter_size)
+        add_adapters(model, adapter_size, adapter_init_std)
     elif strategy == "scalar-mix":
         add_scalar_mix(model)
 

@@ -29,7 +29,7 @@ def runs(tmp_path_factory, tiny_bert_dir, tiny_csv, tiny_task):
     corpus.write_text("\n\n".join(tiny_task.split("train").texts) + "\n", encoding="utf-8")
     common = ["finetune", "--model", str(tiny_bert_dir), "--task", str(tiny_csv), "--quiet", "--lr", "1e-3"]
     jobs = {"adapters": [*common, "--out", str(root / "ok"), "--batch-size", "16", "--strategy", "adapters",
-                         "--adapter-size", "8", "--domain-corpus", str(corpus), "--domain-steps", "2"],
+                         "--adapter-size", "8", "--adapter-init-std", "1e-2", "--domain-corpus", str(corpus), "--domain-steps", "2"],
             "too-many": [*common, "--out", str(root / "bad"), "--batch-size", "1"]}
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {name: pool.submit(torchrun, argv, root) for name, argv in jobs.items()}
@@ -42,6 +42,7 @@ def test_torchrun_two_processes_write_one_model_with_strategy_metrics(runs, tiny
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((root / "ok" / "metrics.json").read_text())
     assert metrics["processes"] == 2 and metrics["strategy"] == "adapters"
+    assert metrics["config"]["adapter_init_std"] == 1e-2                  # the CLI flag reached the config
     assert metrics["train_samples"] == len(tiny_task.split("train"))       # each example once, over both ranks
     assert 0 < metrics["trainable_params"] < metrics["total_params"]
     assert metrics["trainable_percent"] == pytest.approx(100 * metrics["trainable_params"] / metrics["total_params"],

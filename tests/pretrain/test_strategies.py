@@ -8,11 +8,13 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from pydantic import ValidationError
 from torch import nn
 
 from compressor.bundle import ModelBundle
 from compressor.export.onnx import write_onnx
 from pretrain.errors import UserError
+from pretrain.finetune import FinetuneConfig
 from pretrain.models import count_params, load_saved_classifier
 from pretrain.strategies import STRATEGIES, add_adapters, add_scalar_mix, prepare, trainable_for
 
@@ -50,6 +52,20 @@ def test_adapters_start_near_identity_and_train_few_parameters(model_dirs, token
         assert trainable == sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert all(p.requires_grad for p in model.parameters())     # restored afterwards
     assert count_params(model) == total_before + sum(count_params(a) for a in adapters)
+
+
+def test_adapter_init_std_defaults_to_houlsby_and_is_configurable(bert_bundle):
+    weights = {}
+    for std in (None, 1e-2):
+        model = bert_bundle.copy_model()
+        prepare(model, "adapters", 64, **({} if std is None else {"adapter_init_std": std}))
+        weights[std] = torch.cat([p.flatten() for n, p in model.named_parameters()
+                                  if ".adapter." in n and n.endswith("weight")])
+    assert weights[None].std().item() == pytest.approx(1e-3, rel=0.05)     # Houlsby's near-identity init
+    assert weights[1e-2].std().item() == pytest.approx(1e-2, rel=0.05)
+    assert FinetuneConfig().adapter_init_std == 1e-3
+    with pytest.raises(ValidationError):
+        FinetuneConfig(adapter_init_std=0)
 
 
 def test_frozen_and_scalar_mix_train_only_the_head_side(bert_bundle):
