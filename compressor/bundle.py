@@ -41,7 +41,15 @@ class ModelBundle:
 
     @property
     def params(self) -> int:
-        return count_params(self.model)
+        """Parameters as deployed: a factorized embedding (`deploy.embedding_rank`) counts as
+        its two factors, V x r and r x H, which is what the exporter stores, not as the dense
+        V x H matrix the torch model keeps."""
+        count = count_params(self.model)
+        rank = self.deploy.get("embedding_rank")
+        if rank:
+            vocab, hidden = self.model.get_input_embeddings().weight.shape
+            count += rank * (vocab + hidden) - vocab * hidden
+        return count
 
     def replace(self, **changes: Any) -> "ModelBundle":
         return dataclasses.replace(self, **changes)

@@ -29,6 +29,8 @@ def test_the_embedding_becomes_its_best_rank_r_approximation(bert_bundle, tiny_t
     s = torch.linalg.svdvals(before.double())
     assert torch.linalg.norm((after - before).double()) == pytest.approx(float(s[8:].norm()), rel=1e-4)
     assert out.deploy["embedding_rank"] == 8
+    vocab, hidden = after.shape        # the report counts the two factors the export stores
+    assert bert_bundle.params - out.params == vocab * hidden - 8 * (vocab + hidden)
 
 
 def test_export_stores_the_factors_and_keeps_parity(bert_bundle, tiny_task, tmp_path):
