@@ -149,9 +149,18 @@ def unavailable_reason(profile: Profile) -> str | None:
     if req.cuda or profile.device == "cuda":
         import torch
         if not torch.cuda.is_available():
+            if nvidia_gpu_present() and torch.version.cuda is None:
+                # The usual case on a GPU box set up by `make`: the venv holds the CPU builds.
+                return (f"an NVIDIA GPU is present but torch {torch.__version__} is a CPU build: "
+                        f"install a CUDA build of torch and onnxruntime-gpu to run this profile")
             return "no CUDA device is visible"
     import onnxruntime as ort
     if profile.provider not in ort.get_available_providers():
         return (f"ONNX Runtime here has no {profile.provider} "
                 f"(available: {', '.join(ort.get_available_providers())})")
     return None
+
+
+def nvidia_gpu_present() -> bool:
+    """Whether the NVIDIA driver sees a GPU, whatever the Python packages can use."""
+    return Path("/proc/driver/nvidia/gpus").is_dir() and any(Path("/proc/driver/nvidia/gpus").iterdir())
