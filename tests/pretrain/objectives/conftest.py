@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from pretrain.data import load_corpus
-from pretrain.objectives import Document, ModelSize, Objective
+from pretrain.objectives import Document, ModelSize, Objective, get_objective
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 MICRO = ModelSize(layers=2, hidden=64, heads=2, intermediate=128)   # smaller than SIZES["tiny"]
@@ -75,6 +75,24 @@ def train_briefly(wp_tokenizer, documents):
     def run(objective: Objective, **kwargs):
         return _train_briefly(objective, wp_tokenizer, documents, **kwargs)
     return run
+
+
+@pytest.fixture
+def trains_and_round_trips(wp_tokenizer, documents, train_briefly, tmp_path):
+    """`trains_and_round_trips(name, model_class)`: a few steps lower the held-out loss, and
+    the deliverable, saved and reloaded with `model_class`, computes the same loss."""
+    def check(name: str, model_class) -> None:
+        objective = get_objective(name)
+        model, before, after = train_briefly(objective)
+        assert after < before - 0.2, (before, after)   # same held-out batch, eval mode
+        delivered = objective.deliverable(model)
+        delivered.save_pretrained(tmp_path)
+        loaded = model_class.from_pretrained(tmp_path)
+        batch = objective.make_batch(documents[:4], wp_tokenizer, np.random.default_rng(3), MAX_LENGTH)
+        delivered.eval()
+        with torch.no_grad():
+            assert torch.allclose(delivered(**batch).loss, loaded(**batch).loss, atol=1e-5)
+    return check
 
 
 def _train_briefly(objective: Objective, tokenizer, documents: list[Document], steps: int = 12,
