@@ -46,6 +46,32 @@ def trained_params(objective: str, tokenizer_dir: Path, max_length: int, seed: i
     return sum(p.numel() for p in model.parameters())
 
 
+def input_dependence(model_dir: Path, examples: int = 256) -> dict:
+    """How much the delivered encoder's last hidden states depend on the input, before any
+    fine-tuning: the std across the first `examples` validation glosses, averaged over the
+    hidden dims, of the [CLS] vector (what the classifier reads) and of the text tokens.
+    The states are LayerNorm outputs (rms about 1); an untrained BERT gives about 0.03 for
+    [CLS] and 0.8 for the tokens. Near 0 means a collapsed encoder: every input maps to the
+    same vectors, and fine-tuning gradients into it vanish."""
+    import numpy as np
+    import torch
+    from transformers import AutoModel
+    from pretrain.batching import collate, encode, usable_length
+    from pretrain.data import load_task
+    from pretrain.models import load_tokenizer
+    model = AutoModel.from_pretrained(str(model_dir)).eval()
+    tokenizer = load_tokenizer(model_dir)
+    data = encode(tokenizer, load_task("wordnet-supersense").split("validation").head(examples),
+                  usable_length(model))
+    batch = collate(data, np.arange(len(data)), with_token_types=False)
+    batch.pop("labels")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    text = batch["attention_mask"].bool() & ~torch.isin(batch["input_ids"], torch.tensor(tokenizer.all_special_ids))
+    return {"cls_std": round(float(hidden[:, 0].std(0).mean()), 4),
+            "token_std": round(float(hidden[text].std(0).mean()), 4), "examples": len(data)}
+
+
 def pretraining_summary(metrics: dict, params: int) -> dict:
     seconds = metrics["train_seconds"]
     return {"steps": metrics["steps"], "samples": metrics["samples"], "tokens": metrics["tokens"],
@@ -73,7 +99,14 @@ def write_results(args: argparse.Namespace, log: list[dict], arms: dict, tok: Pa
                   "batch: more compute per step than the other arms; only the discriminator is fine-tuned"],
         "environment": environment(),
     }
-    write_json(args.out, result)
+    write_json(args.out, repo_relative(result))
+
+
+def repo_relative(result: dict) -> dict:
+    """The results with this checkout's absolute paths made repo-relative and the venv's
+    interpreter written as `.venv/bin/python`: the file must not name one machine's paths."""
+    text = json.dumps(result).replace(json.dumps(sys.executable)[1:-1], ".venv/bin/python")
+    return json.loads(text.replace(json.dumps(str(ROOT) + "/")[1:-1], ""))
 
 
 def parse_args() -> argparse.Namespace:
@@ -110,7 +143,8 @@ def main() -> None:
         rnd = work / "random"
         if not rnd.exists():
             random_init_dir(tok, rnd, args.max_length, args.seed)
-        arms["random_init"] = {"finetune": finetune_step(cli, rnd, work / "finetune-random_init", args, log,
+        arms["random_init"] = {"input_dependence": input_dependence(rnd),
+                               "finetune": finetune_step(cli, rnd, work / "finetune-random_init", args, log,
                                                          args.max_eval_samples)}
         write_results(args, log, arms, tok, complete=False)
 
@@ -120,7 +154,8 @@ def main() -> None:
         metrics = pretrain_step(cli, objective, tok, work / name, args, log)
         params = trained_params(objective, tok, args.max_length, args.seed)
         finetune = finetune_step(cli, work / name, work / f"finetune-{name}", args, log, args.max_eval_samples)
-        arms[objective] = {"pretraining": pretraining_summary(metrics, params), "finetune": finetune}
+        arms[objective] = {"pretraining": pretraining_summary(metrics, params),
+                           "input_dependence": input_dependence(work / name), "finetune": finetune}
         write_results(args, log, arms, tok, complete=objective == objectives[-1])
 
     print(json.dumps({name: {"accuracy": arm["finetune"]["accuracy"],

@@ -29,6 +29,7 @@ from typing import Callable, Literal
 import numpy as np
 
 from compressor.profiles import Profile
+from pretrain.batching import MAX_LENGTH
 from pretrain.data import Split
 from pretrain.errors import UserError
 from pretrain.models import first_line
@@ -61,25 +62,28 @@ class Deployable:
 
 
 def input_batches(tokenizer, split: Split, batch_size: int, sequence_length: int | str,
-                  count: int = MAX_DISTINCT_BATCHES) -> list[Feed]:
+                  count: int = MAX_DISTINCT_BATCHES, max_length: int = MAX_LENGTH) -> list[Feed]:
     """Up to `count` batches of the split in its own order (not sorted by length).
 
-    `real`: each batch padded to its longest member, as a server batching requests would;
-    an int: every text truncated or padded to exactly that many tokens.
+    `real`: each batch padded to its longest member, as a server batching requests would,
+    texts cut at `max_length` (pass `usable_length(model)`: the model's positions bound it);
+    an int: every text truncated or padded to exactly that many tokens, at most `max_length`.
     """
     n = min(len(split), batch_size * count)
     if n < batch_size:
         raise UserError(f"the test split has {len(split)} examples, fewer than batch size {batch_size}")
+    if sequence_length != "real" and int(sequence_length) > max_length:
+        raise UserError(f"sequence length {sequence_length} is longer than the model's {max_length} usable "
+                        f"positions; expected a sequence length of at most {max_length} (or 'real')")
     n -= n % batch_size
     texts, pairs = split.texts[:n], (split.text_pairs[:n] if split.text_pairs is not None else None)
-    padding = dict(padding="longest") if sequence_length == "real" else \
+    padding = dict(padding="longest", max_length=max_length) if sequence_length == "real" else \
         dict(padding="max_length", max_length=int(sequence_length))
     batches = []
     for start in range(0, n, batch_size):
         args = (texts[start:start + batch_size],) + \
             ((pairs[start:start + batch_size],) if pairs is not None else ())
-        enc = tokenizer(*args, truncation=True, return_tensors="np",
-                        **({"max_length": 128} | padding))
+        enc = tokenizer(*args, truncation=True, return_tensors="np", **padding)
         batches.append({k: v.astype(np.int64) for k, v in enc.items()})
     return batches
 

@@ -56,7 +56,8 @@ def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | 
     result.update(task=task.name, **classification_metrics(np.asarray(test.labels), predictions))
     runner = {model.name: load_runner(model, profile)}
     settings = [(b, n) for b in profile.batch_sizes for n in profile.sequence_lengths]
-    batch_sets = [input_batches(predictor.tokenizer, test, b, n) for b, n in settings]
+    batch_sets = [input_batches(predictor.tokenizer, test, b, n, max_length=predictor.max_length)
+                  for b, n in settings]
     result["latency"] = [{"profile": profile.name, "batch_size": b, "sequence_length": n,
                           **measure_interleaved(runner, batches, profile)[model.name]}
                          for (b, n), batches in zip(settings, batch_sets)]

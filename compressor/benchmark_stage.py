@@ -14,13 +14,15 @@ from compressor.bench import (TIE_THRESHOLD, Deployable, input_batches, load_run
                               ranking_with_ties, summarize, tied_pairs, time_interleaved)
 from compressor.environment import environment
 from compressor.profiles import Profile, unavailable_reason
+from pretrain.batching import MAX_LENGTH
 from pretrain.data import Split
 
 
 def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
-                   log=print) -> dict:
+                   log=print, max_length: int = MAX_LENGTH) -> dict:
     """{"profiles": [...measured], "skipped": [...], "measurements": [...], "rankings": [...],
-    "timings": [...every timed call], "environment": ...}."""
+    "timings": [...every timed call], "environment": ...}. Inputs are cut at `max_length`
+    tokens (the teacher's `usable_length`: every variant has its positions)."""
     measured, skipped, rows, rankings, calls = [], [], [], [], []
     for profile in settings.profile_objects():
         reason = unavailable_reason(profile)
@@ -28,7 +30,8 @@ def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
             skipped.append({"profile": profile.name, "reason": reason})
             log(f"benchmark: profile {profile.name} skipped: {reason}")
             continue
-        profile_rows, profile_rankings, profile_calls = measure_profile(models, profile, tokenizer, test, log)
+        profile_rows, profile_rankings, profile_calls = measure_profile(models, profile, tokenizer, test, log,
+                                                                         max_length)
         rows += profile_rows
         rankings += profile_rankings
         calls += profile_calls
@@ -38,12 +41,12 @@ def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
 
 
 def measure_profile(models: list[Deployable], profile: Profile, tokenizer, test: Split,
-                    log) -> tuple[list[dict], list[dict], list[dict]]:
+                    log, max_length: int = MAX_LENGTH) -> tuple[list[dict], list[dict], list[dict]]:
     """Latency rows (one per model and setting), the tie-aware ranking of each setting, and
     every timed call (kept so that anyone can recompute the statistics)."""
     runners = {m.name: load_runner(m, profile) for m in models}
     settings = [(b, n) for b in profile.batch_sizes for n in profile.sequence_lengths]
-    batch_sets = [input_batches(tokenizer, test, b, n) for b, n in settings]
+    batch_sets = [input_batches(tokenizer, test, b, n, max_length=max_length) for b, n in settings]
     rows, rankings, calls = [], [], []
     try:
         for (batch_size, length), batches in zip(settings, batch_sets):

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from transformers import AutoConfig, PretrainedConfig
 
 from compressor.bundle import read_provenance
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
-from pretrain.batching import Encoded, encode, inference_order, iterate
+from pretrain.batching import MAX_LENGTH, Encoded, encode, inference_order, iterate, usable_length
 from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
@@ -28,6 +29,7 @@ class Predictor:
     tokenizer: object
     logits: Callable[[Encoded], np.ndarray]
     task: object                                # task spec recorded at save time, if any
+    max_length: int = MAX_LENGTH                # tokens per example, within the model's positions
 
 
 def load_predictor(path: str | Path) -> Predictor:
@@ -38,16 +40,18 @@ def load_predictor(path: str | Path) -> Predictor:
     if is_int8_dir(path):   # a torch-dynamic-int8 export: int8 state dict + config + tokenizer
         model = load_int8_model(path)
         return Predictor("torch-int8", config_labels(path), load_tokenizer(path),
-                         lambda data: predict_logits(model, data), read_provenance(path).get("task"))
+                         lambda data: predict_logits(model, data), read_provenance(path).get("task"),
+                         usable_length(model.config))
     onnx_file = path if path.suffix == ".onnx" else find_onnx(path)
     model_dir = onnx_file.parent if onnx_file else path
     task = read_provenance(model_dir).get("task")
     if onnx_file is None:
         model, tokenizer = load_saved_classifier(model_dir)
         labels = tuple(model.config.id2label[i] for i in sorted(model.config.id2label))
-        return Predictor("torch", labels, tokenizer, lambda data: predict_logits(model, data), task)
+        return Predictor("torch", labels, tokenizer, lambda data: predict_logits(model, data), task,
+                         usable_length(model))
     return Predictor("onnx", config_labels(model_dir), load_tokenizer(model_dir),
-                     onnx_logits_fn(onnx_file), task)
+                     onnx_logits_fn(onnx_file), task, usable_length(saved_config(model_dir)))
 
 
 def find_onnx(directory: Path) -> Path | None:
@@ -67,6 +71,14 @@ def config_labels(model_dir: Path) -> tuple[str, ...]:
     except (OSError, ValueError, KeyError):
         raise UserError(f"{model_dir} has no config.json with id2label beside the ONNX model") from None
     return tuple(id2label[k] for k in sorted(id2label, key=int))
+
+
+def saved_config(model_dir: Path) -> PretrainedConfig:
+    """The Transformers config saved beside an ONNX graph (its positions bound the input length)."""
+    try:
+        return AutoConfig.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{model_dir} has no readable config.json beside the ONNX model: {first_line(err)}") from None
 
 
 def onnx_logits_fn(onnx_file: Path, batch_size: int = 64) -> Callable[[Encoded], np.ndarray]:
@@ -124,5 +136,5 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
 
 def predict_classes(predictor: Predictor, split, task: TaskData) -> np.ndarray:
     mapping = label_permutation(predictor.label_names, task)
-    data = encode(predictor.tokenizer, split)
+    data = encode(predictor.tokenizer, split, predictor.max_length)
     return mapping[predictor.logits(data).argmax(axis=1)]

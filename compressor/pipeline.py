@@ -42,6 +42,7 @@ from compressor.passes import Context, apply_pass, get_pass
 from compressor.recipe import (BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR, RUN_FILE, Recipe, Step,
                                export_dir_name)
 from compressor.report import pareto_fronts, runtime_warnings, write_human_reports
+from pretrain.batching import usable_length
 from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, finetune
@@ -364,10 +365,11 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
                        "profiles": settings.resolved_profiles()})
     path = out_dir / BENCHMARK_DIR
     test = task.split("test").head(recipe.data.max_eval_samples)
-    tokenizer = ModelBundle.load(teacher.path).tokenizer
+    teacher_bundle = ModelBundle.load(teacher.path)
 
     def write(tmp: Path) -> dict:
-        results = run_benchmarks(models, settings, tokenizer, test)
+        results = run_benchmarks(models, settings, teacher_bundle.tokenizer, test,
+                                 max_length=usable_length(teacher_bundle.model))
         write_json(tmp / "benchmark.json", results)
         return results
     record = cached(path, key, write, force=rebenchmark)

@@ -13,9 +13,15 @@ from typing import Iterator
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from pretrain.data import Split
+
+# Tokens per example unless a caller asks otherwise (capped at the model's positions).
+MAX_LENGTH = 128
+
+# RoBERTa-style position ids start after the padding index: that many positions are unusable.
+OFFSET_POSITIONS = {"roberta": 2, "xlm-roberta": 2, "camembert": 2}
 
 # How many batches' worth of examples are sorted by length together. Larger windows
 # remove more padding; smaller ones keep batches closer to a uniform random sample.
@@ -38,7 +44,18 @@ class Encoded:
         return np.fromiter((len(ids) for ids in self.input_ids), dtype=np.int64, count=len(self))
 
 
-def encode(tokenizer: PreTrainedTokenizerBase, split: Split, max_length: int = 128) -> Encoded:
+def usable_length(model: PreTrainedModel | PretrainedConfig, max_length: int = MAX_LENGTH) -> int:
+    """`max_length`, capped at the positions the model (or its config) has: a model
+    pretrained here with `--max-length 64` (ELECTRA, SpanBERT) has 64 and cannot embed a
+    longer sequence. Every place that encodes examples for a model asks this."""
+    config = model.config if isinstance(model, PreTrainedModel) else model
+    positions = getattr(config, "max_position_embeddings", None)
+    if not positions:
+        return max_length
+    return min(max_length, positions - OFFSET_POSITIONS.get(config.model_type, 0))
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, split: Split, max_length: int = MAX_LENGTH) -> Encoded:
     """Tokenise a whole split once with the fast tokenizer (no padding)."""
     if split.text_pairs is None:
         enc = tokenizer(split.texts, truncation=True, max_length=max_length)

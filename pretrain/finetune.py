@@ -33,7 +33,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
-from pretrain.batching import Encoded, collate, encode, inference_order, iterate
+from pretrain.batching import MAX_LENGTH, Encoded, collate, encode, inference_order, iterate, usable_length
 from pretrain.data import Split, TaskData, load_task
 from pretrain.domain import check_domain, domain_adapt
 from pretrain.errors import UserError
@@ -51,7 +51,7 @@ class FinetuneConfig(TrainConfig):
     """Training settings plus which data to train on and how."""
 
     max_train_samples: int | None = Field(None, ge=1)   # per task
-    max_length: int = Field(128, ge=8, le=512)
+    max_length: int = Field(MAX_LENGTH, ge=8, le=512)
     strategy: Strategy = "full"
     adapter_size: int = Field(64, ge=1)                  # Houlsby bottleneck width
     adapter_init_std: float = Field(ADAPTER_INIT_STD, gt=0, le=1)   # std of the adapters' initial weights
@@ -121,19 +121,6 @@ def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
     stages.append(stage_summary("+".join(t.name for t in [task, *partners]), result))
     return FinetuneResult(train=result, trainable_params=trainable, total_params=count_params(model),
                           stages=stages, domain=domain_summary)
-
-
-# RoBERTa-style position ids start after the padding index: that many positions are unusable.
-OFFSET_POSITIONS = {"roberta": 2, "xlm-roberta": 2, "camembert": 2}
-
-
-def usable_length(model: PreTrainedModel, max_length: int) -> int:
-    """`max_length`, capped at the positions the model has: a model pretrained here with
-    `--max-length 64` (ELECTRA, SpanBERT) has 64 and cannot embed a longer sequence."""
-    positions = getattr(model.config, "max_position_embeddings", None)
-    if not positions:
-        return max_length
-    return min(max_length, positions - OFFSET_POSITIONS.get(model.config.model_type, 0))
 
 
 def train_stage(models: list[PreTrainedModel], tasks: list[TaskData], tokenizer: PreTrainedTokenizerBase,
@@ -276,7 +263,7 @@ def predict_logits(model: PreTrainedModel, data: Encoded, batch_size: int = 64) 
 
 
 def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, split: Split,
-             max_length: int = 128) -> tuple[dict[str, float], np.ndarray]:
+             max_length: int = MAX_LENGTH) -> tuple[dict[str, float], np.ndarray]:
     """Accuracy and macro-F1 on a split, plus the predicted class of every example."""
     data = encode(tokenizer, split, usable_length(model, max_length))
     predictions = predict_logits(model, data).argmax(axis=1)

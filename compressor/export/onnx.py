@@ -45,7 +45,7 @@ from compressor.export.graph_map import embedding_gathers, linear_nodes
 from compressor.export.quantize import (INT8_ONNX_MODES, LINEAR_SCOPE_UNFUSED, Plan, QuantizeConfig,
                                         quantize_onnx)
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
-from pretrain.batching import Encoded, encode
+from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import Split, TaskData
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
@@ -188,7 +188,7 @@ def calibration_split(bundle: ModelBundle, quantize: QuantizeConfig | None, task
         raise UserError(f"calibration set too small: {quantize.mode} asks for calibration_samples="
                         f"{wanted} but the {name} split of {task.name!r} has {len(split)} examples; "
                         f"lower calibration_samples to at most {len(split)}")
-    return encode(bundle.tokenizer, split.head(wanted))
+    return encode(bundle.tokenizer, split.head(wanted), usable_length(bundle.model))
 
 
 def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,
@@ -272,9 +272,10 @@ class Gate:
         self.settings = settings
         self.labels = np.asarray(test.labels)
         self.to_task = label_permutation(bundle.label_names, task)   # model class id -> task class id
-        self.data = encode(bundle.tokenizer, test)
+        length = usable_length(bundle.model)      # within the model's positions
+        self.data = encode(bundle.tokenizer, test, length)
         parity_split = test.head(settings.parity_samples)
-        self.parity_data = encode(bundle.tokenizer, parity_split)
+        self.parity_data = encode(bundle.tokenizer, parity_split, length)
         self.parity_samples = len(parity_split)
         self.reference = predict_logits(bundle.model, self.parity_data)
 

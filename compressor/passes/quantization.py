@@ -25,7 +25,7 @@ from compressor.export.quantize import QuantizeConfig
 from compressor.passes.fake_quant import (input_maxima, linear_layers, one_layer_quantized,
                                           q8bert_fake_quant)
 from compressor.passes.registry import Context, PassConfig, register
-from pretrain.batching import Encoded, encode, inference_order, iterate
+from pretrain.batching import Encoded, encode, inference_order, iterate, usable_length
 from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, finetune
@@ -127,7 +127,7 @@ def sensitivity_data(bundle: ModelBundle, task: TaskData, samples: int) -> Encod
     if len(train) < samples:
         raise UserError(f"sensitivity: samples={samples} but the train split of {task.name!r} has "
                         f"{len(train)} examples; lower samples to at most {len(train)}")
-    data = encode(bundle.tokenizer, train.head(samples))
+    data = encode(bundle.tokenizer, train.head(samples), usable_length(bundle.model))
     to_model = np.argsort(label_permutation(bundle.label_names, task))   # task id -> model id
     return Encoded(data.input_ids, data.token_type_ids, to_model[data.labels], data.pad_id)
 

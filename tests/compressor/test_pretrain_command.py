@@ -183,3 +183,35 @@ def test_cli_dae_noise_errors_are_one_line(corpus, tmp_path):
     assert not (tmp_path / "p").exists() and not checkpoint_dir(tmp_path / "p").exists()
     with pytest.raises(UserError, match="configure --objective dae"):
         objective_options("mlm", mask_ratio=0.3)
+
+
+@pytest.mark.parametrize("objective", ["rtd", "span"])
+def test_deliverable_reloads_as_a_classifier_with_every_trained_weight(corpus, tmp_path, objective, tiny_task,
+                                                                       monkeypatch):
+    """What `compressor finetune` loads is exactly what pretraining trained: every tensor of
+    the encoder (embeddings shared with ELECTRA's generator, or tied to SpanBERT's MLM and
+    SBO softmaxes, included) and the same hidden states. Only the classification head (and
+    BERT's pooler, which MLM-style objectives never train) is new."""
+    import compressor.pretrain_command as command
+    delivered = {}
+
+    def keep_deliverable(*args, **kwargs):
+        model, metrics = run_pretraining(*args, **kwargs)
+        delivered["model"] = model
+        return model, metrics
+    run_pretraining = command.run_pretraining
+    monkeypatch.setattr(command, "run_pretraining", keep_deliverable)
+    out = tmp_path / objective
+    pretrain_command(config(corpus, objective, steps=3), out, show_progress=False, threads=1)
+    trained = delivered["model"].base_model
+    model, tokenizer = load_classifier(str(out), tiny_task.label_names)
+    loaded = model.base_model.state_dict()
+    expected = trained.state_dict()
+    assert {k for k in loaded if not k.startswith("pooler.")} == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(loaded[name], tensor, rtol=0, atol=0, msg=name)
+    batch = tokenizer(["a dog: a domesticated carnivore", "to run fast"], padding=True, return_tensors="pt")
+    batch.pop("token_type_ids", None)
+    with torch.no_grad():
+        torch.testing.assert_close(model.base_model.eval()(**batch).last_hidden_state,
+                                   trained.eval()(**batch).last_hidden_state, rtol=0, atol=0)

@@ -130,7 +130,8 @@ def test_models_with_few_positions_fine_tune_and_evaluate_within_them(tokenizer,
     """An ELECTRA pretrained with --max-length 16 has 16 positions: longer glosses are cut
     to fit, not fed past the position table (which raised a size mismatch)."""
     from transformers import ElectraConfig, ElectraForSequenceClassification
-    from pretrain.finetune import evaluate, usable_length
+    from pretrain.batching import usable_length
+    from pretrain.finetune import evaluate
     torch.manual_seed(0)
     model = ElectraForSequenceClassification(ElectraConfig(
         vocab_size=len(tokenizer), embedding_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification
 
 from compressor.bundle import ModelBundle
@@ -156,3 +157,36 @@ def test_no_token_type_input_when_the_tokenizer_makes_none(tiny_bundle, tiny_tas
     assert record["inputs"] == ["input_ids", "attention_mask"]
     assert record["parity_max_abs_diff"] <= 1e-4
     assert evaluate_path(str(tmp_path / "out"), None)["accuracy"] == record["accuracy"]
+
+
+def test_a_model_with_few_positions_exports_evaluates_and_benchmarks_within_them(tokenizer, tiny_task, tmp_path):
+    """A teacher pretrained here with `--max-length N` has N positions (ELECTRA, SpanBERT):
+    evaluation, the export's parity gate and the benchmark inputs cut examples to fit
+    (`usable_length`), instead of feeding 128 tokens past the position table."""
+    from transformers import BertConfig, BertForSequenceClassification
+    from compressor.bench import input_batches
+    from compressor.evaluate import load_predictor
+    positions, labels = 16, tiny_task.label_names
+    test = tiny_task.split("test")
+    assert max(len(ids) for ids in tokenizer(test.texts)["input_ids"]) > positions
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=positions, num_labels=len(labels),
+        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})).eval()
+    model.save_pretrained(str(tmp_path / "hf"))
+    tokenizer.save_pretrained(str(tmp_path / "hf"))
+    bundle = ModelBundle.load(tmp_path / "hf").replace(task=tiny_task.spec)
+
+    torch_metrics, _ = evaluate(bundle.model, bundle.tokenizer, test)
+    assert evaluate_path(str(tmp_path / "hf"), tiny_task.spec)["accuracy"] == torch_metrics["accuracy"]
+    record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task)
+    assert record["parity_max_abs_diff"] <= 1e-4 and record["accuracy"] == torch_metrics["accuracy"]
+    assert evaluate_path(str(tmp_path / "out"), None)["accuracy"] == record["accuracy"]
+
+    predictor = load_predictor(tmp_path / "out")
+    assert predictor.max_length == positions
+    batches = input_batches(predictor.tokenizer, test, 8, "real", max_length=predictor.max_length)
+    assert max(b["input_ids"].shape[1] for b in batches) == positions
+    with pytest.raises(UserError, match=f"sequence length 32 is longer than the model's {positions}"):
+        input_batches(predictor.tokenizer, test, 8, 32, max_length=predictor.max_length)
