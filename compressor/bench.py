@@ -79,7 +79,7 @@ def input_batches(tokenizer, split: Split, batch_size: int, sequence_length: int
         args = (texts[start:start + batch_size],) + \
             ((pairs[start:start + batch_size],) if pairs is not None else ())
         enc = tokenizer(*args, truncation=True, return_tensors="np",
-                        **({"max_length": 128} | padding))
+                        **({"max_length": min(128, tokenizer.model_max_length)} | padding))
         batches.append({k: v.astype(np.int64) for k, v in enc.items()})
     return batches
 

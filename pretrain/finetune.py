@@ -130,7 +130,7 @@ def usable_length(model: PreTrainedModel, max_length: int) -> int:
     """`max_length`, capped at the positions the model has: a model pretrained here with
     `--max-length 64` (ELECTRA, SpanBERT) has 64 and cannot embed a longer sequence."""
     positions = getattr(model.config, "max_position_embeddings", None)
-    if not positions:
+    if not positions or positions < 0:   # XLNet's relative positions: -1, no limit
         return max_length
     return min(max_length, positions - OFFSET_POSITIONS.get(model.config.model_type, 0))
 
@@ -246,18 +246,20 @@ class MultiTaskBatches:
         parts = [collate(d, plan[step], self.with_token_types) for d, plan in zip(self.data, self.plans)]
         for t, part in enumerate(parts):
             part["task"] = torch.full((len(part["labels"]),), t, dtype=torch.long)
-        return concat_padded(parts, self.data[0].pad_id)
+        return concat_padded(parts, self.data[0].pad_id, self.data[0].pad_left)
 
 
-def concat_padded(parts: list[Batch], pad_id: int) -> Batch:
-    """Stack batches of different widths: pad input_ids with pad_id, masks and types with 0."""
+def concat_padded(parts: list[Batch], pad_id: int, pad_left: bool = False) -> Batch:
+    """Stack batches of different widths: pad input_ids with pad_id, masks and types with 0
+    (on the left for a left-padding tokenizer)."""
     width = max(p["input_ids"].shape[1] for p in parts)
     out = {}
     for key in parts[0]:
         tensors = [p[key] for p in parts]
         if tensors[0].ndim == 2:
             fill = pad_id if key == "input_ids" else 0
-            tensors = [nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in tensors]
+            tensors = [nn.functional.pad(t, (width - t.shape[1], 0) if pad_left else (0, width - t.shape[1]),
+                                         value=fill) for t in tensors]
         out[key] = torch.cat(tensors)
     return out
 
