@@ -26,6 +26,7 @@ from pretrain.batching import encode
 from pretrain.data import load_corpus
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, predict_logits
+from pretrain.objectives import SIZES, ModelSize
 from pretrain.pretraining import make_config
 
 # family -> the objective that pretrains it
@@ -33,10 +34,11 @@ OBJECTIVES = {"bart": "dae", "xlnet": "plm", "bilm": "bilm"}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def keep_one_thread():
+def keep_one_thread_and_a_test_size():
     """run_recipe sets torch to every core; on a shared machine one thread is faster for tiny models."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pipeline, "set_threads", lambda threads: None)
+        mp.setitem(SIZES, "test", ModelSize(layers=2, hidden=32, heads=2, intermediate=64))
         yield
 
 
@@ -50,13 +52,16 @@ def corpus(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def pretrained(corpus, tmp_path_factory):
-    """family -> dir of a tiny model pretrained for 2 steps by `compressor pretrain` (built on first use)."""
+    """family -> dir of a model pretrained for 2 steps by `compressor pretrain` (built on first use).
+
+    At a test size below `tiny` (hidden 32; BiLM cells 64), registered for this module only,
+    so the real command, objective and loop run in seconds."""
     root = tmp_path_factory.mktemp("pretrained")
     made = {}
 
     def get(family: str):
         if family not in made:
-            cfg = make_config(objective=OBJECTIVES[family], corpus=corpus, size="tiny", steps=2, batch_size=4,
+            cfg = make_config(objective=OBJECTIVES[family], corpus=corpus, size="test", steps=2, batch_size=4,
                               max_length=32, buffer_size=32, seed=0)
             pretrain_command(cfg, root / family, show_progress=False, threads=1)
             made[family] = root / family
