@@ -390,6 +390,35 @@ def write_onnx(model: PreTrainedModel, path: Path, names: tuple[str, ...] | None
                               dynamic_axes=axes, opset_version=OPSET, dynamo=False)
     except Exception as err:  # tracing raises many types on modules it cannot follow
         raise UserError(f"ONNX export of the {model.config.model_type} model failed: {first_line(err)}") from None
+    lstm_weights_as_initializers(path)
+
+
+def lstm_weights_as_initializers(path: Path) -> None:
+    """Turn the Constant nodes feeding LSTM weights (W, R) into initializers.
+
+    The BiLM's recurrent weight is a product computed outside the trace
+    (pretrain/objectives/bilm.py `lstmp`), which the exporter writes as a Constant node;
+    ONNX Runtime's quantizer only quantizes LSTM weights held as initializers. Graphs
+    without LSTMs are left untouched.
+    """
+    import onnx
+    proto = onnx.load(str(path))
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    moved = []
+    for node in proto.graph.node:
+        if node.op_type != "LSTM":
+            continue
+        for name in node.input[1:3]:
+            source = producers.get(name)
+            if source is not None and source.op_type == "Constant" and source not in moved:
+                tensor = onnx.helper.get_attribute_value(source.attribute[0])
+                tensor.name = name
+                proto.graph.initializer.append(tensor)
+                moved.append(source)
+    if moved:
+        for node in moved:
+            proto.graph.node.remove(node)
+        onnx.save(proto, str(path))
 
 
 class LogitsOnly(torch.nn.Module):
