@@ -165,3 +165,26 @@ def test_bilm_refuses_passes_that_need_transformer_layers(pretrained, tiny_task)
     with pytest.raises(UserError, match="Transformer layers.*'bilm'.*bert.*bart, xlnet") as err:
         apply_pass(bundle, "drop-layers", DropLayers(keep=(0,)), Context(task=tiny_task, show_progress=False))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family", list(OBJECTIVES))
+def test_compressor_finetune_writes_a_teacher_that_reloads_alike(pretrained, tiny_csv, tiny_task, tmp_path, family):
+    """`compressor finetune` on a pretrained dir; the written dir (tokenizer layout included)
+    reloads to the same test predictions."""
+    from compressor.evaluate import evaluate_path
+    from compressor.finetune_command import finetune_command
+    metrics = finetune_command(str(pretrained(family)), {"path": str(tiny_csv)}, tmp_path / "ft",
+                               {"epochs": 1, "batch_size": 16, "max_train_samples": 48, "lr": 1e-3},
+                               show_progress=False)
+    assert metrics["samples"] == 30 and 0 <= metrics["accuracy"] <= 1
+    reloaded = evaluate_path(str(tmp_path / "ft"), {"path": str(tiny_csv)})
+    assert reloaded["accuracy"] == pytest.approx(metrics["accuracy"])
+
+
+def test_optimum_baseline_is_refused_for_an_xlnet_teacher_before_writing(pretrained, tiny_csv, tmp_path):
+    pipe = Pipeline("xlnet-bench", teacher=str(pretrained("xlnet")), task={"path": str(tiny_csv)})
+    pipe.variant("same").benchmark(profiles=["cpu"])
+    with pytest.raises(UserError, match="optimum-default-int8 cannot be built for a 'xlnet' teacher") as err:
+        pipe.run(tmp_path / "out", show_progress=False)
+    assert "onnxruntime-fp32" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
