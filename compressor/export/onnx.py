@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from compressor.atomic import atomic_dir, write_json
@@ -228,9 +227,10 @@ def torch_int8_into(directory: Path, bundle: ModelBundle, gate: "Gate",
     model = quantized_copy(bundle.model)
     fp32_logits = predict_logits(bundle.model, gate.data)
     with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
-        fp32_file = Path(work_dir) / "model.safetensors"
-        save_file({k: v.contiguous() for k, v in bundle.model.state_dict().items()}, str(fp32_file))
-        fp32_size = fp32_file.stat().st_size
+        # save_pretrained writes tied weights once (BART's encoder and decoder share one
+        # embedding table; safetensors refuses a state dict with shared tensors).
+        bundle.model.save_pretrained(work_dir, safe_serialization=True)
+        fp32_size = (Path(work_dir) / "model.safetensors").stat().st_size
     int8_logits = predict_logits(model, gate.data)
     record = {"format": "torch", "file": INT8_FILE, "inputs": list(bundle.tokenizer.model_input_names),
               **gate.fp32_metrics(fp32_logits, None), "fp32_size_bytes": fp32_size,

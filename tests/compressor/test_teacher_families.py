@@ -111,7 +111,7 @@ def test_pretrained_family_is_a_recipe_teacher(runs, family):
 def tiny_bundle(pretrained, family: str, tiny_task) -> ModelBundle:
     from pretrain.models import load_classifier
     model, tokenizer = load_classifier(str(pretrained(family)), tiny_task.label_names)
-    return ModelBundle(model=model, tokenizer=tokenizer, task={"path": "tiny.csv"})
+    return ModelBundle(model=model, tokenizer=tokenizer, task=tiny_task.spec)
 
 
 def test_bart_rows_keep_one_eos_each(pretrained, tiny_task):
@@ -188,3 +188,31 @@ def test_optimum_baseline_is_refused_for_an_xlnet_teacher_before_writing(pretrai
         pipe.run(tmp_path / "out", show_progress=False)
     assert "onnxruntime-fp32" in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_scalar_mix_strategy_per_family(pretrained, tiny_task):
+    """XLNet gets the strategy's mix; a BiLM classifier has ELMo's mix already and trains it
+    with the encoder frozen; BART (classified from its decoder) refuses in one line."""
+    from pretrain.strategies import prepare, trainable_for
+    xlnet = tiny_bundle(pretrained, "xlnet", tiny_task).model
+    prepare(xlnet, "scalar-mix")
+    data = encode(tiny_bundle(pretrained, "xlnet", tiny_task).tokenizer, tiny_task.split("test").head(4))
+    assert np.isfinite(predict_logits(xlnet, data)).all()
+    bilm = tiny_bundle(pretrained, "bilm", tiny_task).model
+    prepare(bilm, "scalar-mix")
+    with trainable_for(bilm, "scalar-mix", bilm.base_model):
+        trained = {n for n, p in bilm.named_parameters() if p.requires_grad}
+    assert trained == {"scalar_mix.weights", "scalar_mix.gamma", "classifier.weight", "classifier.bias"}
+    with pytest.raises(UserError, match="scalar-mix strategy is not available for model family 'bart'"):
+        prepare(tiny_bundle(pretrained, "bart", tiny_task).model, "scalar-mix")
+
+
+@pytest.mark.parametrize("family", list(OBJECTIVES))
+def test_torch_dynamic_int8_export(pretrained, tiny_task, tmp_path, family):
+    """The PyTorch int8 deployment too (BART's tied embedding tables included)."""
+    from compressor.export.onnx import ExportSettings, export_bundle
+    bundle = apply_pass(tiny_bundle(pretrained, family, tiny_task), "quantize", QuantizeConfig(mode="torch-dynamic-int8"),
+                        Context(task=tiny_task, show_progress=False))
+    record = export_bundle(bundle, tmp_path / "int8", ExportSettings(accuracy_tolerance=0.2), tiny_task)
+    assert record["format"] == "torch" and record["precision"] == "torch-dynamic-int8"
+    assert record["size_bytes"] < record["fp32_size_bytes"] and (tmp_path / "int8" / "model.int8.pt").is_file()
