@@ -100,13 +100,15 @@ def fit_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) ->
     - xlnet: XLNet's layout `text [SEP] [CLS]` (`a [SEP] b [SEP] [CLS]` for pairs, [CLS] in
       segment 2), padded on the left so the summary token XLNetForSequenceClassification
       reads (the last position) is [CLS] in every row: the layout `plm` pretrains on.
-    Other families keep their layout. The changes are saved with the tokenizer.
+    Other families keep their layout. The changes are saved with the tokenizer. The model
+    is adjusted too: a BART classifier never decodes step by step, so it keeps no cache.
     """
     from pretrain.finetune import usable_length   # finetune imports this module
     tokenizer.model_max_length = usable_length(model, tokenizer.model_max_length)
     model_type = model.config.model_type
     if model_type == "bart":
         tokenizer.split_special_tokens = True
+        model.config.use_cache = False
     elif model_type == "xlnet":
         from tokenizers.processors import TemplateProcessing
         cls = tokenizer.cls_token or tokenizer.bos_token
