@@ -4,6 +4,10 @@ recipe's `teacher.finetune`, quantized (dynamic int8), exported behind the parit
 
 Each family runs one tiny recipe through the Python API (the same stages as `compressor
 run`): teacher fine-tune on 120 examples, a `dynamic-int8` variant, ONNX export of both.
+Beside it: `compressor finetune` round trips, each family's input layout (BART's one EOS
+per row, XLNet's left padding), drop-layers on BART's encoder and XLNet, the refusals
+(drop-layers on a BiLM, scalar-mix on BART, Optimum's baseline on XLNet) and the PyTorch
+int8 deployment.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+
 from compressor import Pipeline, pipeline
 from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig
