@@ -41,7 +41,7 @@ refuse it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -90,6 +90,27 @@ def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index)
 
 
+def residual_stack(layers: nn.ModuleList, x: torch.Tensor, dropout: nn.Module,
+                   cell: Callable[[nn.LSTM, torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+    """Each layer's output states [batch, seq, E]; `cell(lstm, x)` runs one LSTM."""
+    states = []
+    for i, lstm in enumerate(layers):
+        out = cell(lstm, dropout(x))
+        x = out if i == 0 else out + x                  # ELMo's residual between layers
+        states.append(x)
+    return states
+
+
+def elmo_representations(embedded: torch.Tensor, lengths: torch.Tensor, forward_layers: nn.ModuleList,
+                         backward_layers: nn.ModuleList,
+                         run: Callable[[nn.ModuleList, torch.Tensor], list[torch.Tensor]]) -> list[torch.Tensor]:
+    """[embedding duplicated, layer 1, ..., layer L], each [batch, seq, 2E] = [forward; backward]."""
+    forward = run(forward_layers, embedded)
+    # The backward LM reads each row reversed within its length (padding stays last).
+    backward = [reverse_padded(h, lengths) for h in run(backward_layers, reverse_padded(embedded, lengths))]
+    return [torch.cat([embedded, embedded], -1)] + [torch.cat(pair, -1) for pair in zip(forward, backward)]
+
+
 class BiLanguageModel(PreTrainedModel):
     config_class = BiLMConfig
     base_model_prefix = "bilm"
@@ -132,12 +153,7 @@ class BiLanguageModel(PreTrainedModel):
         self.softmax = value
 
     def _run(self, layers: nn.ModuleList, x: torch.Tensor) -> list[torch.Tensor]:
-        states = []
-        for i, lstm in enumerate(layers):
-            out, _ = lstm(self.dropout(x))
-            x = out if i == 0 else out + x                  # ELMo's residual between layers
-            states.append(x)
-        return states
+        return residual_stack(layers, x, self.dropout, lambda lstm, h: lstm(h)[0])
 
     def contextual(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                    ) -> list[torch.Tensor]:
@@ -145,13 +161,8 @@ class BiLanguageModel(PreTrainedModel):
         [batch, seq, 2 * embedding_dim] = [forward; backward]."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        lengths = attention_mask.sum(1)
-        embedded = self.embeddings(input_ids)
-        forward = self._run(self.forward_layers, embedded)
-        # The backward LM reads each row reversed within its length (padding stays last).
-        backward = [reverse_padded(h, lengths)
-                    for h in self._run(self.backward_layers, reverse_padded(embedded, lengths))]
-        return [torch.cat([embedded, embedded], -1)] + [torch.cat(pair, -1) for pair in zip(forward, backward)]
+        return elmo_representations(self.embeddings(input_ids), attention_mask.sum(1),
+                                    self.forward_layers, self.backward_layers, self._run)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 **_: object) -> BiLMOutput:
@@ -201,21 +212,12 @@ class BiLMEncoder(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def _run(self, layers: nn.ModuleList, x: torch.Tensor) -> list[torch.Tensor]:
-        states = []
-        for i, lstm in enumerate(layers):
-            out = lstmp(lstm, self.dropout(x))
-            x = out if i == 0 else out + x                  # ELMo's residual between layers
-            states.append(x)
-        return states
+        return residual_stack(layers, x, self.dropout, lstmp)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
         """ELMo's L + 1 representations, each [batch, seq, 2 * embedding_dim] (as `contextual`)."""
-        lengths = attention_mask.sum(1)
-        embedded = self.embeddings(input_ids)
-        forward = self._run(self.forward_layers, embedded)
-        backward = [reverse_padded(h, lengths)
-                    for h in self._run(self.backward_layers, reverse_padded(embedded, lengths))]
-        return [torch.cat([embedded, embedded], -1)] + [torch.cat(pair, -1) for pair in zip(forward, backward)]
+        return elmo_representations(self.embeddings(input_ids), attention_mask.sum(1),
+                                    self.forward_layers, self.backward_layers, self._run)
 
 
 class ElmoScalarMix(nn.Module):
