@@ -20,6 +20,7 @@ import onnx
 import pytest
 
 from compressor import Pipeline, pipeline
+from compressor import finetune_command as finetune_command_module
 from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig
 from compressor.passes import Context, apply_pass
@@ -38,9 +39,11 @@ OBJECTIVES = {"bart": "dae", "xlnet": "plm", "bilm": "bilm"}
 
 @pytest.fixture(scope="module", autouse=True)
 def keep_one_thread_and_a_test_size():
-    """run_recipe sets torch to every core; on a shared machine one thread is faster for tiny models."""
+    """run_recipe and `compressor finetune` set torch to every core; on a shared machine one
+    thread is faster for tiny models."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pipeline, "set_threads", lambda threads: None)
+        mp.setattr(finetune_command_module, "set_threads", lambda threads: None)
         mp.setitem(SIZES, "test", ModelSize(layers=2, hidden=32, heads=2, intermediate=64))
         yield
 
