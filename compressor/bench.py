@@ -69,6 +69,7 @@ def input_batches(tokenizer, split: Split, batch_size: int, sequence_length: int
     texts cut at `max_length` (pass `usable_length(model)`: the model's positions bound it);
     an int: every text truncated or padded to exactly that many tokens, at most `max_length`.
     """
+    max_length = min(max_length, tokenizer.model_max_length)   # the tokenizer knows its family's limit
     n = min(len(split), batch_size * count)
     if n < batch_size:
         raise UserError(f"the test split has {len(split)} examples, fewer than batch size {batch_size}")

@@ -30,7 +30,7 @@ import numpy as np
 
 from compressor import __version__
 from compressor.atomic import atomic_dir, write_json
-from compressor.baselines import BUILDERS, baseline_kind, model_file
+from compressor.baselines import BUILDERS, baseline_kind, check_baselines, model_file
 from compressor.bench import Deployable
 from compressor.benchmark_stage import run_benchmarks
 from compressor.bundle import ModelBundle, read_provenance
@@ -47,7 +47,7 @@ from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, finetune
 from pretrain.metrics import agreement, classification_metrics
-from pretrain.models import BUNDLED_MODELS, check_model_ref, load_classifier, set_threads
+from pretrain.models import BUNDLED_MODELS, check_model_ref, load_classifier, read_model_type, set_threads
 
 STAGE_FILE = "stage.json"
 
@@ -76,6 +76,8 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     set_threads(None)
     teacher_ref = resolve_path(recipe.teacher.model, base_dir, keep=BUNDLED_MODELS)
     teacher_path = check_model_ref(teacher_ref)
+    if recipe.benchmark is not None:
+        check_baselines(recipe.benchmark.baselines, read_model_type(teacher_path))
     task = load_task(resolve_task_paths(recipe.teacher.task, base_dir), seed=recipe.seed)
     steps = {name: [resolve_step_paths(step, base_dir) for step in variant_steps]
              for name, variant_steps in steps.items()}

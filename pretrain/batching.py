@@ -36,6 +36,7 @@ class Encoded:
     token_type_ids: list[list[int]] | None
     labels: np.ndarray  # (n,) int64
     pad_id: int
+    pad_left: bool = False   # the tokenizer pads on the left (XLNet: its summary token stays last)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -50,20 +51,23 @@ def usable_length(model: PreTrainedModel | PretrainedConfig, max_length: int = M
     longer sequence. Every place that encodes examples for a model asks this."""
     config = model.config if isinstance(model, PreTrainedModel) else model
     positions = getattr(config, "max_position_embeddings", None)
-    if not positions:
+    if not positions or positions < 0:   # XLNet's relative positions: -1, no limit
         return max_length
     return min(max_length, positions - OFFSET_POSITIONS.get(config.model_type, 0))
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, split: Split, max_length: int = MAX_LENGTH) -> Encoded:
-    """Tokenise a whole split once with the fast tokenizer (no padding)."""
+    """Tokenise a whole split once with the fast tokenizer (no padding), truncating to
+    `max_length` or the tokenizer's `model_max_length` (the model's positions), if shorter."""
+    max_length = min(max_length, tokenizer.model_max_length)
     if split.text_pairs is None:
         enc = tokenizer(split.texts, truncation=True, max_length=max_length)
     else:
         enc = tokenizer(split.texts, split.text_pairs, truncation="longest_first", max_length=max_length)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Encoded(input_ids=enc["input_ids"], token_type_ids=enc.get("token_type_ids"),
-                   labels=np.asarray(split.labels, dtype=np.int64), pad_id=pad_id)
+                   labels=np.asarray(split.labels, dtype=np.int64), pad_id=pad_id,
+                   pad_left=tokenizer.padding_side == "left")
 
 
 def collate(encoded: Encoded, indices: np.ndarray, with_token_types: bool = True) -> dict[str, torch.Tensor]:
@@ -72,15 +76,17 @@ def collate(encoded: Encoded, indices: np.ndarray, with_token_types: bool = True
     width = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), encoded.pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    def place(n: int) -> slice:   # where a row of n tokens goes: padding after it, or before
+        return slice(width - n, width) if encoded.pad_left else slice(0, n)
     for j, r in enumerate(rows):
-        input_ids[j, : len(r)] = torch.tensor(r)
-        attention_mask[j, : len(r)] = 1
+        input_ids[j, place(len(r))] = torch.tensor(r)
+        attention_mask[j, place(len(r))] = 1
     batch = {"input_ids": input_ids, "attention_mask": attention_mask}
     if with_token_types and encoded.token_type_ids is not None:
         token_types = torch.zeros((len(rows), width), dtype=torch.long)
         for j, i in enumerate(indices):
             t = encoded.token_type_ids[i]
-            token_types[j, : len(t)] = torch.tensor(t)
+            token_types[j, place(len(t))] = torch.tensor(t)
         batch["token_type_ids"] = token_types
     batch["labels"] = torch.from_numpy(encoded.labels[indices])
     return batch

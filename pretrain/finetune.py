@@ -234,18 +234,20 @@ class MultiTaskBatches:
         parts = [collate(d, plan[step], self.with_token_types) for d, plan in zip(self.data, self.plans)]
         for t, part in enumerate(parts):
             part["task"] = torch.full((len(part["labels"]),), t, dtype=torch.long)
-        return concat_padded(parts, self.data[0].pad_id)
+        return concat_padded(parts, self.data[0].pad_id, self.data[0].pad_left)
 
 
-def concat_padded(parts: list[Batch], pad_id: int) -> Batch:
-    """Stack batches of different widths: pad input_ids with pad_id, masks and types with 0."""
+def concat_padded(parts: list[Batch], pad_id: int, pad_left: bool = False) -> Batch:
+    """Stack batches of different widths: pad input_ids with pad_id, masks and types with 0
+    (on the left for a left-padding tokenizer)."""
     width = max(p["input_ids"].shape[1] for p in parts)
     out = {}
     for key in parts[0]:
         tensors = [p[key] for p in parts]
         if tensors[0].ndim == 2:
             fill = pad_id if key == "input_ids" else 0
-            tensors = [nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in tensors]
+            tensors = [nn.functional.pad(t, (width - t.shape[1], 0) if pad_left else (0, width - t.shape[1]),
+                                         value=fill) for t in tensors]
         out[key] = torch.cat(tensors)
     return out
 

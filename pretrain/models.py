@@ -16,19 +16,31 @@ from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTo
                           PreTrainedModel, PreTrainedTokenizerBase)
 
 from pretrain.errors import UserError
+from pretrain.objectives import bilm as _bilm  # noqa: F401  registers "bilm" with the Auto classes
 
 BUNDLED_MODELS = ("minilm",)
 
-# model_type -> attribute path of the encoder's nn.ModuleList of Transformer layers.
-# Passes that restructure layers (drop-layers, pruning, sharing) look layers up here.
+# model_type -> attribute path (under the base model) of the nn.ModuleList of Transformer
+# layers. Passes that restructure layers (drop-layers, pruning, sharing) look layers up here.
+# BART's entry is its encoder's layers: the decoder stays whole (its last EOS state is what
+# BartForSequenceClassification classifies), so drop-layers shortens the part that reads
+# the whole input.
 LAYER_PATHS = {
     "bert": "encoder.layer",
     "roberta": "encoder.layer",
     "xlm-roberta": "encoder.layer",
     "electra": "encoder.layer",
     "distilbert": "transformer.layer",
+    "bart": "encoder.layers",
+    "xlnet": "layer",
 }
-SUPPORTED_FAMILIES = tuple(LAYER_PATHS)
+TRANSFORMER_FAMILIES = tuple(LAYER_PATHS)
+# Classifier teachers: every Transformer family above, plus the ELMo-style BiLM pretrained
+# here (pretrain/objectives/bilm.py: BiLMForSequenceClassification), which has LSTMs, not
+# Transformer layers, so layer and attention passes refuse it.
+SUPPORTED_FAMILIES = TRANSFORMER_FAMILIES + ("bilm",)
+# config attribute holding the number of layers at LAYER_PATHS, where it is not num_hidden_layers
+LAYER_COUNT_FIELDS = {"distilbert": ("n_layers",), "bart": ("encoder_layers", "num_hidden_layers")}
 
 
 def resolve_model_path(ref: str) -> Path:
@@ -51,7 +63,7 @@ def read_model_type(path: Path) -> str:
     except (OSError, ValueError) as err:
         raise UserError(f"{path / 'config.json'} is not valid JSON: {err}") from None
     model_type = config.get("model_type")
-    if model_type not in LAYER_PATHS:
+    if model_type not in SUPPORTED_FAMILIES:
         raise UserError(f"model family {model_type!r} in {path} is not supported; "
                         f"expected one of: {', '.join(SUPPORTED_FAMILIES)}")
     return model_type
@@ -73,6 +85,42 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(str(path), use_fast=True)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load a tokenizer from {path}: {first_line(err)}") from None
+
+
+def fit_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> PreTrainedTokenizerBase:
+    """Make a tokenizer produce the inputs `model` can read, in the layout its head reads.
+
+    - every family: `model_max_length` at most the model's positions (a model pretrained
+      here with `--max-length 32` has 32), which `encode` and the benchmark truncate to.
+
+    - bart: BartForSequenceClassification reads each row's last EOS and needs the same
+      number of EOS tokens in every row of a batch. The tokenizer adds one per text (two
+      per pair) and truncation keeps it; `split_special_tokens` stops a text that contains
+      the EOS string literally ("[SEP]", "</s>") from adding one more.
+    - xlnet: XLNet's layout `text [SEP] [CLS]` (`a [SEP] b [SEP] [CLS]` for pairs, [CLS] in
+      segment 2), padded on the left so the summary token XLNetForSequenceClassification
+      reads (the last position) is [CLS] in every row: the layout `plm` pretrains on.
+    Other families keep their layout. The changes are saved with the tokenizer. The model
+    is adjusted too: a BART classifier never decodes step by step, so it keeps no cache.
+    """
+    from pretrain.finetune import usable_length   # finetune imports this module
+    tokenizer.model_max_length = usable_length(model, tokenizer.model_max_length)
+    model_type = model.config.model_type
+    if model_type == "bart":
+        tokenizer.split_special_tokens = True
+        model.config.use_cache = False
+    elif model_type == "xlnet":
+        from tokenizers.processors import TemplateProcessing
+        cls = tokenizer.cls_token or tokenizer.bos_token
+        sep = tokenizer.sep_token or tokenizer.eos_token
+        if cls is None or sep is None:
+            raise UserError("an xlnet model needs a tokenizer with a cls/bos and a sep/eos token; "
+                            "this tokenizer lacks one")
+        tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+            single=f"$A:0 {sep}:0 {cls}:2", pair=f"$A:0 {sep}:0 $B:1 {sep}:1 {cls}:2",
+            special_tokens=[(sep, tokenizer.convert_tokens_to_ids(sep)), (cls, tokenizer.convert_tokens_to_ids(cls))])
+        tokenizer.padding_side = "left"
+    return tokenizer
 
 
 def load_classifier(ref: str, label_names: tuple[str, ...], seed: int = 0
@@ -99,7 +147,7 @@ def load_classifier(ref: str, label_names: tuple[str, ...], seed: int = 0
     restore_added_modules(model, path)
     if not same_labels:
         reinitialise_head(model)
-    return model, load_tokenizer(path)
+    return model, fit_tokenizer(load_tokenizer(path), model)
 
 
 def reinitialise_head(model: PreTrainedModel) -> None:
@@ -122,7 +170,7 @@ def load_saved_classifier(path: Path) -> tuple[PreTrainedModel, PreTrainedTokeni
     except (OSError, ValueError, RuntimeError) as err:
         raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
     restore_added_modules(model, path)
-    return model, load_tokenizer(path)
+    return model, fit_tokenizer(load_tokenizer(path), model)
 
 
 def restore_added_modules(model: PreTrainedModel, path: Path) -> None:
@@ -136,9 +184,13 @@ def label_names_of(model: PreTrainedModel) -> tuple[str, ...]:
 
 
 def encoder_layers(model: PreTrainedModel) -> nn.ModuleList:
-    """The ModuleList of Transformer layers of a supported family."""
+    """The ModuleList of Transformer layers of a supported family (one-line error otherwise)."""
+    family = model.config.model_type
+    if family not in LAYER_PATHS:
+        raise UserError(f"this step needs Transformer layers, which model family {family!r} does not have; "
+                        f"supported families: {', '.join(TRANSFORMER_FAMILIES)}")
     module: nn.Module = model.base_model
-    for name in LAYER_PATHS[model.config.model_type].split("."):
+    for name in LAYER_PATHS[family].split("."):
         module = getattr(module, name)
     return module
 
@@ -173,9 +225,7 @@ def keep_encoder_layers(model: PreTrainedModel, keep: list[int]) -> None:
             if hasattr(module, "layer_idx"):
                 module.layer_idx = new_index
     config = model.config
-    if config.model_type == "distilbert":
-        config.n_layers = len(keep)
-    else:
-        config.num_hidden_layers = len(keep)
+    for name in LAYER_COUNT_FIELDS.get(config.model_type, ("num_hidden_layers",)):
+        setattr(config, name, len(keep))
     pruned = {int(k): v for k, v in (getattr(config, "pruned_heads", None) or {}).items()}
     config.pruned_heads = {new: pruned[old] for new, old in enumerate(keep) if old in pruned}

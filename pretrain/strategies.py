@@ -122,11 +122,20 @@ def add_adapters(model: PreTrainedModel, bottleneck: int = 64, init_std: float =
     model.config.compressor_adapter_size = bottleneck
 
 
+# Families whose classifier does not read the encoder's last hidden state, and why.
+SCALAR_MIX_REFUSED = {"bart": "BART classifies from its decoder's state at the last EOS, not from a mix of "
+                              "encoder layers"}
+
+
 def add_scalar_mix(model: PreTrainedModel) -> None:
     """Make the head read a learned mix of all layers instead of the last one."""
     from pretrain.models import encoder_layers
-    if getattr(model.config, "compressor_scalar_mix", False):
-        return
+    family = model.config.model_type
+    if getattr(model.config, "compressor_scalar_mix", False) or family == "bilm":
+        return   # a BiLM classifier reads ELMo's scalar mix already (it sits beside the head)
+    if family in SCALAR_MIX_REFUSED:
+        raise UserError(f"the scalar-mix strategy is not available for model family {family!r}: "
+                        f"{SCALAR_MIX_REFUSED[family]}; expected strategy full or frozen")
     mix = ScalarMix(len(encoder_layers(model)) + 1)
     model.add_module("scalar_mix", mix)          # beside the head: trained with it
     attach_scalar_mix(model, mix)

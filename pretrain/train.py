@@ -429,19 +429,25 @@ def epoch_batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator,
 def embedding_mode(model: nn.Module, mode: str) -> Iterator[list[nn.Parameter]]:
     """Switch the word embedding to sparse gradients or freeze it; restore afterwards.
 
-    An embedding a fine-tuning strategy has frozen stays frozen whatever the mode."""
+    An embedding a fine-tuning strategy has frozen stays frozen whatever the mode. Every
+    lookup module sharing the word embedding's weight switches together: BART looks the
+    shared table up through separate encoder and decoder modules, and one dense lookup
+    would make the whole gradient dense."""
     embedding = model.get_input_embeddings()
-    was_sparse, was_trainable = embedding.sparse, embedding.weight.requires_grad
+    lookups = [m for m in model.modules() if isinstance(m, nn.Embedding) and m.weight is embedding.weight]
+    was_sparse, was_trainable = [m.sparse for m in lookups], embedding.weight.requires_grad
     try:
         if mode == "sparse" and was_trainable:
-            embedding.sparse = True
+            for m in lookups:
+                m.sparse = True
             yield [embedding.weight]
         else:
             if mode == "frozen":
                 embedding.weight.requires_grad_(False)
             yield []
     finally:
-        embedding.sparse = was_sparse
+        for m, sparse in zip(lookups, was_sparse):
+            m.sparse = sparse
         embedding.weight.requires_grad_(was_trainable)
 
 

@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from compressor.atomic import atomic_dir, write_json
@@ -138,7 +137,8 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
                   "parity_tolerance": settings.parity_tolerance,
                   "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
         if settings.optimize and not (quantize and quantize.mode in UNFUSED_MODES):
-            graph, fusion_record = optimized(graph, work / "fused.onnx", gate, unfused_ops(quantize))
+            graph, fusion_record = optimized(graph, work / "fused.onnx", gate, unfused_ops(quantize),
+                                             bundle.model.config)
             record.update(fusion_record)
         else:
             why = UNFUSED_MODES.get(quantize.mode) if settings.optimize and quantize else None
@@ -227,9 +227,10 @@ def torch_int8_into(directory: Path, bundle: ModelBundle, gate: "Gate",
     model = quantized_copy(bundle.model)
     fp32_logits = predict_logits(bundle.model, gate.data)
     with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
-        fp32_file = Path(work_dir) / "model.safetensors"
-        save_file({k: v.contiguous() for k, v in bundle.model.state_dict().items()}, str(fp32_file))
-        fp32_size = fp32_file.stat().st_size
+        # save_pretrained writes tied weights once (BART's encoder and decoder share one
+        # embedding table; safetensors refuses a state dict with shared tensors).
+        bundle.model.save_pretrained(work_dir, safe_serialization=True)
+        fp32_size = (Path(work_dir) / "model.safetensors").stat().st_size
     int8_logits = predict_logits(model, gate.data)
     record = {"format": "torch", "file": INT8_FILE, "inputs": list(bundle.tokenizer.model_input_names),
               **gate.fp32_metrics(fp32_logits, None), "fp32_size_bytes": fp32_size,
@@ -250,9 +251,10 @@ def warn_fp16_on_cpu() -> None:
               file=sys.stderr, flush=True)
 
 
-def optimized(graph: Path, target: Path, gate: "Gate", unfused: tuple[str, ...] = ()) -> tuple[Path, dict]:
+def optimized(graph: Path, target: Path, gate: "Gate", unfused: tuple[str, ...] = (),
+              config=None) -> tuple[Path, dict]:
     """The fused graph if fusion applies and keeps parity; otherwise the input graph."""
-    fusion, parity = fuse(graph, target, unfused), {}
+    fusion, parity = fuse(graph, target, unfused, config), {}
     if fusion.path is not None:
         try:
             parity = gate.parity(fusion.path, "the fused graph")   # the shipped graph's parity
@@ -378,29 +380,82 @@ def write_onnx(model: PreTrainedModel, path: Path, names: tuple[str, ...] | None
     """
     check_exportable(model)
     names = names or input_names(model)
-    example = example_inputs(names, model.config.vocab_size)
+    example = example_inputs(names, model.config)
     axes = {name: {0: "batch", 1: "sequence"} for name in names} | {"logits": {0: "batch"}}
     model.eval()
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")   # the TorchScript exporter's tracer notices
-            torch.onnx.export(model, tuple(example[n] for n in names), str(path),
+            torch.onnx.export(LogitsOnly(model, names), tuple(example[n] for n in names), str(path),
                               input_names=list(names), output_names=["logits"],
                               dynamic_axes=axes, opset_version=OPSET, dynamo=False)
     except Exception as err:  # tracing raises many types on modules it cannot follow
         raise UserError(f"ONNX export of the {model.config.model_type} model failed: {first_line(err)}") from None
+    lstm_weights_as_initializers(path)
 
 
-def example_inputs(names: tuple[str, ...], vocab_size: int) -> dict[str, torch.Tensor]:
+def lstm_weights_as_initializers(path: Path) -> None:
+    """Turn the Constant nodes feeding LSTM weights (W, R) into initializers.
+
+    The BiLM's recurrent weight is a product computed outside the trace
+    (pretrain/objectives/bilm.py `lstmp`), which the exporter writes as a Constant node;
+    ONNX Runtime's quantizer only quantizes LSTM weights held as initializers. Graphs
+    without LSTMs are left untouched.
+    """
+    import onnx
+    proto = onnx.load(str(path))
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    moved = []
+    for node in proto.graph.node:
+        if node.op_type != "LSTM":
+            continue
+        for name in node.input[1:3]:
+            source = producers.get(name)
+            if source is not None and source.op_type == "Constant" and source not in moved:
+                tensor = onnx.helper.get_attribute_value(source.attribute[0])
+                tensor.name = name
+                proto.graph.initializer.append(tensor)
+                moved.append(source)
+    if moved:
+        for node in moved:
+            proto.graph.node.remove(node)
+        onnx.save(proto, str(path))
+
+
+class LogitsOnly(torch.nn.Module):
+    """The graph's one output: logits. Encoder-decoders (BART) and XLNet also return caches
+    (past key values, mems) and encoder states that a classifier never needs; asking for
+    none keeps them out of the graph."""
+
+    NO_CACHE = {"use_cache": False, "use_mems": False}   # forward flags that turn caches off
+
+    def __init__(self, model: PreTrainedModel, names: tuple[str, ...]):
+        super().__init__()
+        self.model, self.names = model, names
+        params = inspect.signature(model.forward).parameters
+        self.flags = {k: v for k, v in self.NO_CACHE.items() if k in params}
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(**dict(zip(self.names, inputs)), **self.flags).logits
+
+
+def example_inputs(names: tuple[str, ...], config) -> dict[str, torch.Tensor]:
     """A padded batch of 2 x 8: the second row ends in padding so the mask path is traced.
 
     (An all-ones mask lets some attention implementations skip the mask, which tracing
-    would then bake into the graph.)
+    would then bake into the graph.) Families that read the end-of-sequence token (BART
+    classifies from the last EOS of each row) get one EOS as each row's last real token and
+    nowhere else, as a tokenized batch has.
     """
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, vocab_size, (2, 8), generator=generator)
+    ids = torch.randint(1, config.vocab_size, (2, 8), generator=generator)
     mask = torch.ones((2, 8), dtype=torch.long)
     mask[1, 5:] = 0
+    eos = getattr(config, "eos_token_id", None)
+    if eos is not None:
+        ids[ids == eos] = 1 if eos != 1 else 2
+        ids[0, 7] = ids[1, 4] = eos
+        ids[1, 5:] = config.pad_token_id if config.pad_token_id is not None else 0
     return {"input_ids": ids, "attention_mask": mask,
             "token_type_ids": torch.zeros((2, 8), dtype=torch.long)}
 

@@ -38,10 +38,13 @@ INT8_ONNX_MODES = ("dynamic-int8", "static-int8")
 # MiniLM's parameters, so leaving it fp32 (Optimum's default list is MatMul/Attention only)
 # would keep the file at about 60% of fp32. EmbedLayerNormalization is the same lookups
 # once fused.
-DYNAMIC_INT8_OPS = ["MatMul", "Attention", "Gather", "EmbedLayerNormalization"]
-# Static int8 quantizes the same ops. Residual adds, LayerNorm, Softmax and GELU stay float:
-# their outputs carry the outlier channels that make BERT's activations hard to fit in 8 bits.
-STATIC_INT8_OPS = DYNAMIC_INT8_OPS
+TRANSFORMER_INT8_OPS = ["MatMul", "Attention", "Gather", "EmbedLayerNormalization"]
+# LSTM (the BiLM teacher): ORT's DynamicQuantizeLSTM keeps both weight matrices in int8.
+DYNAMIC_INT8_OPS = TRANSFORMER_INT8_OPS + ["LSTM"]
+# Static int8 quantizes the Transformer ops (ORT has no static LSTM). Residual adds,
+# LayerNorm, Softmax and GELU stay float: their outputs carry the outlier channels that
+# make BERT's activations hard to fit in 8 bits.
+STATIC_INT8_OPS = TRANSFORMER_INT8_OPS
 CALIBRATION_BATCH = 32
 
 # static-int8 `scope`: which tensors become int8.

@@ -129,7 +129,7 @@ def sensitivity_data(bundle: ModelBundle, task: TaskData, samples: int) -> Encod
                         f"{len(train)} examples; lower samples to at most {len(train)}")
     data = encode(bundle.tokenizer, train.head(samples), usable_length(bundle.model))
     to_model = np.argsort(label_permutation(bundle.label_names, task))   # task id -> model id
-    return Encoded(data.input_ids, data.token_type_ids, to_model[data.labels], data.pad_id)
+    return Encoded(data.input_ids, data.token_type_ids, to_model[data.labels], data.pad_id, data.pad_left)
 
 
 def predictions(model: torch.nn.Module, data: Encoded, batch_size: int) -> tuple[float, torch.Tensor]:

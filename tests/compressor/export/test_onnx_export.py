@@ -120,7 +120,7 @@ def test_fused_graph_that_breaks_parity_is_not_used(tiny_bundle, tiny_task, tmp_
     other = tiny_bundle.copy_model()
     other.classifier.bias.data += 0.01    # logits off by 0.01 everywhere
 
-    def wrong_fusion(source, target, unfused=()):   # "fuses" into another model's graph
+    def wrong_fusion(source, target, unfused=(), config=None):   # "fuses" into another model's graph
         write_onnx(other, target)
         return export_onnx.Fusion(target, {"Attention": 4})
     monkeypatch.setattr(export_onnx, "fuse", wrong_fusion)

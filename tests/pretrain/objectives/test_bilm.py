@@ -74,3 +74,38 @@ def test_training_reduces_loss_and_the_format_round_trips(wp_tokenizer, document
             assert torch.allclose(delivered(**batch).loss, loaded(**batch).loss, atol=1e-5)
             layers = loaded.contextual(batch["input_ids"], batch["attention_mask"])
         assert len(layers) == 3 and all(h.shape[-1] == 128 for h in layers)
+
+
+def test_lstmp_is_the_projected_lstm():
+    """The plain-LSTM form the classifier (and its ONNX graph) uses computes nn.LSTM(proj_size=P)."""
+    from pretrain.objectives.bilm import lstmp
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(8, 24, batch_first=True, proj_size=8)
+    x = torch.randn(3, 7, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(lstmp(lstm, x), lstm(x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_classifier_reads_the_pretrained_bilm(wp_tokenizer, documents, max_length, tmp_path):
+    """BiLMForSequenceClassification loads a BiLM dir through AutoModelForSequenceClassification:
+    the same ELMo layers as the LM, the LM softmax left out, and padding changes no logits."""
+    from transformers import AutoModelForSequenceClassification
+
+    from pretrain.objectives.bilm import BiLMForSequenceClassification
+    objective = get_objective("bilm")
+    model = objective.build_model(wp_tokenizer, ModelSize(layers=2, hidden=32, heads=1, intermediate=64),
+                                  max_length, 0).eval()
+    model.save_pretrained(tmp_path)
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=3).eval()
+    assert isinstance(classifier, BiLMForSequenceClassification)
+    assert not any(name.startswith("bilm.softmax") for name in classifier.state_dict())
+    batch = objective.make_batch(documents[:4], wp_tokenizer, np.random.default_rng(0), max_length)
+    with torch.no_grad():
+        for lm_layer, layer in zip(model.contextual(**batch), classifier.bilm(**batch)):
+            torch.testing.assert_close(layer, lm_layer, rtol=1e-4, atol=1e-5)
+        logits = classifier(**batch).logits
+        row = int(batch["attention_mask"].sum(1).argmin())
+        length = int(batch["attention_mask"][row].sum())
+        alone = classifier(input_ids=batch["input_ids"][row:row + 1, :length]).logits
+    assert logits.shape == (4, 3)
+    torch.testing.assert_close(alone[0], logits[row], rtol=1e-4, atol=1e-5)
