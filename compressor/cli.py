@@ -155,6 +155,8 @@ def add_pretraining_commands(sub) -> None:
     pt.add_argument("--tokenizer", default="minilm", help="a tokenizer dir (compressor tokenizer) or 'minilm'")
     pt.add_argument("--batch-size", type=positive_int, default=32)
     pt.add_argument("--lr", type=float, default=5e-4)
+    pt.add_argument("--warmup-ratio", type=float, default=None,
+                    help="share of the steps over which the rate warms up linearly (default 0.06)")
     pt.add_argument("--max-length", type=positive_int, default=128)
     pt.add_argument("--seed", type=int, default=0)
     pt.add_argument("--buffer-size", type=positive_int, default=10_000, help="chunks in the shuffle buffer")
@@ -204,7 +206,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     options = objective_options(args.objective, args.dae_noise, args.mask_ratio, tuple(args.objective_option))
     cfg = make_config(objective=args.objective, objective_options=options, corpus=args.corpus, size=args.size,
                       tokenizer=args.tokenizer,
-                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
+                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
+                      max_length=args.max_length,
                       seed=args.seed, buffer_size=args.buffer_size)
     metrics = pretrain_command(cfg, args.out, resume=args.resume, show_progress=not args.quiet,
                                checkpoint_every=args.checkpoint_every, threads=args.threads)

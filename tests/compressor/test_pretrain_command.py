@@ -151,6 +151,10 @@ def test_cli_tokenizer_and_pretrain_bad_input(corpus, tmp_path):
               "--steps", "2", "--tokenizer", str(tok), "--out", str(tmp_path / "p"))
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and len(bad.stderr.splitlines()) == 1
     assert not (tmp_path / "p").exists()
+    bad = cli("pretrain", "--objective", "mlm", "--corpus", corpus, "--steps", "2", "--tokenizer", str(tok),
+              "--warmup-ratio", "1.5", "--out", str(tmp_path / "p"))
+    assert bad.returncode == 2 and "warmup_ratio" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    assert not (tmp_path / "p").exists()
 
 
 def test_dae_noise_options_reach_the_objective_metrics_and_model(corpus, tmp_path):
