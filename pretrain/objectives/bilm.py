@@ -75,6 +75,16 @@ class BiLMConfig(PretrainedConfig):
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
 
 
+def init_like_bert(module: nn.Module, config: BiLMConfig) -> None:
+    """Embeddings and linear layers drawn as BERT draws them (pad row zero); others untouched."""
+    if isinstance(module, nn.Embedding):
+        module.weight.data.normal_(0.0, config.initializer_range)
+        module.weight.data[config.pad_token_id].zero_()
+    elif isinstance(module, nn.Linear):
+        module.weight.data.normal_(0.0, config.initializer_range)
+        module.bias.data.zero_()
+
+
 @dataclass
 class BiLMOutput(ModelOutput):
     loss: torch.Tensor | None = None
@@ -133,12 +143,7 @@ class BiLanguageModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         # LSTMs keep PyTorch's own initialisation; embeddings and softmax as in BERT.
-        if isinstance(module, nn.Embedding):
-            module.weight.data.normal_(0.0, self.config.initializer_range)
-            module.weight.data[self.config.pad_token_id].zero_()
-        elif isinstance(module, nn.Linear):
-            module.weight.data.normal_(0.0, self.config.initializer_range)
-            module.bias.data.zero_()
+        init_like_bert(module, self.config)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings
@@ -252,12 +257,8 @@ class BiLMForSequenceClassification(PreTrainedModel):
         if isinstance(module, ElmoScalarMix):
             module.weights.data.zero_()
             module.gamma.data.fill_(1.0)
-        elif isinstance(module, nn.Embedding):
-            module.weight.data.normal_(0.0, self.config.initializer_range)
-            module.weight.data[self.config.pad_token_id].zero_()
-        elif isinstance(module, nn.Linear):
-            module.weight.data.normal_(0.0, self.config.initializer_range)
-            module.bias.data.zero_()
+        else:
+            init_like_bert(module, self.config)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.bilm.embeddings
