@@ -15,6 +15,7 @@ from torch import nn
 from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
                           PreTrainedModel, PreTrainedTokenizerBase)
 
+from pretrain.batching import usable_length
 from pretrain.errors import UserError
 from pretrain.objectives import bilm as _bilm  # noqa: F401  registers "bilm" with the Auto classes
 
@@ -103,7 +104,6 @@ def fit_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) ->
     Other families keep their layout. The changes are saved with the tokenizer. The model
     is adjusted too: a BART classifier never decodes step by step, so it keeps no cache.
     """
-    from pretrain.finetune import usable_length   # finetune imports this module
     tokenizer.model_max_length = usable_length(model, tokenizer.model_max_length)
     model_type = model.config.model_type
     if model_type == "bart":
