@@ -391,7 +391,8 @@ def write_onnx(model: PreTrainedModel, path: Path, names: tuple[str, ...] | None
                               dynamic_axes=axes, opset_version=OPSET, dynamo=False)
     except Exception as err:  # tracing raises many types on modules it cannot follow
         raise UserError(f"ONNX export of the {model.config.model_type} model failed: {first_line(err)}") from None
-    lstm_weights_as_initializers(path)
+    if any(isinstance(m, torch.nn.LSTM) for m in model.modules()):   # spare other graphs a reload
+        lstm_weights_as_initializers(path)
 
 
 def lstm_weights_as_initializers(path: Path) -> None:
