@@ -8,6 +8,7 @@ as ordinary Hugging Face dirs. Tests that change a model load their own copy.
 from __future__ import annotations
 
 import csv
+import itertools
 import random
 from collections import Counter
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 from transformers import (AutoTokenizer, BertConfig, BertForSequenceClassification, DistilBertConfig,
                           DistilBertForSequenceClassification, GPT2Config, GPT2LMHeadModel)
 
-from pretrain.data import Split, TaskData, load_task
+from pretrain.data import Split, TaskData, load_corpus, load_task
 from pretrain.models import resolve_model_path
 
 # Four supersenses that are frequent in WordNet and tell apart from the gloss wording.
@@ -158,3 +159,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def wordnet_corpus_file(tmp_path_factory):
+    """`wordnet_corpus_file(n)`: path of a plain-text corpus (blank lines between documents)
+    holding the first n WordNet documents, as a user would hand one over; written once per n."""
+    made: dict[int, str] = {}
+
+    def make(n: int) -> str:
+        if n not in made:
+            path = tmp_path_factory.mktemp("corpus") / f"wordnet-{n}.txt"
+            docs = itertools.islice(load_corpus("wordnet"), n)
+            path.write_text("".join("\n".join(doc) + "\n\n" for doc in docs))
+            made[n] = str(path)
+        return made[n]
+    return make

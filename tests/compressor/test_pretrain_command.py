@@ -6,7 +6,6 @@ real stream, objectives, loop and checkpointing, at test scale.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
@@ -20,7 +19,6 @@ from safetensors.torch import load_file
 from compressor import pipeline
 from compressor.pretrain_command import pretrain_command
 from compressor.recipe import parse_recipe
-from pretrain.data import load_corpus
 from pretrain.errors import UserError
 from pretrain.models import check_model_ref, load_classifier
 from pretrain.objectives.dae import NoiseConfig
@@ -30,11 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("corpus") / "wordnet-300.txt"
-    docs = itertools.islice(load_corpus("wordnet"), 300)
-    path.write_text("".join("\n".join(doc) + "\n\n" for doc in docs))
-    return str(path)
+def corpus(wordnet_corpus_file) -> str:
+    return wordnet_corpus_file(300)
 
 
 def config(corpus: str, objective: str = "mlm", **overrides):

@@ -12,7 +12,6 @@ int8 deployment.
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import numpy as np
@@ -27,7 +26,6 @@ from compressor.passes import Context, apply_pass
 from compressor.passes.layers import DropLayers
 from compressor.pretrain_command import pretrain_command
 from pretrain.batching import encode
-from pretrain.data import load_corpus
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, predict_logits
 from pretrain.objectives import SIZES, ModelSize
@@ -49,11 +47,8 @@ def keep_one_thread_and_a_test_size():
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("corpus") / "wordnet-200.txt"
-    docs = itertools.islice(load_corpus("wordnet"), 200)
-    path.write_text("".join("\n".join(doc) + "\n\n" for doc in docs))
-    return str(path)
+def corpus(wordnet_corpus_file) -> str:
+    return wordnet_corpus_file(200)
 
 
 @pytest.fixture(scope="module")

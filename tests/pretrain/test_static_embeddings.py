@@ -3,7 +3,6 @@ export and reload, and vectors that do not collapse after a short real training 
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
@@ -13,18 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compressor.pretrain_command import embeddings_command
-from pretrain.data import load_corpus
 from pretrain.errors import UserError
 from pretrain.static_embeddings import EmbeddingConfig, PairSampler, SkipGram, load_embeddings, sgns_loss
 from pretrain.train import StepBatches, TrainConfig, train
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("corpus") / "wordnet-3000.txt"
-    docs = itertools.islice(load_corpus("wordnet"), 3000)
-    path.write_text("".join("\n".join(doc) + "\n\n" for doc in docs))
-    return str(path)
+def corpus(wordnet_corpus_file) -> str:
+    return wordnet_corpus_file(3000)
 
 
 @pytest.fixture(scope="module")

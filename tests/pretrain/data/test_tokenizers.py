@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 from transformers import AutoTokenizer
 
-from pretrain.data import load_corpus
 from pretrain.data.tokenizers import (TokenizerConfig, save_tokenizer, smallest_vocab, tokenizer_metrics,
                                       train_tokenizer)
 from pretrain.errors import UserError
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(wordnet_corpus_file) -> str:
     """The first 4000 WordNet documents as a user's plain-text corpus."""
-    path = tmp_path_factory.mktemp("corpus") / "wordnet-head.txt"
-    docs = itertools.islice(load_corpus("wordnet"), 4000)
-    path.write_text("".join("\n".join(doc) + "\n\n" for doc in docs))
-    return str(path)
+    return wordnet_corpus_file(4000)
 
 
 @pytest.fixture(scope="module")
