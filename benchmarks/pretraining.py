@@ -47,11 +47,12 @@ def tokenizer_step(cli: list[str], tok: Path, vocab_size: int, log: list[dict]) 
 
 
 def pretrain_step(cli: list[str], objective: str, tok: Path, out: Path, args: argparse.Namespace,
-                  log: list[dict]) -> dict:
-    """`compressor pretrain` with the benchmark's shared settings; returns its metrics.json."""
+                  log: list[dict], lr: float | None = None) -> dict:
+    """`compressor pretrain` with the benchmark's shared settings (the learning rate `lr` when
+    given, else `args.lr`); returns its metrics.json."""
     run(cli + ["pretrain", "--objective", objective, "--corpus", "wordnet", "--size", "small",
                "--tokenizer", str(tok), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-               "--max-length", str(args.max_length), "--lr", str(args.lr), "--seed", str(args.seed),
+               "--max-length", str(args.max_length), "--lr", str(lr or args.lr), "--seed", str(args.seed),
                "--checkpoint-every", "100", "--threads", str(args.threads), "--resume",
                "--out", str(out)], log, done=out)
     return json.loads((out / "metrics.json").read_text())

@@ -4,8 +4,9 @@ Issue 3 asks for downstream wordnet-supersense accuracy after pretraining with e
 at equal compute (ELECTRA's paper found replaced token detection more compute-efficient than
 MLM). Every arm is the same small architecture (SIZES["small"]: 4 layers, hidden 256, 4
 heads, FFN 1024) with the same WordPiece tokenizer (trained once on the corpus), pretrained
-on the WordNet corpus with the same batch size, max length, learning rate, seed and number
-of steps. The corpus stream is seeded the same way for every objective, so each sees the
+on the WordNet corpus with the same batch size, max length, warm-up, seed and number of
+steps, and by default the same peak learning rate; `--lr-for rtd=2e-4,span=1e-4` gives an
+objective its own rate (at 1e-3 rtd and span collapse the encoder; see benchmarks/README.md). The corpus stream is seeded the same way for every objective, so each sees the
 same documents: the same steps and (up to the pair objective's one extra [SEP] per
 sequence) the same tokens. Each deliverable is then fine-tuned with the same `compressor
 finetune` settings and evaluated on the same held-out test examples.
@@ -76,6 +77,7 @@ def pretraining_summary(metrics: dict, params: int) -> dict:
     seconds = metrics["train_seconds"]
     return {"steps": metrics["steps"], "samples": metrics["samples"], "tokens": metrics["tokens"],
             "train_seconds": seconds, "seconds_per_step": round(seconds / max(1, metrics["steps"]), 3),
+            "lr": metrics["config"]["lr"], "warmup_ratio": metrics["config"]["warmup_ratio"],
             "initial_loss": metrics["initial_loss"], "final_loss": metrics["final_loss"],
             "architecture": metrics["architecture"], "delivered_params": metrics["params"],
             "trained_params": params, "loss_curve": metrics["loss_curve"]}
@@ -109,6 +111,20 @@ def repo_relative(result: dict) -> dict:
     return json.loads(text.replace(json.dumps(str(ROOT) + "/")[1:-1], ""))
 
 
+def rates_by_objective(text: str) -> dict[str, float]:
+    """`rtd=2e-4,span=1e-4` -> {"rtd": 2e-4, "span": 1e-4}; a malformed entry stops the run."""
+    rates = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        name, sep, value = entry.partition("=")
+        try:
+            rates[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise SystemExit(f"--lr-for entry {entry!r} is not OBJECTIVE=RATE (e.g. rtd=2e-4)")
+    return rates
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-pretraining-objectives")
@@ -119,10 +135,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-for", type=rates_by_objective, default={},
+                   help="per-objective peak rates overriding --lr, e.g. rtd=2e-4,span=1e-4")
     p.add_argument("--finetune-samples", type=int, default=5000)
     p.add_argument("--finetune-epochs", type=float, default=2)
     p.add_argument("--finetune-lr", type=float, default=2e-4)
-    p.add_argument("--max-eval-samples", type=int, default=3000)
+    p.add_argument("--max-eval-samples", type=int, default=3000, help="0: the whole test split")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads for pretraining")
     p.add_argument("--no-random", action="store_true", help="skip the random-initialisation arm")
@@ -131,6 +149,10 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    eval_limit = args.max_eval_samples or None
+    objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
+    if unknown := sorted(set(args.lr_for) - set(objectives)):
+        raise SystemExit(f"--lr-for names {', '.join(unknown)}, not among --objectives {args.objectives}")
     cli = [sys.executable, "-m", "compressor"]
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -145,15 +167,14 @@ def main() -> None:
             random_init_dir(tok, rnd, args.max_length, args.seed)
         arms["random_init"] = {"input_dependence": input_dependence(rnd),
                                "finetune": finetune_step(cli, rnd, work / "finetune-random_init", args, log,
-                                                         args.max_eval_samples)}
+                                                         eval_limit)}
         write_results(args, log, arms, tok, complete=False)
 
-    objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
     for objective in objectives:
         name = objective.replace("+", "-")
-        metrics = pretrain_step(cli, objective, tok, work / name, args, log)
+        metrics = pretrain_step(cli, objective, tok, work / name, args, log, args.lr_for.get(objective))
         params = trained_params(objective, tok, args.max_length, args.seed)
-        finetune = finetune_step(cli, work / name, work / f"finetune-{name}", args, log, args.max_eval_samples)
+        finetune = finetune_step(cli, work / name, work / f"finetune-{name}", args, log, eval_limit)
         arms[objective] = {"pretraining": pretraining_summary(metrics, params),
                            "input_dependence": input_dependence(work / name), "finetune": finetune}
         write_results(args, log, arms, tok, complete=objective == objectives[-1])
