@@ -109,16 +109,70 @@ def example_batch(model, data: Encoded) -> dict[str, torch.Tensor]:
 def export_for_inc(model, example: dict[str, torch.Tensor]):
     """torch.export with dynamic batch and sequence axes (what INC's PT2E path quantizes)."""
     from neural_compressor.torch.export import export
-    batch = torch.export.Dim("batch", min=1, max=1024)
-    sequence = torch.export.Dim("sequence", min=2, max=model.config.max_position_embeddings)
-    shapes = tuple({0: batch, 1: sequence} for _ in example)
+    check_inc_family(model)
+    # Dim.AUTO: dynamic axes whose range torch.export derives from the model's own guards.
+    # A named range would have to be proven for every length in it, which fails on guards
+    # that hold for every real input: XLNet's relative-attention shift guards on
+    # (2 * sequence - 1) % sequence != 0 (true for sequence >= 2), BART on sequence >= 3.
+    shapes = (tuple({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO} for _ in example),)  # the view's *inputs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        exported = export(copy.deepcopy(model).eval(), example_inputs=tuple(example.values()),
-                          dynamic_shapes=shapes)
+        exported = export(traceable(copy.deepcopy(model).eval(), tuple(example)),
+                          example_inputs=tuple(example.values()), dynamic_shapes=shapes)
     if exported is None:
         raise UserError(f"inc: torch.export failed on the {model.config.model_type} model")
     return exported
+
+
+# Families INC's PyTorch path cannot quantize, and why (refused before anything is written).
+INC_UNSUPPORTED = {
+    # torch.export unrolls an LSTM over the example's length (the sequence axis cannot stay
+    # dynamic), and INC's PT2E quantizer has no LSTM: it would tune only the classifier
+    # head while ONNX Runtime ships int8 LSTMs it never evaluated.
+    "bilm": "torch.export cannot keep an LSTM's sequence length dynamic and INC's PT2E quantizer has "
+            "no LSTM; expected quantize mode dynamic-int8 (int8 LSTMs) for a bilm model",
+}
+
+
+def check_inc_family(model) -> None:
+    family = model.config.model_type
+    if family in INC_UNSUPPORTED:
+        raise UserError(f"inc: Intel Neural Compressor cannot quantize a {family!r} model: "
+                        f"{INC_UNSUPPORTED[family]}")
+
+
+def traceable(model, names: tuple[str, ...]) -> torch.nn.Module:
+    """The model as a module of positional inputs returning logits, without caches (XLNet's
+    mems, BART's past key values), in a form torch.export can trace."""
+    from compressor.export.onnx import LogitsOnly
+    if model.config.model_type == "bart":
+        return BartLastEosLogits(model, names)
+    return LogitsOnly(model, names)
+
+
+class BartLastEosLogits(torch.nn.Module):
+    """BartForSequenceClassification's logits, computed by its own modules in a traceable form.
+
+    Transformers' forward checks that all rows have the same number of EOS tokens (a branch
+    on data, which torch.export cannot trace) and picks each row's last EOS state by boolean
+    indexing (a shape that depends on data). Here each row's last EOS position is found with
+    argmax and its state gathered: the same state whenever the rows have equal EOS counts,
+    which the tokenizer guarantees (one per segment, README "Teacher families").
+    """
+
+    def __init__(self, model, names: tuple[str, ...]):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        batch = dict(zip(self.names, inputs))
+        ids = batch["input_ids"]
+        hidden = self.model.model(input_ids=ids, attention_mask=batch.get("attention_mask"),
+                                  use_cache=False).last_hidden_state
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        last_eos = torch.where(ids == self.model.config.eos_token_id, positions, -1).argmax(dim=1)
+        state = hidden[torch.arange(ids.shape[0], device=ids.device), last_eos]
+        return self.model.classification_head(state)
 
 
 @torch.no_grad()
@@ -127,7 +181,9 @@ def graph_logits(model, data: Encoded, names: list[str]) -> np.ndarray:
     out = None
     for idx, batch in iterate(data, inference_order(data.lengths(), EVAL_BATCH), "token_type_ids" in names):
         result = model(*(batch[name] for name in names))
-        logits = (result.logits if hasattr(result, "logits") else result[0]).float().numpy()
+        if not isinstance(result, torch.Tensor):   # a model output (or tuple) rather than the logits
+            result = result.logits if hasattr(result, "logits") else result[0]
+        logits = result.float().numpy()
         if out is None:
             out = np.zeros((len(data), logits.shape[1]), dtype=np.float32)
         out[idx] = logits

@@ -39,10 +39,12 @@ from compressor.atomic import atomic_dir, write_json
 from compressor.bundle import ModelBundle
 from compressor.evaluate import label_permutation, onnx_logits_fn
 from compressor.export.optimize import Fusion, fuse
+from compressor.export.einsum import weight_einsums_as_matmuls
 from compressor.export.embedding import factorize_graph
+from compressor.export.inc import check_inc_family
 from compressor.export.graph_map import embedding_gathers, linear_nodes
 from compressor.export.quantize import (INT8_ONNX_MODES, LINEAR_SCOPE_UNFUSED, Plan, QuantizeConfig,
-                                        quantize_onnx)
+                                        has_op, lstm_handling, quantize_onnx)
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
 from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import Split, TaskData
@@ -55,6 +57,9 @@ OPSET = 17
 ONNX_FILE = "model.onnx"
 EXPORT_FILE = "export.json"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+# Families whose attention projections are einsums over [hidden, heads, head_dim] weights:
+# rewritten as MatMuls so that quantization reaches them (export/einsum.py).
+EINSUM_PROJECTION_FAMILIES = ("xlnet",)
 
 
 class ExportSettings(BaseModel):
@@ -108,6 +113,8 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
     """Write the export files into an existing (temporary) dir; raise GateFailure on a bad graph."""
     check_exportable(bundle.model)
     quantize = requested_quantization(bundle)
+    if quantize is not None and quantize.mode == "inc":
+        check_inc_family(bundle.model)                         # before any work
     test = task.split("test").head(max_eval_samples)
     calibration = calibration_split(bundle, quantize, task)   # checked before any work
     gate = Gate(settings, bundle, task, test)
@@ -154,6 +161,8 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
             record.update(plan_record)
             quantized = work / "quantized.onnx"
             quantize_onnx(graph, quantized, realised, plan)
+            if has_op(graph, "LSTM"):
+                record["lstm_quantization"] = lstm_handling(realised)
             shipped_logits = gate.onnx_logits(quantized)
             record.update(gate.quantized_metrics(fp32_logits, shipped_logits, quantize))
             graph = quantized
@@ -393,6 +402,8 @@ def write_onnx(model: PreTrainedModel, path: Path, names: tuple[str, ...] | None
         raise UserError(f"ONNX export of the {model.config.model_type} model failed: {first_line(err)}") from None
     if any(isinstance(m, torch.nn.LSTM) for m in model.modules()):   # spare other graphs a reload
         lstm_weights_as_initializers(path)
+    if model.config.model_type in EINSUM_PROJECTION_FAMILIES:
+        weight_einsums_as_matmuls(path)
 
 
 def lstm_weights_as_initializers(path: Path) -> None:

@@ -41,9 +41,11 @@ INT8_ONNX_MODES = ("dynamic-int8", "static-int8")
 TRANSFORMER_INT8_OPS = ["MatMul", "Attention", "Gather", "EmbedLayerNormalization"]
 # LSTM (the BiLM teacher): ORT's DynamicQuantizeLSTM keeps both weight matrices in int8.
 DYNAMIC_INT8_OPS = TRANSFORMER_INT8_OPS + ["LSTM"]
-# Static int8 quantizes the Transformer ops (ORT has no static LSTM). Residual adds,
-# LayerNorm, Softmax and GELU stay float: their outputs carry the outlier channels that
-# make BERT's activations hard to fit in 8 bits.
+# Static int8 quantizes the Transformer ops. Residual adds, LayerNorm, Softmax and GELU
+# stay float: their outputs carry the outlier channels that make BERT's activations hard
+# to fit in 8 bits. ORT has no static int8 LSTM (its QDQ and QOperator registries lack
+# one): with `scope: ops` a graph's LSTMs get the one int8 LSTM ORT has, DynamicQuantizeLSTM
+# (int8 weights, inputs quantized per batch), after the static pass (`LSTM_HANDLING`).
 STATIC_INT8_OPS = TRANSFORMER_INT8_OPS
 CALIBRATION_BATCH = 32
 
@@ -153,11 +155,15 @@ def dynamic_int8(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan = P
     """Weights to int8 offline, activations quantized per batch at run time (no calibration)."""
     import onnx
     from onnxruntime.quantization import quantize_dynamic
+    # The dynamic quantizer first rewrites every Gemm as MatMul + Add, naming the MatMul
+    # "<gemm>_MatMul": an excluded Gemm (a classifier or pooler kept in float by the
+    # `sensitivity` pass) must be excluded under that name too, or it is quantized anyway.
+    exclude = [*plan.exclude_nodes, *(f"{name}_MatMul" for name in plan.exclude_nodes)]
     with quiet_logs():
         quantize_dynamic(str(source), str(target), op_types_to_quantize=DYNAMIC_INT8_OPS,
                          per_channel=bool(cfg.per_channel), reduce_range=cfg.reduce_range,
                          weight_type=quant_type(cfg.weight_type),
-                         nodes_to_exclude=list(plan.exclude_nodes),
+                         nodes_to_exclude=exclude,
                          # Fused graphs lose the type of some weights; without a default the
                          # quantizer stops with "Unable to find data type for weight_name".
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
@@ -177,7 +183,8 @@ def static_int8(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan) -> 
     tensors they cover, as symmetric [-t, t] ranges.
     """
     import onnx
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType, quantize_dynamic,
+                                          quantize_static)
     if plan.calibration is None or len(plan.calibration) == 0:
         raise ValueError("static-int8 needs calibration examples")
     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
@@ -219,6 +226,33 @@ def static_int8(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan) -> 
             nodes_to_exclude=list(plan.exclude_nodes), extra_options=options)
     if cfg.scope == "linears":
         keep_float_elsewhere(target, set(nodes) - set(plan.exclude_nodes))
+    elif has_op(target, "LSTM"):
+        with quiet_logs():
+            quantize_dynamic(str(target), str(target), op_types_to_quantize=["LSTM"],
+                             per_channel=bool(cfg.per_channel), reduce_range=cfg.reduce_range,
+                             weight_type=quant_type(cfg.weight_type), nodes_to_exclude=list(plan.exclude_nodes),
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+
+
+def has_op(path: Path, op_type: str) -> bool:
+    import onnx
+    return any(n.op_type == op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def lstm_handling(cfg: QuantizeConfig) -> str:
+    """What a mode does to a graph's LSTM nodes (recorded by the export for LSTM graphs)."""
+    if cfg.mode in ("dynamic-int8", "inc"):
+        return "dynamic int8 (DynamicQuantizeLSTM): int8 weights, inputs quantized per batch"
+    if cfg.mode == "torch-dynamic-int8":
+        return "fp32: torch's dynamic quantization is applied to the Linear layers and the word embedding"
+    if cfg.mode == "static-int8" and cfg.scope == "ops":
+        return ("dynamic int8 (DynamicQuantizeLSTM): ONNX Runtime has no static int8 LSTM; "
+                "the other ops are static int8")
+    if cfg.mode == "static-int8":
+        return "fp32: scope linears quantizes Linear layers and the word embedding only"
+    if cfg.mode == "int4-weight-only":
+        return "fp32: ONNX Runtime's 4-bit weight-only quantizer covers MatMul and Gather only"
+    return "fp16 weights and activations"
 
 
 def gathered_tables(graph: Path, gathers: tuple[str, ...]) -> list[str]:
@@ -234,7 +268,9 @@ def unshare_initializers(path: Path, quantized: set[str]) -> None:
 
     The exporter stores identical constants once (e.g. the all-zero biases of a fresh
     model), so a Linear's bias may also be a LayerNorm's; quantizing it for the Linear
-    must not hand the LayerNorm an int32-rounded copy.
+    must not hand the LayerNorm an int32-rounded copy. A table that only quantized Gathers
+    read stays shared (BART's encoder and decoder look up one embedding table): it is
+    quantized once, with one scale, whichever Gather reads it.
     """
     import onnx
     model = onnx.load(str(path))
@@ -247,6 +283,8 @@ def unshare_initializers(path: Path, quantized: set[str]) -> None:
                 readers.setdefault(name, []).append(node)
     changed = False
     for name, nodes in readers.items():
+        if all(n.op_type == "Gather" and n.input[0] == name and n.name in quantized for n in nodes):
+            continue
         if len(nodes) > 1 and any(n.name in quantized for n in nodes):
             for node in (n for n in nodes if n.name in quantized):
                 copy = onnx.TensorProto()
@@ -400,6 +438,11 @@ def int4_weight_only(source: Path, target: Path, cfg: QuantizeConfig) -> None:
 # kept in fp32 with casts around them. keep_io_types keeps the graph's inputs and logits fp32.
 FP16_FP32_OPS = ["SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "Softmax",
                  "ReduceMean", "Pow", "Sqrt", "Erf"]
+# Graphs with LSTMs (the BiLM) also keep their Transposes fp32: ONNX Runtime 1.32 crashes
+# (segfault while creating the session, in the NCHWc layout optimizer of ORT_ENABLE_ALL) on
+# the fp16 Transposes that turn batch-first tensors into the LSTM's sequence-first layout.
+# A Transpose only moves data, so keeping it fp32 costs two casts and no precision.
+FP16_LSTM_GRAPH_FP32_OPS = ["Transpose"]
 
 
 def fp16(source: Path, target: Path) -> None:
@@ -407,5 +450,7 @@ def fp16(source: Path, target: Path) -> None:
     from onnxruntime.transformers.onnx_model import OnnxModel
     with quiet_logs():
         model = OnnxModel(onnx.load(str(source)))
-        model.convert_float_to_float16(keep_io_types=True, op_block_list=FP16_FP32_OPS)
+        has_lstm = any(node.op_type == "LSTM" for node in model.nodes())
+        block = FP16_FP32_OPS + (FP16_LSTM_GRAPH_FP32_OPS if has_lstm else [])
+        model.convert_float_to_float16(keep_io_types=True, op_block_list=block)
         model.save_model_to_file(str(target), use_external_data_format=False)

@@ -21,6 +21,7 @@ import torch
 from pydantic import Field
 
 from compressor.bundle import ModelBundle
+from compressor.export.inc import check_inc_family
 from compressor.export.quantize import QuantizeConfig
 from compressor.passes.fake_quant import (input_maxima, linear_layers, one_layer_quantized,
                                           q8bert_fake_quant)
@@ -29,6 +30,7 @@ from pretrain.batching import Encoded, encode, inference_order, iterate, usable_
 from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, finetune
+from pretrain.models import TRANSFORMER_FAMILIES
 from pretrain.train import accepts_token_types
 
 QAT_CALIBRATION_SAMPLES = 128   # for a Linear QAT did not observe (all others use QAT's ranges)
@@ -36,6 +38,8 @@ QAT_CALIBRATION_SAMPLES = 128   # for a Linear QAT did not observe (all others u
 
 @register("quantize", QuantizeConfig, preserves_function=True)
 def quantize_pass(bundle: ModelBundle, cfg: QuantizeConfig, ctx: Context) -> ModelBundle:
+    if cfg.mode == "inc":   # refused here, before any later pass trains or anything is exported
+        check_inc_family(bundle.model)
     # A copy, not the input model: passes never hand their input on (the registry checks),
     # and later passes may train this one.
     return bundle.replace(model=bundle.copy_model(),
@@ -99,6 +103,7 @@ def sensitivity_pass(bundle: ModelBundle, cfg: SensitivityConfig, ctx: Context) 
     fp32 measures.) The highest-scoring fraction is recorded for the int8 export to leave
     in float (nodes_to_exclude).
     """
+    check_rankable(bundle.model)
     model = bundle.copy_model().eval()
     data = sensitivity_data(bundle, ctx.task, cfg.samples)
     with torch.no_grad():
@@ -118,6 +123,22 @@ def sensitivity_pass(bundle: ModelBundle, cfg: SensitivityConfig, ctx: Context) 
               "divergence": {name: divergence[name] for name in ranked},
               "loss_change": {name: loss_change[name] for name in ranked}}
     return bundle.replace(model=model, deploy={**bundle.deploy, "sensitivity": record})
+
+
+def check_rankable(model: torch.nn.Module) -> None:
+    """Refuse a model with fewer than two Linear layers: there is nothing to rank.
+
+    The pass scores Linear layers (what the int8 exports quantize in every Transformer
+    block). A BiLM's only Linear layer is its classifier head; its LSTMs, where its
+    quantization error arises, are not Linear layers, so a ranking would always keep the
+    head in float and say nothing about the LSTMs.
+    """
+    linears = list(linear_layers(model))
+    if len(linears) < 2:
+        family = model.config.model_type
+        raise UserError(f"sensitivity: a {family!r} model has {len(linears)} Linear layer(s) to rank "
+                        f"({', '.join(linears) or 'none'}; LSTMs are not scored); expected a model with "
+                        f"Linear layers in every block (families {', '.join(TRANSFORMER_FAMILIES)})")
 
 
 def sensitivity_data(bundle: ModelBundle, task: TaskData, samples: int) -> Encoded:

@@ -18,56 +18,18 @@ import numpy as np
 import onnx
 import pytest
 
-from compressor import Pipeline, pipeline
-from compressor import finetune_command as finetune_command_module
+from compressor import Pipeline
 from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig
 from compressor.passes import Context, apply_pass
 from compressor.passes.layers import DropLayers
-from compressor.pretrain_command import pretrain_command
 from pretrain.batching import encode
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, predict_logits
-from pretrain.objectives import SIZES, ModelSize
-from pretrain.pretraining import make_config
 
-# family -> the objective that pretrains it
-OBJECTIVES = {"bart": "dae", "xlnet": "plm", "bilm": "bilm"}
+FAMILIES = ("bart", "xlnet", "bilm")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def keep_one_thread_and_a_test_size():
-    """run_recipe and `compressor finetune` set torch to every core; on a shared machine one
-    thread is faster for tiny models."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "set_threads", lambda threads: None)
-        mp.setattr(finetune_command_module, "set_threads", lambda threads: None)
-        mp.setitem(SIZES, "test", ModelSize(layers=2, hidden=32, heads=2, intermediate=64))
-        yield
-
-
-@pytest.fixture(scope="module")
-def corpus(wordnet_corpus_file) -> str:
-    return wordnet_corpus_file(200)
-
-
-@pytest.fixture(scope="module")
-def pretrained(corpus, tmp_path_factory):
-    """family -> dir of a model pretrained for 2 steps by `compressor pretrain` (built on first use).
-
-    At a test size below `tiny` (hidden 32; BiLM cells 64), registered for this module only,
-    so the real command, objective and loop run in seconds."""
-    root = tmp_path_factory.mktemp("pretrained")
-    made = {}
-
-    def get(family: str):
-        if family not in made:
-            cfg = make_config(objective=OBJECTIVES[family], corpus=corpus, size="test", steps=2, batch_size=4,
-                              max_length=32, buffer_size=32, seed=0)
-            pretrain_command(cfg, root / family, show_progress=False, threads=1)
-            made[family] = root / family
-        return made[family]
-    return get
+pytestmark = pytest.mark.usefixtures("family_test_size")
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +48,13 @@ def runs(pretrained, tiny_csv, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", list(OBJECTIVES))
-def test_pretrained_family_is_a_recipe_teacher(runs, family):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretrained_family_is_a_recipe_teacher(runs, family_objectives, family):
     out, report = runs(family)
     teacher = report["teacher"]
     assert 0 <= teacher["accuracy"] <= 1 and teacher["eval_samples"] == 30
     config = json.loads((out / "teacher" / "config.json").read_text())
-    assert config["model_type"] == family and config["pretraining"]["objective"] == OBJECTIVES[family]
+    assert config["model_type"] == family and config["pretraining"]["objective"] == family_objectives[family]
     names = [m["name"] for m in report["models"]]
     assert "int8" in names
     for stage in ("teacher", "int8"):
@@ -170,7 +132,7 @@ def test_bilm_refuses_passes_that_need_transformer_layers(pretrained, tiny_task)
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("family", list(OBJECTIVES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_compressor_finetune_writes_a_teacher_that_reloads_alike(pretrained, tiny_csv, tiny_task, tmp_path, family):
     """`compressor finetune` on a pretrained dir; the written dir (tokenizer layout included)
     reloads to the same test predictions."""
@@ -210,7 +172,7 @@ def test_scalar_mix_strategy_per_family(pretrained, tiny_task):
         prepare(tiny_bundle(pretrained, "bart", tiny_task).model, "scalar-mix")
 
 
-@pytest.mark.parametrize("family", list(OBJECTIVES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_torch_dynamic_int8_export(pretrained, tiny_task, tmp_path, family):
     """The PyTorch int8 deployment too (BART's tied embedding tables included)."""
     from compressor.export.onnx import ExportSettings, export_bundle
