@@ -192,6 +192,20 @@ def test_int8_export_keeps_the_sensitive_layers_in_float(bert_bundle, tiny_task,
         assert nodes[kept].input[1] in floats                            # its weight stays fp32
 
 
+def test_dynamic_int8_keeps_kept_gemm_layers_in_float(bert_bundle, tiny_task, tmp_path):
+    """The pooler and classifier export as Gemm nodes, which ORT's dynamic quantizer rewrites
+    as MatMul + Add under new names before quantizing: they must still stay float."""
+    keep = ["bert.pooler.dense", "classifier"]
+    out = bert_bundle.replace(deploy={"sensitivity": {"keep": keep}, "quantize": {"mode": "dynamic-int8"}})
+    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task)
+    assert len(record["kept_in_float"]) == 2 and all(n.endswith("Gemm") for n in record["kept_in_float"])
+    graph = onnx.load(str(tmp_path / "q" / "model.onnx")).graph
+    ops = {n.name: n.op_type for n in graph.node}
+    for kept in record["kept_in_float"]:
+        assert ops.get(kept, ops.get(f"{kept}_MatMul")) in ("Gemm", "MatMul")
+    assert "MatMulInteger" in ops.values()
+
+
 def test_graph_map_finds_every_encoder_linear_in_the_fused_graph(sliced_bundle_for_map, tmp_path):
     from compressor.export.optimize import fuse
     model = sliced_bundle_for_map.model
