@@ -41,8 +41,8 @@ from compressor.evaluate import label_permutation, onnx_logits_fn
 from compressor.export.optimize import Fusion, fuse
 from compressor.export.einsum import weight_einsums_as_matmuls
 from compressor.export.embedding import factorize_graph
-from compressor.export.inc import check_inc_family
 from compressor.export.graph_map import embedding_gathers, linear_nodes
+from compressor.export.inc import check_inc_family
 from compressor.export.quantize import (INT8_ONNX_MODES, LINEAR_SCOPE_UNFUSED, Plan, QuantizeConfig,
                                         has_op, lstm_handling, quantize_onnx)
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
@@ -246,6 +246,8 @@ def torch_int8_into(directory: Path, bundle: ModelBundle, gate: "Gate",
               **gate.quantized_metrics(fp32_logits, int8_logits, cfg)}
     size = save_int8_model(model, directory).stat().st_size
     record.update({"size_bytes": size, "size_ratio_to_fp32": size / fp32_size})
+    if any(isinstance(m, torch.nn.LSTM) for m in bundle.model.modules()):
+        record["lstm_quantization"] = lstm_handling(cfg)
     return record, int8_logits
 
 

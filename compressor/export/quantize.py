@@ -45,7 +45,7 @@ DYNAMIC_INT8_OPS = TRANSFORMER_INT8_OPS + ["LSTM"]
 # stay float: their outputs carry the outlier channels that make BERT's activations hard
 # to fit in 8 bits. ORT has no static int8 LSTM (its QDQ and QOperator registries lack
 # one): with `scope: ops` a graph's LSTMs get the one int8 LSTM ORT has, DynamicQuantizeLSTM
-# (int8 weights, inputs quantized per batch), after the static pass (`LSTM_HANDLING`).
+# (int8 weights, inputs quantized per batch), after the static pass (`lstm_handling`).
 STATIC_INT8_OPS = TRANSFORMER_INT8_OPS
 CALIBRATION_BATCH = 32
 

@@ -181,3 +181,4 @@ def test_torch_dynamic_int8_export(pretrained, tiny_task, tmp_path, family):
     record = export_bundle(bundle, tmp_path / "int8", ExportSettings(accuracy_tolerance=0.2), tiny_task)
     assert record["format"] == "torch" and record["precision"] == "torch-dynamic-int8"
     assert record["size_bytes"] < record["fp32_size_bytes"] and (tmp_path / "int8" / "model.int8.pt").is_file()
+    assert ("lstm_quantization" in record) == (family == "bilm")   # what happened to the LSTMs: fp32
