@@ -38,7 +38,7 @@ from compressor.environment import environment
 from compressor.evaluate import load_predictor, predict_classes
 from compressor.export.onnx import EXPORT_FILE, ONNX_FILE, ExportSettings, export_into
 from compressor.export.torch_int8 import is_int8_dir
-from compressor.passes import Context, apply_pass, get_pass
+from compressor.passes import Context, apply_pass, check_pass_family, get_pass
 from compressor.recipe import (BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR, RUN_FILE, Recipe, Step,
                                export_dir_name)
 from compressor.report import pareto_fronts, runtime_warnings, write_human_reports
@@ -76,8 +76,10 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     set_threads(None)
     teacher_ref = resolve_path(recipe.teacher.model, base_dir, keep=BUNDLED_MODELS)
     teacher_path = check_model_ref(teacher_ref)
+    family = read_model_type(teacher_path)
     if recipe.benchmark is not None:
-        check_baselines(recipe.benchmark.baselines, read_model_type(teacher_path))
+        check_baselines(recipe.benchmark.baselines, family)
+    check_steps_fit(steps, family)
     task = load_task(resolve_task_paths(recipe.teacher.task, base_dir), seed=recipe.seed)
     steps = {name: [resolve_step_paths(step, base_dir) for step in variant_steps]
              for name, variant_steps in steps.items()}
@@ -113,6 +115,16 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
         write_json(out_dir / "report.json", report)
         write_human_reports(report, out_dir)
     return report
+
+
+def check_steps_fit(steps: dict[str, list[Step]], family: str) -> None:
+    """Refuse, before any stage runs, a pass that cannot apply to the teacher's family."""
+    for name, variant_steps in steps.items():
+        for i, step in enumerate(variant_steps):
+            try:
+                check_pass_family(step.name, step.config, family)
+            except UserError as err:
+                raise UserError(f"variants.{name}[{i}]: {err}") from None
 
 
 # -- the output dir --------------------------------------------------------------------

@@ -186,13 +186,17 @@ def label_names_of(model: PreTrainedModel) -> tuple[str, ...]:
 def encoder_layers(model: PreTrainedModel) -> nn.ModuleList:
     """The ModuleList of Transformer layers of a supported family (one-line error otherwise)."""
     family = model.config.model_type
-    if family not in LAYER_PATHS:
-        raise UserError(f"this step needs Transformer layers, which model family {family!r} does not have; "
-                        f"supported families: {', '.join(TRANSFORMER_FAMILIES)}")
+    check_transformer_family(family)
     module: nn.Module = model.base_model
     for name in LAYER_PATHS[family].split("."):
         module = getattr(module, name)
     return module
+
+
+def check_transformer_family(family: str) -> None:
+    if family not in LAYER_PATHS:
+        raise UserError(f"this step needs Transformer layers, which model family {family!r} does not have; "
+                        f"supported families: {', '.join(TRANSFORMER_FAMILIES)}")
 
 
 def count_params(model: nn.Module) -> int:

@@ -109,7 +109,7 @@ def example_batch(model, data: Encoded) -> dict[str, torch.Tensor]:
 def export_for_inc(model, example: dict[str, torch.Tensor]):
     """torch.export with dynamic batch and sequence axes (what INC's PT2E path quantizes)."""
     from neural_compressor.torch.export import export
-    check_inc_family(model)
+    check_inc_family(model.config.model_type)
     # Dim.AUTO: dynamic axes whose range torch.export derives from the model's own guards.
     # A named range would have to be proven for every length in it, which fails on guards
     # that hold for every real input: XLNet's relative-attention shift guards on
@@ -134,8 +134,7 @@ INC_UNSUPPORTED = {
 }
 
 
-def check_inc_family(model) -> None:
-    family = model.config.model_type
+def check_inc_family(family: str) -> None:
     if family in INC_UNSUPPORTED:
         raise UserError(f"inc: Intel Neural Compressor cannot quantize a {family!r} model: "
                         f"{INC_UNSUPPORTED[family]}")

@@ -114,7 +114,7 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
     check_exportable(bundle.model)
     quantize = requested_quantization(bundle)
     if quantize is not None and quantize.mode == "inc":
-        check_inc_family(bundle.model)                         # before any work
+        check_inc_family(bundle.model.config.model_type)       # before any work
     test = task.split("test").head(max_eval_samples)
     calibration = calibration_split(bundle, quantize, task)   # checked before any work
     gate = Gate(settings, bundle, task, test)

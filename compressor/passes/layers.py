@@ -7,7 +7,7 @@ from pydantic import Field, field_validator
 from compressor.bundle import ModelBundle
 from compressor.passes.registry import Context, PassConfig, register
 from pretrain.errors import UserError
-from pretrain.models import encoder_layers, keep_encoder_layers
+from pretrain.models import check_transformer_family, encoder_layers, keep_encoder_layers
 
 
 class DropLayers(PassConfig):
@@ -21,7 +21,7 @@ class DropLayers(PassConfig):
         return keep
 
 
-@register("drop-layers", DropLayers)
+@register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family))
 def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBundle:
     """Keep only the listed encoder layers (a DistilBERT-style shallow student init)."""
     n_layers = len(encoder_layers(bundle.model))

@@ -36,10 +36,14 @@ from pretrain.train import accepts_token_types
 QAT_CALIBRATION_SAMPLES = 128   # for a Linear QAT did not observe (all others use QAT's ranges)
 
 
-@register("quantize", QuantizeConfig, preserves_function=True)
+def check_quantize_family(cfg: QuantizeConfig, family: str) -> None:
+    if cfg.mode == "inc":
+        check_inc_family(family)
+
+
+@register("quantize", QuantizeConfig, preserves_function=True, check_family=check_quantize_family)
 def quantize_pass(bundle: ModelBundle, cfg: QuantizeConfig, ctx: Context) -> ModelBundle:
-    if cfg.mode == "inc":   # refused here, before any later pass trains or anything is exported
-        check_inc_family(bundle.model)
+    check_quantize_family(cfg, bundle.model.config.model_type)
     # A copy, not the input model: passes never hand their input on (the registry checks),
     # and later passes may train this one.
     return bundle.replace(model=bundle.copy_model(),
@@ -90,7 +94,21 @@ class SensitivityConfig(PassConfig):
     batch_size: int = Field(64, ge=1)
 
 
-@register("sensitivity", SensitivityConfig, preserves_function=True)
+def check_rankable(cfg: SensitivityConfig, family: str) -> None:
+    """Refuse a family whose Linear layers are no ranking: the BiLM.
+
+    The pass scores Linear layers (what the int8 exports quantize in every Transformer
+    block). A BiLM's only Linear layer is its classifier head; its LSTMs, where its
+    quantization error arises, are not Linear layers, so a ranking would always keep the
+    head in float and say nothing about the LSTMs.
+    """
+    if family not in TRANSFORMER_FAMILIES:
+        raise UserError(f"sensitivity: a {family!r} model has no Linear layers to rank but its classifier "
+                        f"head (its LSTMs are not scored); expected a model with Linear layers in every "
+                        f"block (families {', '.join(TRANSFORMER_FAMILIES)})")
+
+
+@register("sensitivity", SensitivityConfig, preserves_function=True, check_family=check_rankable)
 def sensitivity_pass(bundle: ModelBundle, cfg: SensitivityConfig, ctx: Context) -> ModelBundle:
     """Per-layer sensitivity: how far the model moves when only that Linear is quantized to int8.
 
@@ -103,7 +121,7 @@ def sensitivity_pass(bundle: ModelBundle, cfg: SensitivityConfig, ctx: Context) 
     fp32 measures.) The highest-scoring fraction is recorded for the int8 export to leave
     in float (nodes_to_exclude).
     """
-    check_rankable(bundle.model)
+    check_rankable(cfg, bundle.model.config.model_type)
     model = bundle.copy_model().eval()
     data = sensitivity_data(bundle, ctx.task, cfg.samples)
     with torch.no_grad():
@@ -123,22 +141,6 @@ def sensitivity_pass(bundle: ModelBundle, cfg: SensitivityConfig, ctx: Context) 
               "divergence": {name: divergence[name] for name in ranked},
               "loss_change": {name: loss_change[name] for name in ranked}}
     return bundle.replace(model=model, deploy={**bundle.deploy, "sensitivity": record})
-
-
-def check_rankable(model: torch.nn.Module) -> None:
-    """Refuse a model with fewer than two Linear layers: there is nothing to rank.
-
-    The pass scores Linear layers (what the int8 exports quantize in every Transformer
-    block). A BiLM's only Linear layer is its classifier head; its LSTMs, where its
-    quantization error arises, are not Linear layers, so a ranking would always keep the
-    head in float and say nothing about the LSTMs.
-    """
-    linears = list(linear_layers(model))
-    if len(linears) < 2:
-        family = model.config.model_type
-        raise UserError(f"sensitivity: a {family!r} model has {len(linears)} Linear layer(s) to rank "
-                        f"({', '.join(linears) or 'none'}; LSTMs are not scored); expected a model with "
-                        f"Linear layers in every block (families {', '.join(TRANSFORMER_FAMILIES)})")
 
 
 def sensitivity_data(bundle: ModelBundle, task: TaskData, samples: int) -> Encoded:

@@ -35,6 +35,9 @@ class Context:
 
 
 PassFn = Callable[[ModelBundle, BaseModel, Context], ModelBundle]
+# Raises UserError when the pass, so configured, cannot apply to a model family: run before
+# any stage, so that a recipe is refused before it fine-tunes or writes anything.
+FamilyCheck = Callable[[BaseModel, str], None]
 
 
 @dataclass(frozen=True)
@@ -44,19 +47,27 @@ class PassSpec:
     run: PassFn
     preserves_function: bool   # output computes (numerically) the same function as input
     trains: bool               # uses the task's train split
+    check_family: FamilyCheck | None = None
 
 
 _REGISTRY: dict[str, PassSpec] = {}
 
 
 def register(name: str, config_type: type[BaseModel], *, preserves_function: bool = False,
-             trains: bool = False) -> Callable[[PassFn], PassFn]:
+             trains: bool = False, check_family: FamilyCheck | None = None) -> Callable[[PassFn], PassFn]:
     def decorate(fn: PassFn) -> PassFn:
         if name in _REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
-        _REGISTRY[name] = PassSpec(name, config_type, fn, preserves_function, trains)
+        _REGISTRY[name] = PassSpec(name, config_type, fn, preserves_function, trains, check_family)
         return fn
     return decorate
+
+
+def check_pass_family(name: str, config: BaseModel, family: str) -> None:
+    """Refuse (UserError) a pass that cannot apply to a model of `family`."""
+    spec = get_pass(name)
+    if spec.check_family is not None:
+        spec.check_family(config, family)
 
 
 def pass_names() -> list[str]:

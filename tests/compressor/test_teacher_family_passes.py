@@ -27,6 +27,7 @@ from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
 from compressor.passes import Context, apply_pass
 from compressor.passes.embedding import FactorizeEmbedding
+from compressor.passes.layers import DropLayers
 from compressor.passes.quantization import QATConfig, SensitivityConfig
 from pretrain.batching import collate, encode
 from pretrain.errors import UserError
@@ -231,7 +232,7 @@ def test_inc_on_bart_evaluates_the_model_itself(runs, tiny_task, tmp_path):
 def test_bilm_refuses_sensitivity_and_inc_before_writing(runs, tiny_task, tmp_path):
     bundle = teacher(runs, "bilm", tiny_task)
     ctx = Context(task=tiny_task, show_progress=False)
-    with pytest.raises(UserError, match=r"sensitivity: a 'bilm' model has 1 Linear layer.*classifier.*LSTMs") as err:
+    with pytest.raises(UserError, match=r"sensitivity: a 'bilm' model has no Linear layers to rank.*LSTMs") as err:
         apply_pass(bundle, "sensitivity", SensitivityConfig(samples=32), ctx)
     assert "\n" not in str(err.value)
     with pytest.raises(UserError, match="inc: .*cannot quantize a 'bilm' model.*expected quantize mode dynamic-int8"):
@@ -240,3 +241,21 @@ def test_bilm_refuses_sensitivity_and_inc_before_writing(runs, tiny_task, tmp_pa
     with pytest.raises(UserError, match="cannot quantize a 'bilm' model"):
         export_bundle(inc, tmp_path / "inc", GATES, tiny_task)
     assert not (tmp_path / "inc").exists()
+
+
+@pytest.mark.parametrize("passes, message", [
+    ((SensitivityConfig(samples=32), QuantizeConfig(mode="dynamic-int8")),
+     r"variants\.v\[0\]: sensitivity: a 'bilm' model has no Linear layers to rank"),
+    ((QuantizeConfig(mode="inc"),), r"variants\.v\[0\]: inc: Intel Neural Compressor cannot quantize a 'bilm' model"),
+    ((FinetuneConfig(epochs=1), DropLayers(keep=(0,))), r"variants\.v\[1\]: this step needs Transformer layers"),
+])
+def test_a_bilm_recipe_is_refused_before_its_teacher_trains(pretrained, tiny_csv, tmp_path, monkeypatch,
+                                                            passes, message):
+    from compressor import pipeline
+    monkeypatch.setattr(pipeline, "teacher_stage", lambda *a, **k: pytest.fail("the teacher stage ran"))
+    pipe = Pipeline("bilm-refused", teacher=str(pretrained("bilm")), task={"path": str(tiny_csv)},
+                    finetune=FinetuneConfig(epochs=1))
+    pipe.variant("v", *passes)
+    with pytest.raises(UserError, match=message) as err:
+        pipe.run(tmp_path / "out", show_progress=False)
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
