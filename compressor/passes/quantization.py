@@ -43,7 +43,6 @@ def check_quantize_family(cfg: QuantizeConfig, family: str) -> None:
 
 @register("quantize", QuantizeConfig, preserves_function=True, check_family=check_quantize_family)
 def quantize_pass(bundle: ModelBundle, cfg: QuantizeConfig, ctx: Context) -> ModelBundle:
-    check_quantize_family(cfg, bundle.model.config.model_type)
     # A copy, not the input model: passes never hand their input on (the registry checks),
     # and later passes may train this one.
     return bundle.replace(model=bundle.copy_model(),
@@ -121,7 +120,6 @@ def sensitivity_pass(bundle: ModelBundle, cfg: SensitivityConfig, ctx: Context) 
     fp32 measures.) The highest-scoring fraction is recorded for the int8 export to leave
     in float (nodes_to_exclude).
     """
-    check_rankable(cfg, bundle.model.config.model_type)
     model = bundle.copy_model().eval()
     data = sensitivity_data(bundle, ctx.task, cfg.samples)
     with torch.no_grad():

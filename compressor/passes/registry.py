@@ -93,6 +93,8 @@ def get_pass(name: str) -> PassSpec:
 def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) -> ModelBundle:
     """Run one pass and record it in the output's history."""
     spec = get_pass(name)
+    # The same refusal the pipeline gives up front, for passes called one by one.
+    check_pass_family(name, config, bundle.model.config.model_type)
     out = spec.run(bundle, config, ctx)
     if out is bundle or out.model is bundle.model:
         raise RuntimeError(f"pass {name!r} returned its input model; passes must copy before changing")
