@@ -6,8 +6,10 @@ starts, so the harness adds a perf_counter pair per call and nothing else.
 
 Fairness within one run: every model of a measurement sees the same batches (real test
 batches in test order, each padded to its longest member, or real texts cut/padded to a
-fixed length), and the models are measured in interleaved rounds (A B C, A B C, ...) so
-that drift in machine load lands on all of them alike instead of on whoever runs last.
+fixed length), and the models are measured in interleaved rounds (A B C, C A B, B C A, ...)
+so that drift in machine load lands on all of them alike instead of on whoever runs last.
+The order within each round is a fresh permutation drawn from a recorded seed, so no model
+always runs right after the same other one (whose cache and thread state it would inherit).
 
 Peak memory is measured in a fresh child process per model (compressor/memory_probe.py):
 it loads the model, runs the batches, and reports its peak resident set size. That is the
@@ -22,13 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
 import numpy as np
 
-from compressor.profiles import Profile
+from compressor.profiles import Profile, ort_session_options
 from pretrain.batching import MAX_LENGTH
 from pretrain.data import Split
 from pretrain.errors import UserError
@@ -49,6 +51,7 @@ ROUND_CALLS = 10              # timed calls per model per interleaved round
 ROUND_WARMUP = 2              # untimed calls per model at the start of every round
 TIE_THRESHOLD = 0.03          # per-call latency ratios within 3% of 1 rank as ties
 BOOTSTRAP_RESAMPLES = 400
+ORDER_SEED = 0                # seeds the per-round model order (recorded with the timings)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,14 @@ class Deployable:
     kind: Literal["torch", "onnx"]
     path: Path                 # HF model dir (torch) or model .onnx file
     precision: str             # fp32, dynamic-int8, static-int8, fp16, ...
+    # (profile name, path) where a profile measures another build of this model: the Optimum
+    # baseline is built with each profile's own preset.
+    on_profiles: tuple[tuple[str, Path], ...] = ()
+
+    def on(self, profile: str) -> "Deployable":
+        """This model as `profile` measures it."""
+        path = dict(self.on_profiles).get(profile, self.path)
+        return Deployable(self.name, self.kind, path, self.precision)
 
 
 def input_batches(tokenizer, split: Split, batch_size: int, sequence_length: int | str,
@@ -91,14 +102,7 @@ def input_batches(tokenizer, split: Split, batch_size: int, sequence_length: int
 
 def onnx_session(path: Path, profile: Profile):
     import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = profile.thread_count()
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = {
-        "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[profile.graph_optimization]
+    options = ort_session_options(profile.thread_count(), profile.graph_optimization)
     providers = [profile.provider] + (["CPUExecutionProvider"] if profile.provider != "CPUExecutionProvider" else [])
     try:
         return ort.InferenceSession(str(path), options, providers=providers)
@@ -180,15 +184,18 @@ class Timings:
     times: dict[str, np.ndarray]
     samples: dict[str, int]
     rounds: list[slice]
+    orders: list[list[str]] = field(default_factory=list)   # the order the models ran in, per round
+    order_seed: int = ORDER_SEED
 
 
 def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile,
-                     round_calls: int = ROUND_CALLS) -> Timings:
-    """Time every runner on the same batches in short interleaved rounds (A B C, A B C, ...).
+                     round_calls: int = ROUND_CALLS, order_seed: int = ORDER_SEED) -> Timings:
+    """Time every runner on the same batches in short interleaved rounds (A B C, C A B, ...).
 
     Short rounds spread slow drift in machine load evenly over the models; the untimed
     calls at the start of each round absorb the switch from the previous model (caches,
-    the other runtime's spinning threads).
+    the other runtime's spinning threads). Each round runs the models in a random order
+    drawn from `order_seed`, so which model precedes which varies from round to round.
     """
     import torch
     prepared = {name: [runner.prepare(b) for b in batches] for name, runner in runners.items()}
@@ -196,19 +203,23 @@ def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: P
     times: dict[str, list[float]] = {name: [] for name in runners}
     rounds = [slice(start, min(start + round_calls, profile.iterations))
               for start in range(0, profile.iterations, round_calls)]
+    rng = np.random.default_rng(order_seed)
+    orders = [[str(name) for name in rng.permutation(list(runners))] for _ in rounds]
     threads = torch.get_num_threads()
     torch.set_num_threads(profile.thread_count())
     try:
         for name, runner in runners.items():
             timed_calls(runner.run, prepared[name], 0, profile.warmup)
-        for span in rounds:
-            for name, runner in runners.items():
-                timed_calls(runner.run, prepared[name], span.start, ROUND_WARMUP)
-                times[name] += timed_calls(runner.run, prepared[name], span.start, span.stop - span.start)
+        for span, order in zip(rounds, orders):
+            for name in order:
+                run = runners[name].run
+                timed_calls(run, prepared[name], span.start, ROUND_WARMUP)
+                times[name] += timed_calls(run, prepared[name], span.start, span.stop - span.start)
     finally:
         torch.set_num_threads(threads)
     samples = sum(sizes[i % len(sizes)] for i in range(profile.iterations))
-    return Timings({name: np.asarray(t) for name, t in times.items()}, dict.fromkeys(runners, samples), rounds)
+    return Timings({name: np.asarray(t) for name, t in times.items()}, dict.fromkeys(runners, samples), rounds,
+                   orders, order_seed)
 
 
 def measure_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile) -> dict[str, dict]:
@@ -283,7 +294,8 @@ def peak_rss_mb(model: Deployable, profile: Profile, batch_sets: list[list[Feed]
             inputs.append(str(Path(tmp) / f"set{n}.npz"))
             np.savez(inputs[-1], **{f"{i}:{k}": v for i, b in enumerate(batches) for k, v in b.items()})
         job = {"kind": model.kind, "path": str(model.path), "inputs": inputs, "calls": calls,
-               "threads": profile.thread_count(), "provider": profile.provider, "device": profile.device}
+               "threads": profile.thread_count(), "provider": profile.provider, "device": profile.device,
+               "graph_optimization": profile.graph_optimization}
         try:
             done = subprocess.run([sys.executable, "-m", "compressor.memory_probe", json.dumps(job)],
                                   capture_output=True, text=True, timeout=900)

@@ -44,6 +44,7 @@ def measure_profile(models: list[Deployable], profile: Profile, tokenizer, test:
                     log, max_length: int = MAX_LENGTH) -> tuple[list[dict], list[dict], list[dict]]:
     """Latency rows (one per model and setting), the tie-aware ranking of each setting, and
     every timed call (kept so that anyone can recompute the statistics)."""
+    models = [m.on(profile.name) for m in models]
     runners = {m.name: load_runner(m, profile) for m in models}
     settings = [(b, n) for b in profile.batch_sizes for n in profile.sequence_lengths]
     batch_sets = [input_batches(tokenizer, test, b, n, max_length=max_length) for b, n in settings]
@@ -62,6 +63,7 @@ def measure_profile(models: list[Deployable], profile: Profile, tokenizer, test:
                              "ties": tied_pairs(timings)})
             calls.append({"profile": profile.name, "batch_size": batch_size, "sequence_length": length,
                           "rounds": [[r.start, r.stop] for r in timings.rounds],
+                          "order_seed": timings.order_seed, "orders": timings.orders,
                           "times_ms": {name: [round(float(t), 4) for t in times]
                                        for name, times in timings.times.items()}})
     finally:

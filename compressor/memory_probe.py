@@ -1,7 +1,8 @@
 """Child process for peak-memory measurement: `python -m compressor.memory_probe JOB_JSON`.
 
 Imports only what the model's runtime needs (an ONNX model never imports torch), loads
-the model once, and for each set of batches resets the kernel's resident-memory
+the model once the way the benchmark does (the same loader for PyTorch dirs, adapters and
+scalar mix included; the profile's threads and graph optimization level for ONNX), and for each set of batches resets the kernel's resident-memory
 high-water mark (/proc/self/clear_refs), runs the batches, and reads VmHWM: the resident
 memory a process serving this model at that batch size needs. Prints
 {"peak_rss_mb": [one reading per set]}.
@@ -41,12 +42,17 @@ def load_batches(path: str) -> list[dict]:
     return [batches[i] for i in sorted(batches)]
 
 
-def onnx_model(job: dict):
+def onnx_session(job: dict):
     import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = job["threads"]
+
+    from compressor.profiles import ort_session_options
+    options = ort_session_options(job["threads"], job["graph_optimization"])
     providers = [job["provider"]] + (["CPUExecutionProvider"] if job["provider"] != "CPUExecutionProvider" else [])
-    session = ort.InferenceSession(job["path"], options, providers=providers)
+    return ort.InferenceSession(job["path"], options, providers=providers)
+
+
+def onnx_model(job: dict):
+    session = onnx_session(job)
     wanted = {i.name for i in session.get_inputs()}
 
     def run(feed: dict) -> None:
@@ -54,18 +60,22 @@ def onnx_model(job: dict):
     return run
 
 
+def torch_module(job: dict):
+    """The model as the benchmark loads it (compressor.bench.load_torch_model)."""
+    from pathlib import Path
+
+    import torch
+
+    from compressor.bench import load_torch_model
+    torch.set_num_threads(job["threads"])
+    return load_torch_model(Path(job["path"])).eval().to(job["device"])
+
+
 def torch_model(job: dict):
     import inspect
 
     import torch
-    from transformers import AutoModelForSequenceClassification
-    torch.set_num_threads(job["threads"])
-    from pathlib import Path
-    from compressor.export.torch_int8 import is_int8_dir, load_int8_model
-    if is_int8_dir(Path(job["path"])):      # torch-dynamic-int8 deployment dir
-        model = load_int8_model(Path(job["path"])).to(job["device"])
-    else:
-        model = AutoModelForSequenceClassification.from_pretrained(job["path"]).eval().to(job["device"])
+    model = torch_module(job)
     wanted = set(inspect.signature(model.forward).parameters)
 
     def run(feed: dict) -> None:

@@ -30,7 +30,8 @@ import numpy as np
 
 from compressor import __version__
 from compressor.atomic import atomic_dir, write_json
-from compressor.baselines import BUILDERS, baseline_kind, check_baselines, model_file
+from compressor.baselines import (BUILDERS, OPTIMUM, baseline_kind, check_baselines, model_file, optimum_preset,
+                                  preset_for_this_cpu, preset_settings)
 from compressor.bench import Deployable
 from compressor.benchmark_stage import run_benchmarks
 from compressor.bundle import ModelBundle, read_provenance
@@ -39,6 +40,7 @@ from compressor.evaluate import load_predictor, predict_classes
 from compressor.export.onnx import EXPORT_FILE, ONNX_FILE, ExportSettings, export_into
 from compressor.export.torch_int8 import is_int8_dir
 from compressor.passes import Context, apply_pass, check_pass_family, get_pass
+from compressor.profiles import unavailable_reason
 from compressor.recipe import (BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR, RUN_FILE, Recipe, Step,
                                export_dir_name)
 from compressor.report import pareto_fronts, runtime_warnings, write_human_reports
@@ -77,8 +79,11 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     teacher_ref = resolve_path(recipe.teacher.model, base_dir, keep=BUNDLED_MODELS)
     teacher_path = check_model_ref(teacher_ref)
     family = read_model_type(teacher_path)
+    presets: dict[str, str] = {}
     if recipe.benchmark is not None:
         check_baselines(recipe.benchmark.baselines, family)
+        if OPTIMUM in recipe.benchmark.baselines:
+            presets = optimum_presets(recipe.benchmark)     # a preset this CPU cannot run stops here
     check_steps_fit(steps, family)
     task = load_task(resolve_task_paths(recipe.teacher.task, base_dir), seed=recipe.seed)
     steps = {name: [resolve_step_paths(step, base_dir) for step in variant_steps]
@@ -96,7 +101,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
                        for stage in [teacher, *variants]}
         baselines, benchmark = [], None
         if recipe.benchmark is not None:
-            baselines = [baseline_stage(name, teacher, recipe, task, out_dir)
+            baselines = [baseline_stage(name, teacher, recipe, task, out_dir, presets)
                          for name in recipe.benchmark.baselines]
             deployables = [baseline_deployable(b) for b in baselines] + \
                 [variant_deployable(stage, exports.get(stage.name)) for stage in variants]
@@ -115,6 +120,12 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
         write_json(out_dir / "report.json", report)
         write_human_reports(report, out_dir)
     return report
+
+
+def optimum_presets(settings) -> dict[str, str]:
+    """The Optimum preset of every profile this machine measures, by profile name."""
+    return {profile.name: optimum_preset(profile) for profile in settings.profile_objects()
+            if unavailable_reason(profile) is None}
 
 
 def check_steps_fit(steps: dict[str, list[Step]], family: str) -> None:
@@ -336,30 +347,56 @@ def test_predictions(model_path: Path, task: TaskData, recipe: Recipe) -> np.nda
 
 # -- baselines and the benchmark ---------------------------------------------------------
 
-def baseline_stage(name: str, teacher: Stage, recipe: Recipe, task: TaskData, out_dir: Path) -> dict:
-    """Build (or reuse) one baseline from the teacher; its record with test metrics."""
+def baseline_stage(name: str, teacher: Stage, recipe: Recipe, task: TaskData, out_dir: Path,
+                   presets: dict[str, str]) -> dict:
+    """Build (or reuse) one baseline from the teacher; its record with test metrics.
+
+    `presets` maps each measured profile to its Optimum preset. The Optimum baseline is
+    built once per distinct preset; its record is the first measured profile's build (the
+    CPU's preset when no profile is measured here), and `optimum` tells which preset each
+    profile is measured against.
+    """
     kind, precision = baseline_kind(name)
     if name == "pytorch-eager-fp32":   # the teacher itself: nothing to build or re-evaluate
         return {"name": name, "path": str(teacher.path), "file": str(teacher.path), "kind": kind,
                 "precision": precision, "metrics": teacher.metrics,
                 "predictions": teacher.predictions.tolist(), "size_bytes": weights_size(teacher.path),
                 "params": teacher.params}
-    path = out_dir / BASELINES_DIR / name
-    key = content_key({"baseline": name, "input": teacher.key, "eval": recipe.data.max_eval_samples})
+    if name != OPTIMUM:
+        return {"name": name, "kind": kind, "precision": precision, "params": teacher.params,
+                **built_baseline(name, None, teacher, recipe, task, out_dir)}
+    wanted = list(dict.fromkeys(presets.values())) or [preset_for_this_cpu()]
+    builds = {preset: built_baseline(name, preset, teacher, recipe, task, out_dir) for preset in wanted}
+    primary = builds[wanted[0]]
+    optimum = {"preset": wanted[0], "settings": preset_settings(wanted[0]), "profiles": presets,
+               "builds": {preset: {"path": b["path"], "accuracy": b["metrics"]["accuracy"],
+                                   "macro_f1": b["metrics"]["macro_f1"], "size_bytes": b["size_bytes"],
+                                   "settings": preset_settings(preset)} for preset, b in builds.items()}}
+    return {"name": name, "kind": kind, "precision": precision, "params": teacher.params, **primary,
+            "optimum": optimum, "profile_files": {p: builds[preset]["file"] for p, preset in presets.items()}}
+
+
+def built_baseline(name: str, preset: str | None, teacher: Stage, recipe: Recipe, task: TaskData,
+                   out_dir: Path) -> dict:
+    """One built baseline dir (per Optimum preset for the Optimum baseline), cached by key."""
+    path = out_dir / BASELINES_DIR / (name if preset is None else f"{name}-{preset}")
+    key = content_key({"baseline": name, "input": teacher.key, "eval": recipe.data.max_eval_samples,
+                       "optimum": preset_settings(preset) if preset else None})
 
     def write(tmp: Path) -> dict:
-        BUILDERS[name](teacher.path, tmp)
+        BUILDERS[name](teacher.path, tmp, preset)
         predictions = test_predictions(tmp, task, recipe)
         labels = np.asarray(task.split("test").head(recipe.data.max_eval_samples).labels)
         return {"metrics": classification_metrics(labels, predictions), "predictions": predictions.tolist(),
                 "size_bytes": model_file(name, tmp).stat().st_size}
     record = cached(path, key, write)
-    return {"name": name, "path": str(path), "file": str(model_file(name, path)), "kind": kind,
-            "precision": precision, "params": teacher.params, **record}
+    return {"path": str(path), "file": str(model_file(name, path)), **record}
 
 
 def baseline_deployable(baseline: dict) -> Deployable:
-    return Deployable(baseline["name"], baseline["kind"], Path(baseline["file"]), baseline["precision"])
+    on_profiles = tuple((profile, Path(file)) for profile, file in baseline.get("profile_files", {}).items())
+    return Deployable(baseline["name"], baseline["kind"], Path(baseline["file"]), baseline["precision"],
+                      on_profiles)
 
 
 def variant_deployable(stage: Stage, export: dict | None) -> Deployable:
@@ -374,7 +411,8 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
                     out_dir: Path, rebenchmark: bool) -> dict:
     """Measure every deployable model on every profile in one run (cached as a whole)."""
     settings = recipe.benchmark
-    key = content_key({"models": [[m.name, m.kind, m.precision, fingerprint_file(m.path)] for m in models],
+    key = content_key({"models": [[m.name, m.kind, m.precision, fingerprint_file(m.path),
+                                   [[p, fingerprint_file(f)] for p, f in m.on_profiles]] for m in models],
                        "benchmark": key_fields(settings), "eval": recipe.data.max_eval_samples,
                        "profiles": settings.resolved_profiles()})
     path = out_dir / BENCHMARK_DIR
@@ -456,7 +494,7 @@ def baseline_entry(b: dict) -> dict:
     return {"name": b["name"], "baseline": True, "path": b["path"], "kind": b["kind"],
             "precision": b["precision"], "accuracy": b["metrics"]["accuracy"],
             "macro_f1": b["metrics"]["macro_f1"], "params": b["params"], "size_bytes": b["size_bytes"],
-            "passes": []}
+            "passes": [], **({"optimum": b["optimum"]} if "optimum" in b else {})}
 
 
 def latency_by_model(benchmark: dict | None) -> dict[str, list[dict]]:

@@ -51,6 +51,9 @@ class Profile(BaseModel):
     iterations: int = Field(100, ge=1)                      # timed iterations per measurement
     precisions: list[Precision] = ["fp32", "int8"]          # what this target runs fast
     requires: Requirements = Requirements()
+    # Optimum's AutoQuantizationConfig preset for the optimum-default-int8 baseline on this
+    # target; None: the preset for the CPU it runs on (compressor/baselines.py).
+    optimum_preset: Literal["arm64", "avx2", "avx512", "avx512_vnni"] | None = None
 
     @field_validator("batch_sizes")
     @classmethod
@@ -73,6 +76,23 @@ class Profile(BaseModel):
 
     def suits(self, precision: str) -> bool:
         return precision_family(precision) in self.precisions
+
+
+def ort_session_options(threads: int, graph_optimization: str):
+    """ONNX Runtime session options for a profile's threads and graph optimization level.
+
+    Shared by the benchmark and the memory probe, so both run the graph ORT would run.
+    """
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = {
+        "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[graph_optimization]
+    return options
 
 
 def precision_family(precision: str) -> str:

@@ -258,6 +258,8 @@ def environment_lines(env: dict) -> list[str]:
 def sections(report: dict) -> list[tuple[str, str, object]]:
     """(kind, title, content) in report order; kind is 'table', 'lines' or 'chart'."""
     out: list[tuple[str, str, object]] = [("table", "Models", summary_table(report))]
+    if baselines_of(report):
+        out.append(("lines", "Baselines: how each was built", baseline_lines(report)))
     exports = [("teacher", report["teacher"])] + [(m["name"], m) for m in report["models"]]
     if any("onnx" in e for _, e in exports):
         out.append(("markdown", "ONNX exports (parity and accuracy gate)", exports_table(report)))
@@ -276,6 +278,33 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
         out.append(("lines", "Warnings", report["warnings"]))
     out.append(("lines", "Environment", environment_lines(report["environment"])))
     return out
+
+
+BASELINE_RECIPES = {
+    "pytorch-eager-fp32": "the teacher in PyTorch eager mode, fp32, as fine-tuning wrote it",
+    "onnxruntime-fp32": "the teacher exported to ONNX as is (no offline fusion), fp32, in ONNX Runtime",
+    "optimum-default-int8": "Optimum's CPU recipe: ORTModelForSequenceClassification export, ORTOptimizer O2, "
+                            "ORTQuantizer with the AutoQuantizationConfig preset for the CPU (dynamic, the "
+                            "preset's own defaults)",
+}
+
+
+def baseline_lines(report: dict) -> list[str]:
+    """What each baseline is, and for Optimum's which preset each profile measured."""
+    lines = []
+    for b in baselines_of(report):
+        line = f"{b['name']}: {BASELINE_RECIPES.get(b['name'], b['name'])}"
+        optimum = b.get("optimum")
+        if optimum:
+            for preset, build in optimum["builds"].items():
+                s = build["settings"]
+                profiles = [p for p, q in optimum["profiles"].items() if q == preset]
+                line += (f"; preset {preset} (activations {s['activations_dtype']}, weights {s['weights_dtype']}, "
+                         f"{'per-channel' if s['per_channel'] else 'per-tensor'}, reduce_range {s['reduce_range']}, "
+                         f"operators {', '.join(s['operators_to_quantize'])})"
+                         + (f" on profile {', '.join(profiles)}" if profiles else ""))
+        lines.append(line)
+    return lines
 
 
 def ranking_lines(benchmark: dict) -> list[str]:

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from compressor.bench import (Runner, Timings, paired_ratio, ranking_with_ties, tied, tied_pairs,
+from compressor.bench import (ROUND_WARMUP, Runner, Timings, paired_ratio, ranking_with_ties, tied, tied_pairs,
                               time_interleaved)
 from compressor.profiles import load_profile
 
@@ -66,3 +66,27 @@ def test_time_interleaved_aligns_calls_across_models():
     assert seen["quick"] == seen["sleepy"]   # the same batches in the same order, warm-ups included
     assert timings.samples == {"quick": 25, "sleepy": 25}
     assert [g["models"] for g in ranking_with_ties(timings)] == [["quick"], ["sleepy"]]
+
+
+def test_each_round_runs_the_models_in_a_recorded_random_order():
+    profile = load_profile("cpu").model_copy(update={"warmup": 0, "iterations": 60})
+    ran: list[str] = []
+
+    def runner(name):
+        return Runner(prepare=lambda feed: feed, run=lambda feed: ran.append(name))
+    names = ["a", "b", "c", "d"]
+    timings = time_interleaved({n: runner(n) for n in names}, [{"id": np.array([0])}], profile,
+                               round_calls=3, order_seed=7)
+    assert len(timings.orders) == len(timings.rounds) == 20 and timings.order_seed == 7
+    assert all(sorted(order) == names for order in timings.orders)
+    # The recorded orders are the orders that ran (warm-up and timed calls of each model in turn).
+    per_round = len(names) * (ROUND_WARMUP + 3)
+    ran_orders = [list(dict.fromkeys(ran[i:i + per_round])) for i in range(0, len(ran), per_round)]
+    assert ran_orders == timings.orders
+    # No model always follows the same one, and every model sometimes runs first.
+    predecessors = {n: {o[o.index(n) - 1] for o in timings.orders if o.index(n) > 0} for n in names}
+    assert all(len(p) > 1 for p in predecessors.values())
+    assert {o[0] for o in timings.orders} == set(names)
+    again = time_interleaved({n: runner(n) for n in names}, [{"id": np.array([0])}], profile,
+                             round_calls=3, order_seed=7)
+    assert again.orders == timings.orders       # the seed reproduces the order

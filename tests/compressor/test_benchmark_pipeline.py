@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from compressor import benchmark_stage, pipeline
+from compressor.baselines import preset_for_this_cpu
 from compressor.recipe import parse_recipe
 from pretrain.errors import UserError
 
@@ -56,7 +57,10 @@ def test_every_model_and_baseline_is_measured_in_one_run(done):
     assert models["onnxruntime-fp32"]["agreement"] == 1.0          # the same function, exported
     assert models["optimum-default-int8"]["precision"] == "dynamic-int8"
     assert models["optimum-default-int8"]["size_bytes"] < models["onnxruntime-fp32"]["size_bytes"]
-    assert (out / "baselines" / "optimum-default-int8" / "model_optimized_quantized.onnx").is_file()
+    preset = models["optimum-default-int8"]["optimum"]["preset"]
+    assert preset == preset_for_this_cpu()
+    assert models["optimum-default-int8"]["optimum"]["profiles"] == {"cpu": preset}   # the GPU profile is skipped
+    assert (out / "baselines" / f"optimum-default-int8-{preset}" / "model_optimized_quantized.onnx").is_file()
 
 
 def test_absent_hardware_is_skipped_with_its_reason(done):
