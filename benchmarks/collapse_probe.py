@@ -39,8 +39,9 @@ def probe(model_dir: Path, examples: int = 64) -> dict:
     from pretrain.models import load_classifier
     task = load_task("wordnet-supersense")
     saved = load_file(str(model_dir / "model.safetensors"))
+    # A dir that already has a head for other labels (a fine-tuned model) loads with a fresh one.
     _, info = AutoModelForSequenceClassification.from_pretrained(
-        str(model_dir), num_labels=len(task.label_names), output_loading_info=True)
+        str(model_dir), num_labels=len(task.label_names), output_loading_info=True, ignore_mismatched_sizes=True)
     model, tokenizer = load_classifier(str(model_dir), task.label_names, seed=0)
     state = model.state_dict()
     differing = [k for k, v in saved.items() if k in state and not torch.equal(state[k], v)]

@@ -29,6 +29,9 @@ def apply(variant: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        raise SystemExit(0 if len(sys.argv) >= 2 else 2)
     apply(sys.argv.pop(1))
     from compressor.cli import main
     raise SystemExit(main())

@@ -1,155 +1,302 @@
-"""Fine-tuning throughput: this tool's training loop vs the Transformers Trainer.
+"""Fine-tuning throughput and accuracy: this tool's training loop vs the Transformers Trainer.
 
-Same model (the bundled all-MiniLM-L6-v2), same WordNet supersense training examples,
-same batch size, learning rate, epochs, seed and thread count, measured one after the
-other in one process. The Trainer keeps its default settings otherwise (fused AdamW,
-linear decay, dynamic padding through DataCollatorWithPadding). Both models are then
-evaluated on the same held-out test examples.
+Issue 13's fair comparison. `--rounds N` full runs per side; in each round both sides
+fine-tune the bundled all-MiniLM-L6-v2 on the first `--train-samples` wordnet-supersense
+training examples for `--epochs` epochs, one side after the other in one process, the order
+alternating (round 0: ours first, round 1: the Trainer first, ...), each round with its
+own seed (`--seed` + round: data split, head initialisation, data order and dropout, as
+`compressor finetune --seed` uses it). Every trained model is evaluated on the same test
+examples, so the accuracy at equal settings comes from the very runs that are timed.
 
-    .venv/bin/python benchmarks/finetune_throughput.py --train-samples 30000 --epochs 2 \
-        --out benchmarks/results/finetune_throughput.json
+What both sides get alike:
+- the same tokenized examples: `pretrain.batching.encode` output, computed once per round
+  before either clock starts (the Trainer reads the same id lists through a thin Dataset);
+- batch 32, lr 1e-4, weight decay 0.01 (not on biases and LayerNorm), 6% warm-up then
+  linear decay, gradient clipping at norm 1.0, fused AdamW for the dense parameters;
+- dynamic padding to each batch's longest member (ours: `collate`; the Trainer:
+  `DataCollatorWithPadding`) and length-grouped batches (ours: `group_by_length`; the
+  Trainer: its own `group_by_length=True`, whose `LengthGroupedSampler` takes the lengths
+  from the dataset's `input_ids` lists: `datasets` is not installed, so no `length` column
+  applies, and nothing is re-tokenized);
+- the same torch thread count (`set_threads`, checked before and after each run: the
+  Trainer does not change it), no dataloader workers, no progress bars, fp32, no
+  checkpoints, no evaluation during training.
+
+What the clock covers, on both sides: the whole training call and nothing else. Ours:
+`pretrain.train.train` (optimizer creation included) with the TrainConfig that
+`pretrain.finetune.finetune` builds, exactly what `compressor finetune` runs for the
+`full` strategy. The Trainer: `Trainer.train()` (its optimizer, sampler and dataloader
+creation included); building the `Trainer` object is timed separately
+(`setup_seconds`, not counted). Model loading, tokenizing and evaluation are outside
+the clock on both sides.
+
+Every TrainingArguments value that differs from the Trainer's defaults is recorded in the
+output (`trainer_arguments`). The throughput figure is the median over rounds of the
+per-round ratio ours / Trainer (samples per second), with its min and max.
+
+The fair comparison (about 2 x 1,000 steps per round):
+
+    .venv/bin/python benchmarks/finetune_throughput.py --rounds 3 --train-samples 32000 --epochs 1 \
+        --out benchmarks/results/finetune_throughput_fair.json
+
+`--modes sparse,dense,frozen,sparse-ungrouped` runs several of our variants per round
+(embedding updates, and `-ungrouped` for no length grouping); each gets its own ratio.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
+import shlex
+import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from compressor.atomic import write_json
 from compressor.environment import environment
-from pretrain.batching import encode
-from pretrain.data import load_task
-from pretrain.finetune import FinetuneConfig, evaluate, finetune
+from pretrain.batching import Encoded, encode, usable_length
+from pretrain.data import TaskData, load_task
+from pretrain.finetune import FinetuneConfig, evaluate
 from pretrain.models import load_classifier, set_threads
+from pretrain.strategies import trainable_for
+from pretrain.train import TrainConfig, train
+
+MODEL = "minilm"
+TASK = "wordnet-supersense"
+LOG_EVERY = 50   # the Trainer logs the mean loss of the last 50 steps: ours' final_loss window
 
 
-def run_ours(task, args, mode: str) -> dict:
-    """mode = "<embedding_updates>" or "<embedding_updates>-ungrouped" (no length grouping)."""
+def finetune_config(args: argparse.Namespace, seed: int, mode: str = "sparse") -> FinetuneConfig:
+    """What `compressor finetune --epochs E --batch-size B --lr LR --seed S --max-train-samples N
+    [--embedding-updates M]` builds; `-ungrouped` turns off length grouping."""
     embedding_updates, _, grouping = mode.partition("-")
-    model, tokenizer = load_classifier("minilm", task.label_names, seed=args.seed)
-    cfg = FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                         max_train_samples=args.train_samples, embedding_updates=embedding_updates,
-                         group_by_length=grouping != "ungrouped")
-    result = finetune(model, tokenizer, task, cfg, desc=f"ours ({mode})").train
-    metrics, _ = evaluate(model, tokenizer, task.split("test").head(args.eval_samples))
-    return {"name": f"ours-{mode}", "train_seconds": result.seconds,
-            "train_samples": result.samples, "samples_per_second": result.samples_per_second,
-            "final_loss": result.final_loss, **metrics}
+    return FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed,
+                          max_train_samples=args.train_samples, embedding_updates=embedding_updates,
+                          group_by_length=grouping != "ungrouped")
+
+
+def encoded_train(model, tokenizer, task: TaskData, cfg: FinetuneConfig) -> Encoded:
+    """The training data exactly as `pretrain.finetune.train_stage` encodes it."""
+    return encode(tokenizer, task.split("train").head(cfg.max_train_samples), usable_length(model, cfg.max_length))
+
+
+def run_ours(task: TaskData, args: argparse.Namespace, seed: int, mode: str) -> dict:
+    cfg = finetune_config(args, seed, mode)
+    model, tokenizer = load_classifier(MODEL, task.label_names, seed=seed)
+    data = encoded_train(model, tokenizer, task, cfg)
+    # As pretrain.finetune.train_stage does for one task (prepare() adds nothing for "full").
+    train_cfg = TrainConfig(**cfg.model_dump(include=set(TrainConfig.model_fields)))
+    threads = torch.get_num_threads()
+    start = time.perf_counter()
+    with trainable_for(model, cfg.strategy, model.base_model):
+        result = train(model, data, train_cfg, desc=f"ours ({mode})", show_progress=False)
+    seconds = time.perf_counter() - start
+    return {"side": f"ours-{mode}", "seconds": seconds, "samples": result.samples, "steps": result.steps,
+            "samples_per_second": result.samples / seconds,
+            "loop_seconds": result.seconds,   # the loop's own clock (after optimizer creation)
+            "final_loss": result.final_loss, "mean_loss": float(np.mean(result.losses)),
+            "threads": [threads, torch.get_num_threads()],
+            "train_config": train_cfg.model_dump(mode="json"),
+            **evaluate_model(model, tokenizer, task, args)}
 
 
 class EncodedDataset(torch.utils.data.Dataset):
     """The same tokenised examples, as the dicts the Trainer's collator expects."""
 
-    def __init__(self, encoded):
+    def __init__(self, encoded: Encoded):
         self.encoded = encoded
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.encoded)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> dict:
         item = {"input_ids": self.encoded.input_ids[i], "labels": int(self.encoded.labels[i])}
         if self.encoded.token_type_ids is not None:
             item["token_type_ids"] = self.encoded.token_type_ids[i]
         return item
 
 
-def run_trainer(task, args, evaluate_after: bool = True) -> dict:
-    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
-    model, tokenizer = load_classifier("minilm", task.label_names, seed=args.seed)
-    train = EncodedDataset(encode(tokenizer, task.split("train").head(args.train_samples)))
+def trainer_arguments(args: argparse.Namespace, seed: int, output_dir: str) -> dict:
+    """Every TrainingArguments value we set (the rest are the Trainer's defaults)."""
+    return dict(output_dir=output_dir, per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
+                num_train_epochs=args.epochs, weight_decay=0.01, warmup_ratio=0.06, lr_scheduler_type="linear",
+                max_grad_norm=1.0, seed=seed, group_by_length=True, dataloader_num_workers=0, use_cpu=True,
+                report_to="none", save_strategy="no", eval_strategy="no", logging_steps=LOG_EVERY,
+                disable_tqdm=True)
+
+
+def plain(value):
+    """A JSON-friendly form of a TrainingArguments value."""
+    if hasattr(value, "value"):   # enums
+        return value.value
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return str(value)
+
+
+def non_default_arguments(targs) -> dict:
+    """The TrainingArguments fields whose (post-init) value differs from a default instance's."""
+    from transformers import TrainingArguments
     with tempfile.TemporaryDirectory() as tmp:
-        targs = TrainingArguments(output_dir=tmp, per_device_train_batch_size=args.batch_size,
-                                  learning_rate=args.lr, num_train_epochs=args.epochs, seed=args.seed,
-                                  use_cpu=True, report_to=[], save_strategy="no", logging_steps=100,
-                                  disable_tqdm=not evaluate_after)
-        trainer = Trainer(model=model, args=targs, train_dataset=train,
-                          data_collator=DataCollatorWithPadding(tokenizer))
+        default = TrainingArguments(output_dir=tmp)
+        skip = {"output_dir", "logging_dir"}
+        return {name: plain(getattr(targs, name)) for name in sorted(vars(default))
+                if name not in skip and not name.startswith("_")
+                and plain(getattr(targs, name)) != plain(getattr(default, name))}
+
+
+def trained_samples(examples: int, batch_size: int, steps: int) -> int:
+    """Examples in the first `steps` batches of epochs over `examples` (the last batch of an epoch short)."""
+    per_epoch = math.ceil(examples / batch_size)
+    epochs, rest = divmod(steps, per_epoch)
+    return epochs * examples + min(rest * batch_size, examples)
+
+
+def run_trainer(task: TaskData, args: argparse.Namespace, seed: int) -> dict:
+    from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
+
+    class Losses(TrainerCallback):
+        def __init__(self):
+            self.logged: list[float] = []
+
+        def on_log(self, targs, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.logged.append(float(logs["loss"]))
+
+    cfg = finetune_config(args, seed)
+    model, tokenizer = load_classifier(MODEL, task.label_names, seed=seed)
+    train_set = EncodedDataset(encoded_train(model, tokenizer, task, cfg))
+    losses = Losses()
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as tmp:
+        targs = TrainingArguments(**trainer_arguments(args, seed, tmp))
+        start = time.perf_counter()
+        trainer = Trainer(model=model, args=targs, train_dataset=train_set,
+                          data_collator=DataCollatorWithPadding(tokenizer), callbacks=[losses])
+        setup_seconds = time.perf_counter() - start
         start = time.perf_counter()
         out = trainer.train()
         seconds = time.perf_counter() - start
-    metrics = evaluate(model, tokenizer, task.split("test").head(args.eval_samples))[0] if evaluate_after else {}
-    samples = len(train) * args.epochs
-    return {"name": "transformers-trainer", "train_seconds": seconds, "train_samples": int(samples),
-            "samples_per_second": samples / seconds, "final_loss": out.training_loss,
-            "optimizer": targs.optim.value if hasattr(targs.optim, "value") else str(targs.optim), **metrics}
+    model.eval()
+    samples = trained_samples(len(train_set), args.batch_size, out.global_step)
+    return {"side": "transformers-trainer", "seconds": seconds, "samples": samples, "steps": out.global_step,
+            "samples_per_second": samples / seconds, "setup_seconds": setup_seconds,
+            # the mean loss of the last LOG_EVERY steps (as ours), or of the whole run if shorter
+            "final_loss": losses.logged[-1] if losses.logged else out.training_loss,
+            "mean_loss": out.training_loss, "threads": [threads, torch.get_num_threads()],
+            "optimizer": plain(targs.optim), "sampler": type(trainer._get_train_sampler()).__name__,
+            **evaluate_model(model, tokenizer, task, args)}
 
 
-def interleaved_throughput(task, args) -> dict:
-    """Short windows of ours and the Trainer, alternating, so that background load on a
-    shared machine falls on both alike; the ratio of medians is the throughput figure."""
-    short = argparse.Namespace(**{**vars(args), "train_samples": args.window_samples, "epochs": 1})
-    ours_args = argparse.Namespace(**vars(short))
+def evaluate_model(model, tokenizer, task: TaskData, args: argparse.Namespace) -> dict:
+    metrics, _ = evaluate(model, tokenizer, task.split("test").head(args.eval_samples))
+    return {"accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"],
+            "eval_samples": len(task.split("test").head(args.eval_samples))}
+
+
+def run_rounds(args: argparse.Namespace) -> dict:
+    modes = args.modes.split(",")
     rounds = []
-    for r in range(args.interleave_rounds + 1):   # round 0 warms up thread pools and caches
-        ours = run_ours_timing(task, ours_args, args.modes.split(",")[0])
-        theirs = run_trainer(task, short, evaluate_after=False)["samples_per_second"]
-        if r > 0:
-            rounds.append({"ours": ours, "trainer": theirs, "ratio": ours / theirs})
-    ratios = sorted(x["ratio"] for x in rounds)
-    return {"window_samples": args.window_samples, "rounds": rounds,
-            "median_ratio": ratios[len(ratios) // 2]}
+    for r in range(args.rounds):
+        seed = args.seed + r
+        task = load_task(TASK, seed=seed)   # as `compressor finetune --seed` loads it
+        sides = [("ours", m) for m in modes] + ([] if args.skip_trainer else [("trainer", None)])
+        if r % 2 == 1:
+            sides.reverse()
+        runs = {}
+        for kind, mode in sides:
+            set_threads(args.threads)
+            run = run_ours(task, args, seed, mode) if kind == "ours" else run_trainer(task, args, seed)
+            runs[run["side"]] = run
+            print(f"round {r} seed {seed} {run['side']}: {run['samples_per_second']:.1f} samples/s, "
+                  f"{run['steps']} steps, loss {run['final_loss']:.4f}, accuracy {run['accuracy']:.4f}",
+                  file=sys.stderr, flush=True)
+        entry = {"round": r, "seed": seed, "order": [s["side"] for s in runs.values()], "runs": runs}
+        if not args.skip_trainer:
+            base = runs["transformers-trainer"]
+            entry["ratio"] = {f"ours-{m}": runs[f"ours-{m}"]["samples_per_second"] / base["samples_per_second"]
+                              for m in modes}
+            entry["accuracy_difference"] = {f"ours-{m}": runs[f"ours-{m}"]["accuracy"] - base["accuracy"]
+                                            for m in modes}
+        rounds.append(entry)
+    return {"rounds": rounds, "summary": summarize(rounds, modes, args.skip_trainer)}
 
 
-def run_ours_timing(task, args, mode: str) -> float:
-    embedding_updates, _, grouping = mode.partition("-")
-    model, tokenizer = load_classifier("minilm", task.label_names, seed=args.seed)
-    cfg = FinetuneConfig(epochs=1, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                         max_train_samples=args.train_samples, embedding_updates=embedding_updates,
-                         group_by_length=grouping != "ungrouped")
-    return finetune(model, tokenizer, task, cfg, show_progress=False).samples_per_second
+def summarize(rounds: list[dict], modes: list[str], skip_trainer: bool) -> dict:
+    sides = [f"ours-{m}" for m in modes] + ([] if skip_trainer else ["transformers-trainer"])
+    summary: dict = {
+        "samples_per_second": {s: [r["runs"][s]["samples_per_second"] for r in rounds] for s in sides},
+        "mean_accuracy": {s: statistics.fmean(r["runs"][s]["accuracy"] for r in rounds) for s in sides},
+        "mean_macro_f1": {s: statistics.fmean(r["runs"][s]["macro_f1"] for r in rounds) for s in sides},
+    }
+    if not skip_trainer:
+        summary["ratio"] = {}
+        summary["accuracy_difference"] = {}
+        for s in sides[:-1]:
+            ratios = [r["ratio"][s] for r in rounds]
+            diffs = [r["accuracy_difference"][s] for r in rounds]
+            summary["ratio"][s] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                                   "per_round": ratios}
+            summary["accuracy_difference"][s] = {"mean": statistics.fmean(diffs), "per_seed": diffs}
+    return summary
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train-samples", type=int, default=30000)
+    parser.add_argument("--rounds", type=int, default=3, help="full runs per side, the order alternating")
+    parser.add_argument("--train-samples", type=int, default=32000)
+    parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--eval-samples", type=int, default=None, help="default: the whole test split")
-    parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--modes", default="sparse", help="comma-separated runs of ours: sparse, dense, frozen, each optionally with -ungrouped")
+    parser.add_argument("--seed", type=int, default=0, help="round r uses seed + r")
+    parser.add_argument("--modes", default="sparse",
+                        help="comma-separated runs of ours per round: sparse, dense, frozen, each optionally "
+                             "with -ungrouped")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     parser.add_argument("--skip-trainer", action="store_true")
-    parser.add_argument("--interleave-rounds", type=int, default=0,
-                        help="instead of full runs: alternate short timed windows of ours and the Trainer")
-    parser.add_argument("--window-samples", type=int, default=3200)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    set_threads(None)
-    task = load_task("wordnet-supersense", seed=args.seed)
-    if args.interleave_rounds:
-        result = {"command": command_line(args), "settings": settings(args), "environment": environment(),
-                  "interleaved": interleaved_throughput(task, args)}
-        print(json.dumps(result["interleaved"], indent=2))
-        if args.out:
-            write_json(args.out, result)
-        return
-    runs = [run_ours(task, args, mode) for mode in args.modes.split(",")]
-    if not args.skip_trainer:
-        runs.append(run_trainer(task, args))
-        base = runs[-1]
-        for r in runs[:-1]:
-            r["speedup_vs_trainer"] = r["samples_per_second"] / base["samples_per_second"]
-            r["accuracy_delta_vs_trainer"] = r["accuracy"] - base["accuracy"]
-    result = {"command": command_line(args), "settings": settings(args),
-              "environment": environment(), "runs": runs}
-    print(json.dumps(runs, indent=2))
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    for mode in args.modes.split(","):
+        updates, _, grouping = mode.partition("-")
+        if updates not in ("sparse", "dense", "frozen") or grouping not in ("", "ungrouped"):
+            parser.error(f"unknown mode {mode!r}; expected sparse, dense or frozen, optionally with -ungrouped")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    set_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:   # the TrainingArguments the Trainer runs with
+        from transformers import TrainingArguments
+        targs = TrainingArguments(**trainer_arguments(args, args.seed, tmp))
+        differing = non_default_arguments(targs)
+    differing.pop("seed", None)
+    result = {"command": command_line(argv), "settings": {k: v for k, v in vars(args).items() if k != "out"},
+              "model": MODEL, "task": TASK, "torch_threads": torch.get_num_threads(),
+              "trainer_arguments": {"differing_from_defaults": differing,
+                                    "seed": "the round's seed", "optimizer": plain(targs.optim)},
+              "environment": environment(), **run_rounds(args)}
+    summary = result["summary"]
+    for side, ratio in summary.get("ratio", {}).items():
+        print(f"{side} / trainer: median {ratio['median']:.2f}x (min {ratio['min']:.2f}, max {ratio['max']:.2f}); "
+              f"accuracy difference {summary['accuracy_difference'][side]['mean']:+.4f}")
     if args.out:
         write_json(args.out, result)
+    return result
 
 
-def settings(args: argparse.Namespace) -> dict:
-    return {k: v for k, v in vars(args).items() if k != "out"}
-
-
-def command_line(args: argparse.Namespace) -> str:
-    flags = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-             if v is not None and v is not False and v is not True]
-    return "python benchmarks/finetune_throughput.py " + " ".join(flags)
+def command_line(argv: list[str] | None) -> str:
+    return shlex.join(["python", "benchmarks/finetune_throughput.py", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

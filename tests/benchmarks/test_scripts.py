@@ -1,0 +1,116 @@
+"""Every script in benchmarks/ runs at HEAD.
+
+Each script is run in this process (runpy, as `python benchmarks/X.py ...` would run it, so
+the heavy imports are paid once): every one parses `--help`; the ones that need no
+half-hour artifact also run end to end on a tiny budget and their output is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
+
+
+def run_script(name: str, args: list[str], monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / name), *map(str, args)])
+    runpy.run_path(str(BENCHMARKS / name), run_name="__main__")
+
+
+def test_every_script_is_listed():
+    assert "finetune_throughput.py" in SCRIPTS and len(SCRIPTS) >= 10
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_help(name, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_script(name, ["--help"], monkeypatch)
+    assert exit_.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert out.strip(), f"{name} --help printed nothing"
+    assert "usage" in out or "python benchmarks/" in out
+
+
+def test_finetune_throughput_rounds(tmp_path, monkeypatch):
+    out = tmp_path / "throughput.json"
+    run_script("finetune_throughput.py", ["--rounds", 2, "--train-samples", 40, "--eval-samples", 16,
+                                          "--threads", 1, "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("python benchmarks/finetune_throughput.py --rounds 2")
+    rounds = result["rounds"]
+    assert [r["seed"] for r in rounds] == [0, 1]
+    assert rounds[0]["order"] == ["ours-sparse", "transformers-trainer"]
+    assert rounds[1]["order"] == ["transformers-trainer", "ours-sparse"]
+    for r in rounds:
+        ours, theirs = r["runs"]["ours-sparse"], r["runs"]["transformers-trainer"]
+        for run in (ours, theirs):
+            assert run["steps"] == 2 and run["samples"] == 40        # 40 examples at batch 32
+            assert run["samples_per_second"] > 0 and run["seconds"] > 0
+            assert 0 <= run["accuracy"] <= 1 and 0 <= run["macro_f1"] <= 1
+            assert run["eval_samples"] == 16
+            assert run["final_loss"] > 0
+            assert run["threads"] == [1, 1]                         # the Trainer left them alone
+        assert theirs["sampler"] == "LengthGroupedSampler"
+        assert r["ratio"]["ours-sparse"] == pytest.approx(ours["samples_per_second"] / theirs["samples_per_second"])
+    ratio = result["summary"]["ratio"]["ours-sparse"]
+    assert ratio["min"] <= ratio["median"] <= ratio["max"]
+    assert len(result["summary"]["accuracy_difference"]["ours-sparse"]["per_seed"]) == 2
+    differing = result["trainer_arguments"]["differing_from_defaults"]
+    assert differing["group_by_length"] is True
+    assert differing["weight_decay"] == 0.01 and differing["warmup_ratio"] == 0.06
+    assert differing["learning_rate"] == 1e-4 and differing["per_device_train_batch_size"] == 32
+    assert "environment" in result
+
+
+def test_finetune_throughput_refuses_unknown_mode(monkeypatch):
+    with pytest.raises(SystemExit) as exit_:
+        run_script("finetune_throughput.py", ["--modes", "sparse,fast"], monkeypatch)
+    assert exit_.value.code == 2
+
+
+def test_trained_samples_counts_short_last_batches():
+    module = runpy.run_path(str(BENCHMARKS / "finetune_throughput.py"))
+    assert module["trained_samples"](40, 32, 2) == 40
+    assert module["trained_samples"](40, 32, 3) == 72        # a second epoch's first batch
+    assert module["trained_samples"](64, 32, 4) == 128
+
+
+def test_cls_variation(tmp_path, monkeypatch):
+    out = tmp_path / "cls.json"
+    run_script("cls_variation.py", ["--examples", 4, "--out", out], monkeypatch)
+    record = json.loads(out.read_text())
+    assert record["examples"] == 4
+    assert len(record["cls_std_by_layer"]) == 7                 # embeddings + MiniLM's 6 layers
+    assert all(v >= 0 for v in record["cls_std_by_layer"].values())
+
+
+def test_collapse_probe(tmp_path, tiny_bert_dir, monkeypatch):
+    out = tmp_path / "probe.json"
+    run_script("collapse_probe.py", [tiny_bert_dir, "--out", out, "--note", "tiny"], monkeypatch)
+    assert out.is_file()
+    text = out.read_text()
+    assert "input_dependence" in text and "tiny" in text
+
+
+def test_headline(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- headline:start -->\nold\n<!-- headline:end -->\noutro\n")
+    run_script("headline.py", [BENCHMARKS / "results" / "demo_report.json", "--readme", readme], monkeypatch)
+    text = readme.read_text()
+    assert text.startswith("intro\n<!-- headline:start -->\n") and text.endswith("<!-- headline:end -->\noutro\n")
+    assert "old" not in text and "|" in text
+
+
+def test_tokenizer_rates(tmp_path, wordnet_corpus_file, monkeypatch):
+    out = tmp_path / "tokenizers.json"
+    run_script("tokenizer_rates.py", ["--corpus", wordnet_corpus_file(300), "--vocab-sizes", 300,
+                                      "--work", tmp_path / "work", "--out", out], monkeypatch)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["kind"] for r in rows] == ["wordpiece", "bpe", "wordlevel"]
+    assert all(0 <= r["unk_token_rate"] <= 1 and r["tokens"] > 0 for r in rows)
