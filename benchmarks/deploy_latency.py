@@ -6,7 +6,7 @@ real test batches padded to each batch's longest member):
 - teacher fp32, exported and fused by this tool (the reference for the int8 ratio);
 - teacher fp32, plain export (no fusion): the `onnxruntime-fp32` baseline;
 - this tool's export + fusion + dynamic int8 (per-channel), the demo's `int8` variant;
-- Optimum's default recipe (export, O2, avx2 dynamic int8): the `optimum-default-int8` baseline;
+- Optimum's recipe (export, O2, the dynamic int8 preset for this CPU): the `optimum-default-int8` baseline;
 - other exported int8 variants of the run when present (static int8, QAT, sensitivity);
 - the teacher with half of the heads and half of the FFN neurons removed in every layer
   (structure only, no training), exported and fused here, against the unsliced fused

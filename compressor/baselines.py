@@ -136,13 +136,21 @@ def preset_settings(preset: str) -> dict:
 
 def build_optimum_default_int8(teacher_dir: Path, out: Path, preset: str) -> None:
     """Optimum's CPU recipe: export, O2 graph optimization, the preset's dynamic int8."""
+    out = Path(out).resolve()
+    optimum_quantize(optimum_o2(teacher_dir, out / "work"), out, quantization_config(preset))
+    shutil.rmtree(out / "work")
+    _, tokenizer = load_saved_classifier(teacher_dir)
+    tokenizer.save_pretrained(str(out))
+
+
+def optimum_o2(teacher_dir: Path, work: Path) -> Path:
+    """Optimum's export and O2 graph optimization of the teacher; the O2 .onnx file."""
     import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    from optimum.onnxruntime import ORTModelForSequenceClassification, ORTOptimizer, ORTQuantizer
+    from optimum.onnxruntime import ORTModelForSequenceClassification, ORTOptimizer
     from optimum.onnxruntime.configuration import AutoOptimizationConfig
 
-    teacher_dir, out = Path(teacher_dir).resolve(), Path(out).resolve()
-    work = out / "work"
+    teacher_dir, work = Path(teacher_dir).resolve(), Path(work).resolve()
     with quiet_logs(), scratch_cwd():
         exported = ORTModelForSequenceClassification.from_pretrained(str(teacher_dir), export=True)
         exported.save_pretrained(str(work / "export"))
@@ -151,12 +159,16 @@ def build_optimum_default_int8(teacher_dir: Path, out: Path, preset: str) -> Non
         o2_file = work / "o2" / "model_optimized.onnx"
         typed = SymbolicShapeInference.infer_shapes(onnx.load(str(o2_file)), auto_merge=True)
         onnx.save(typed, str(o2_file))
-        quantizer = ORTQuantizer.from_pretrained(str(work / "o2"), file_name=o2_file.name)
-        quantizer.quantize(save_dir=str(out),
-                           quantization_config=quantization_config(preset))
-    shutil.rmtree(work)
-    _, tokenizer = load_saved_classifier(teacher_dir)
-    tokenizer.save_pretrained(str(out))
+    return o2_file
+
+
+def optimum_quantize(o2_file: Path, out: Path, config) -> Path:
+    """ORTQuantizer on an O2 graph with a QuantizationConfig; the quantized .onnx file."""
+    from optimum.onnxruntime import ORTQuantizer
+    with quiet_logs(), scratch_cwd():
+        quantizer = ORTQuantizer.from_pretrained(str(o2_file.parent), file_name=o2_file.name)
+        quantizer.quantize(save_dir=str(out), quantization_config=config)
+    return Path(out) / OPTIMUM_FILE
 
 
 BUILDERS = {"onnxruntime-fp32": build_onnxruntime_fp32, "optimum-default-int8": build_optimum_default_int8}

@@ -35,9 +35,10 @@ INT8_ONNX_MODES = ("dynamic-int8", "static-int8")
 
 # Every weight-carrying op of a BERT graph, unfused or fused. Gather covers the word,
 # position and token-type embedding lookups: the word-embedding matrix alone is half of
-# MiniLM's parameters, so leaving it fp32 (Optimum's default list is MatMul/Attention only)
-# would keep the file at about 60% of fp32. EmbedLayerNormalization is the same lookups
-# once fused.
+# MiniLM's parameters, so leaving it fp32 would keep the file at about 60% of fp32.
+# EmbedLayerNormalization is the same lookups once fused. Optimum's dynamic presets quantize
+# these too (their list is Conv, MatMul, Attention, LSTM, Gather, Transpose and
+# EmbedLayerNormalization); benchmarks/int8_side_by_side.py measures what the differences do.
 TRANSFORMER_INT8_OPS = ["MatMul", "Attention", "Gather", "EmbedLayerNormalization"]
 # LSTM (the BiLM teacher): ORT's DynamicQuantizeLSTM keeps both weight matrices in int8.
 DYNAMIC_INT8_OPS = TRANSFORMER_INT8_OPS + ["LSTM"]
