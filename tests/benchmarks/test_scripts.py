@@ -125,7 +125,12 @@ def test_tokenizer_rates(tmp_path, wordnet_corpus_file, monkeypatch):
 
 
 # --- Scripts that read a finished recipe run: one tiny run (the teacher, the demo's `int8`
-# variant, the three baselines; cpu profile, batch 1) shared by the module.
+# variant, the three baselines; cpu profile, batch 1) shared by the module. The peak-memory
+# probe (a fresh child process per model, seconds of imports each) is stubbed out: no script
+# here reads it.
+
+def no_memory_probe(model, profile, batch_sets, *args, **kwargs):
+    return [100.0] * len(batch_sets)
 
 def tiny_recipe(model_dir, csv_path) -> dict:
     return {"name": "tiny-scripts", "seed": 0,
@@ -139,7 +144,7 @@ def tiny_recipe(model_dir, csv_path) -> dict:
 @pytest.fixture(scope="module")
 def finished_run(tiny_bert_dir, tiny_csv, tmp_path_factory):
     """(recipe file, run dir) of a finished tiny recipe run."""
-    from compressor import pipeline
+    from compressor import benchmark_stage, pipeline
     from compressor.recipe import parse_recipe
     root = tmp_path_factory.mktemp("scripts-run")
     recipe_file = root / "tiny.yaml"
@@ -147,6 +152,7 @@ def finished_run(tiny_bert_dir, tiny_csv, tmp_path_factory):
     recipe_file.write_text(json.dumps(raw))                     # JSON is YAML
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pipeline, "set_threads", lambda threads: None)
+        mp.setattr(benchmark_stage, "peak_rss_mb", no_memory_probe)
         recipe, steps = parse_recipe(raw)
         pipeline.run_recipe(recipe, steps, root / "run", show_progress=False)
     return recipe_file, root / "run"
@@ -193,11 +199,12 @@ def test_plain_speedups(finished_run, tmp_path, monkeypatch):
 
 
 def test_repeatability(finished_run, tmp_path, monkeypatch):
-    from compressor import pipeline
+    from compressor import benchmark_stage, pipeline
     recipe_file, run_dir = finished_run
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)                             # the rebenchmark rewrites the report
     monkeypatch.setattr(pipeline, "set_threads", lambda threads: None)
+    monkeypatch.setattr(benchmark_stage, "peak_rss_mb", no_memory_probe)
     out = tmp_path / "repeat.json"
     run_script("repeatability.py", [recipe_file, "--run", copy, "--out", out], monkeypatch)
     result = json.loads(out.read_text())
@@ -224,3 +231,32 @@ def test_quantization_accuracy(finished_run, tiny_csv, tmp_path, monkeypatch):
         assert 0 <= row["accuracy"] <= 1 and 0 <= row["agreement_with_teacher_fp32"] <= 1, name
     assert rows["fp32"]["agreement_with_teacher_fp32"] == 1.0
     assert rows["dynamic-int8-per-channel"]["size_bytes"] < rows["fp32"]["size_bytes"]
+
+
+# --- Scripts that train or stream a corpus: the smallest budget their flags allow.
+
+def test_static_embeddings(tmp_path, wordnet_corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)                                # the script moves to the repository
+    out = tmp_path / "embeddings.json"
+    run_script("static_embeddings.py", ["--corpus", wordnet_corpus_file(300), "--min-count", 2, "--dim", 8,
+                                        "--steps", 5, "--work", tmp_path / "work", "--out", out], monkeypatch)
+    whole = json.loads(out.read_text())["whole_corpus"]
+    assert whole["steps"] == 5 and whole["dim"] == 8 and whole["vocab_size"] > 50
+    assert whole["final_loss"] > 0 and "--min-count 2" in whole["cli"]
+    assert whole["nearest_neighbours"] and "geometry" in whole
+
+
+def test_collapse_variants(tmp_path, wordnet_corpus_file, monkeypatch):
+    import pretrain.objectives.span as span
+    monkeypatch.setattr(span, "bert_config", span.bert_config)             # restored after the test:
+    monkeypatch.setattr(span.SpanObjective, "loss", span.SpanObjective.loss)  # the script patches them
+    corpus = wordnet_corpus_file(300)
+    tok = tmp_path / "tok"
+    run_script_exit("collapse_variants.py", ["nosbo", "tokenizer", "--corpus", corpus, "--kind", "wordpiece",
+                                             "--vocab-size", 300, "--out", tok], monkeypatch)
+    out = tmp_path / "span"
+    run_script_exit("collapse_variants.py", ["nosbo", "pretrain", "--objective", "span", "--corpus", corpus,
+                                             "--size", "tiny", "--tokenizer", tok, "--steps", 2, "--batch-size", 4,
+                                             "--max-length", 32, "--threads", 1, "--out", out], monkeypatch)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 2 and metrics["final_loss"] > 0
