@@ -1,8 +1,18 @@
 """Every script in benchmarks/ runs at HEAD.
 
 Each script is run in this process (runpy, as `python benchmarks/X.py ...` would run it, so
-the heavy imports are paid once): every one parses `--help`; the ones that need no
-half-hour artifact also run end to end on a tiny budget and their output is checked.
+the heavy imports are paid once): every one parses `--help`, and most also run end to end
+on a tiny budget and their output is checked. The scripts that read a finished recipe run
+(deploy_latency, harness_overhead, plain_speedups, repeatability, quantization_accuracy)
+share one tiny run built by a module fixture.
+
+Still `--help` only, each too slow at its smallest for the suite:
+- pretraining.py: four `compressor` subprocesses (tokenizer, pretrain, two fine-tunes), each
+  paying the torch/transformers imports, and the fine-tunes score the whole supersense test
+  split (no flag limits it): well over 20 s.
+- pretraining_objectives.py: the same steps for every objective plus the random arm.
+- stream_memory.py: builds each corpus from the whole WordNet corpus and streams it in a
+  fresh subprocess per size (1 MB is the smallest size the flags allow).
 """
 
 from __future__ import annotations
@@ -260,3 +270,17 @@ def test_collapse_variants(tmp_path, wordnet_corpus_file, monkeypatch):
                                              "--max-length", 32, "--threads", 1, "--out", out], monkeypatch)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 2 and metrics["final_loss"] > 0
+
+
+def test_finetune_strategies(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    out = tmp_path / "strategies.json"
+    run_script("finetune_strategies.py", ["--runs", "frozen", "--model", tiny_bert_dir, "--task", tiny_csv,
+                                          "--train-samples", 32, "--max-eval-samples", 16,
+                                          "--work", tmp_path / "work", "--out", out], monkeypatch)
+    record = json.loads(out.read_text())
+    [row] = record["runs"]
+    assert "error" not in row, row.get("error")
+    assert row["name"] == "frozen" and row["strategy"] == "frozen" and row["samples"] == 16
+    assert 0 <= row["accuracy"] <= 1 and row["steps"] == 1 and row["lr"] == 1e-3
+    assert 0 < row["trainable_params"] < row["total_params"]
+    assert record["settings"]["target_steps"] == 1
