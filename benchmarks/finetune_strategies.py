@@ -37,7 +37,7 @@ def runs(args) -> dict[str, list[str]]:
     """name -> command line (after `python -m`)."""
     budget = ["--max-train-samples", str(args.train_samples), "--epochs", str(args.epochs)]
     small = ["--max-train-samples", str(args.ddp_train_samples), "--epochs", "1"]
-    ft = ["compressor", "finetune", "--model", "minilm", "--task", "wordnet-supersense", "--quiet",
+    ft = ["compressor", "finetune", "--model", str(args.model), "--task", str(args.task), "--quiet",
           *(["--seed", str(args.seed)] if args.seed else [])]
     full = [*ft, *budget, "--strategy", "full", "--lr", args.lr]
     head = ["--lr", args.head_lr]        # rows that train a small part of the model take a larger rate
@@ -89,6 +89,8 @@ def run_one(name: str, argv: list[str], out_dir: Path, max_eval: int | None) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="adapters,ddp-1,ddp-2,frozen,scalar-mix,full,two-stage-wsd,multi-task-wsd")
+    parser.add_argument("--model", default="minilm", help="the teacher: 'minilm' (bundled) or an HF model dir")
+    parser.add_argument("--task", default="wordnet-supersense", help="the target task (name or CSV/TSV/JSONL file)")
     parser.add_argument("--train-samples", type=int, default=30000)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--ddp-train-samples", type=int, default=6000)

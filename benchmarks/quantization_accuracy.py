@@ -96,6 +96,8 @@ def variants(args) -> dict[str, list[tuple[str, dict]]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--teacher", type=Path, required=True)
+    parser.add_argument("--task", default="wordnet-supersense",
+                        help="a built-in task name or a CSV/JSONL file (text,label) of the teacher's labels")
     parser.add_argument("--eval-samples", type=int, default=5000)
     parser.add_argument("--calibration-samples", type=int, default=512)
     parser.add_argument("--qat-epochs", type=float, default=1.0)
@@ -115,7 +117,7 @@ def main() -> int:
         return 0
     set_threads(None)
     teacher = ModelBundle.load(args.teacher)
-    task = load_task("wordnet-supersense")
+    task = load_task({"path": args.task} if Path(args.task).is_file() else args.task)
     test = task.split("test").head(args.eval_samples)
     ctx = Context(task=task, seed=0, show_progress=True)
     command = " ".join(sys.argv)
@@ -147,7 +149,7 @@ def results_file(args, command: str, eval_samples: int, rows: list[dict], prior:
                  kept: dict[str, dict], order: list[str]) -> dict:
     """The --out contents: this run's rows, merged into `prior`'s when --merge."""
     if prior is None:
-        return {"command": command, "teacher": str(args.teacher), "task": "wordnet-supersense",
+        return {"command": command, "teacher": str(args.teacher), "task": args.task,
                 "eval_samples": eval_samples, "environment": environment(), "results": rows,
                 "qat_recovery": qat_recovery(rows)}
     if prior.get("eval_samples") != eval_samples:

@@ -44,6 +44,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dim", type=int, default=100)
     p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--corpus", default="wordnet",
+                   help="part 1's corpus: 'wordnet' or a text file (blank lines between documents)")
+    p.add_argument("--min-count", type=int, help="part 1's minimum word count (default: the command's)")
     p.add_argument("--compare", action="store_true")
     p.add_argument("--compare-steps", type=int, default=1000)
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-embeddings")
@@ -63,10 +66,13 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
-    print(f"whole corpus, {args.steps} steps", flush=True)
+    print(f"whole corpus {args.corpus}, {args.steps} steps", flush=True)
+    min_count = [] if args.min_count is None else ["--min-count", str(args.min_count)]
     record["whole_corpus"] = {
-        "cli": f"compressor embeddings --corpus wordnet --dim {args.dim} --steps {args.steps} --out DIR",
-        **run("wordnet", args.work / "whole", {"dim": args.dim, "steps": args.steps})}
+        "cli": " ".join(["compressor embeddings --corpus", args.corpus, "--dim", str(args.dim), "--steps",
+                         str(args.steps), *min_count, "--out DIR"]),
+        **run(args.corpus, args.work / "whole", {"dim": args.dim, "steps": args.steps,
+                                                  "min_count": args.min_count})}
     save()
     if args.compare:
         slice_path = Path("runs/wordnet-3000.txt")

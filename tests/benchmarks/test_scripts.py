@@ -1,14 +1,25 @@
 """Every script in benchmarks/ runs at HEAD.
 
 Each script is run in this process (runpy, as `python benchmarks/X.py ...` would run it, so
-the heavy imports are paid once): every one parses `--help`; the ones that need no
-half-hour artifact also run end to end on a tiny budget and their output is checked.
+the heavy imports are paid once): every one parses `--help`, and most also run end to end
+on a tiny budget and their output is checked. The scripts that read a finished recipe run
+(deploy_latency, harness_overhead, plain_speedups, repeatability, quantization_accuracy)
+share one tiny run built by a module fixture.
+
+Still `--help` only, each too slow at its smallest for the suite:
+- pretraining.py: four `compressor` subprocesses (tokenizer, pretrain, two fine-tunes), each
+  paying the torch/transformers imports, and the fine-tunes score the whole supersense test
+  split (no flag limits it): well over 20 s.
+- pretraining_objectives.py: the same steps for every objective plus the random arm.
+- stream_memory.py: builds each corpus from the whole WordNet corpus and streams it in a
+  fresh subprocess per size (1 MB is the smallest size the flags allow).
 """
 
 from __future__ import annotations
 
 import json
 import runpy
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,6 +32,13 @@ SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
 def run_script(name: str, args: list[str], monkeypatch) -> None:
     monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / name), *map(str, args)])
     runpy.run_path(str(BENCHMARKS / name), run_name="__main__")
+
+
+def run_script_exit(name: str, args: list[str], monkeypatch) -> None:
+    """Run a script whose `__main__` ends in `sys.exit(main())`; it must exit 0."""
+    with pytest.raises(SystemExit) as exit_:
+        run_script(name, args, monkeypatch)
+    assert exit_.value.code in (0, None)
 
 
 def test_every_script_is_listed():
@@ -114,3 +132,155 @@ def test_tokenizer_rates(tmp_path, wordnet_corpus_file, monkeypatch):
     rows = json.loads(out.read_text())["rows"]
     assert [r["kind"] for r in rows] == ["wordpiece", "bpe", "wordlevel"]
     assert all(0 <= r["unk_token_rate"] <= 1 and r["tokens"] > 0 for r in rows)
+
+
+# --- Scripts that read a finished recipe run: one tiny run (the teacher, the demo's `int8`
+# variant, the three baselines; cpu profile, batch 1) shared by the module. The peak-memory
+# probe (a fresh child process per model, seconds of imports each) is stubbed out: no script
+# here reads it.
+
+def no_memory_probe(model, profile, batch_sets, *args, **kwargs):
+    return [100.0] * len(batch_sets)
+
+def tiny_recipe(model_dir, csv_path) -> dict:
+    return {"name": "tiny-scripts", "seed": 0,
+            "teacher": {"model": str(model_dir), "task": {"path": str(csv_path)}},
+            "data": {"max_eval_samples": 16},
+            "variants": {"int8": [{"quantize": {"mode": "dynamic-int8", "per_channel": True}}]},
+            "export": {"onnx": True, "optimize": True, "accuracy_tolerance": 1.0},
+            "benchmark": {"profiles": ["cpu"], "batch_sizes": [1], "iterations": 4}}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_bert_dir, tiny_csv, tmp_path_factory):
+    """(recipe file, run dir) of a finished tiny recipe run."""
+    from compressor import benchmark_stage, pipeline
+    from compressor.recipe import parse_recipe
+    root = tmp_path_factory.mktemp("scripts-run")
+    recipe_file = root / "tiny.yaml"
+    raw = tiny_recipe(tiny_bert_dir, tiny_csv)
+    recipe_file.write_text(json.dumps(raw))                     # JSON is YAML
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "set_threads", lambda threads: None)
+        mp.setattr(benchmark_stage, "peak_rss_mb", no_memory_probe)
+        recipe, steps = parse_recipe(raw)
+        pipeline.run_recipe(recipe, steps, root / "run", show_progress=False)
+    return recipe_file, root / "run"
+
+
+def test_deploy_latency(finished_run, tmp_path, monkeypatch):
+    out = tmp_path / "deploy.json"
+    run_script("deploy_latency.py", ["--run", finished_run[1], "--batch-size", 1, "--iterations", 4,
+                                     "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert set(result["models"]) == {"teacher-fp32-fused", "onnxruntime-fp32", "optimum-default-int8",
+                                     "int8 (dynamic-int8)", "teacher-half-heads-half-ffn-fp32-fused"}
+    for name, m in result["models"].items():
+        assert 0 < m["p50_ms"] and m["size_bytes"] > 0, name
+    assert result["eval_samples"] == 16
+    ratios = result["ratios"]
+    assert {"half_structure_vs_unsliced", "dynamic_int8_vs_fp32_fused", "ours_int8_vs_optimum_default_int8",
+            "int8_file_size_vs_fp32"} <= set(ratios)
+    assert all(v > 0 for k, v in ratios.items() if k != "ours_minus_optimum_accuracy")
+    assert ratios["int8_file_size_vs_fp32"] < 1
+
+
+def test_harness_overhead(finished_run, tmp_path, monkeypatch):
+    out = tmp_path / "overhead.json"
+    run_script("harness_overhead.py", ["--run", finished_run[1], "--batch-size", 1, "--iterations", 4,
+                                       "--repeats", 2, "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert result["model"] in ("int8", "onnxruntime-fp32", "optimum-default-int8")
+    assert len(result["harness_p50_ms"]) == len(result["bare_p50_ms"]) == 2
+    assert all(v > 0 for v in result["harness_p50_ms"] + result["bare_p50_ms"])
+    assert result["overhead"] > -1 and isinstance(result["under_2_percent"], bool)
+
+
+def test_plain_speedups(finished_run, tmp_path, monkeypatch):
+    out = tmp_path / "plain.json"
+    run_script("plain_speedups.py", ["--run", finished_run[1], "--batch-size", 1, "--iterations", 6,
+                                     "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert set(result["plain_p50_ms"]) == {"pytorch-eager-fp32", "onnxruntime-fp32", "optimum-default-int8"}
+    assert all(v > 0 for v in result["plain_p50_ms"].values())
+    for name, c in result["speedups_over_pytorch_eager_fp32"].items():
+        assert c["plain_speedup"] > 0 and c["report_speedup"] > 0 and c["relative_difference"] >= 0, name
+    assert isinstance(result["within_15_percent"], bool)
+
+
+def test_repeatability(finished_run, tmp_path, monkeypatch):
+    from compressor import benchmark_stage, pipeline
+    recipe_file, run_dir = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)                             # the rebenchmark rewrites the report
+    monkeypatch.setattr(pipeline, "set_threads", lambda threads: None)
+    monkeypatch.setattr(benchmark_stage, "peak_rss_mb", no_memory_probe)
+    out = tmp_path / "repeat.json"
+    run_script("repeatability.py", [recipe_file, "--run", copy, "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    [measurement] = result["measurements"]
+    assert (measurement["profile"], measurement["batch_size"]) == ("cpu", 1)
+    assert len(measurement["ranking"]) == 2
+    assert sorted(measurement["ranking"][0]) == sorted(measurement["ranking"][1]) == sorted(
+        ["int8", "pytorch-eager-fp32", "onnxruntime-fp32", "optimum-default-int8"])
+    assert measurement["max_relative_change"] >= 0 and isinstance(result["repeatable"], bool)
+
+
+def test_quantization_accuracy(finished_run, tiny_csv, tmp_path, monkeypatch):
+    out = tmp_path / "quant.json"
+    teacher = json.loads((finished_run[1] / "report.json").read_text())["teacher"]["path"]
+    run_script_exit("quantization_accuracy.py", [
+        "--teacher", teacher, "--task", tiny_csv, "--eval-samples", 16,
+        "--only", "dynamic-int8-per-channel", "--work", tmp_path / "work", "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert result["eval_samples"] == 16 and result["task"] == str(tiny_csv)
+    rows = {r["name"]: r for r in result["results"]}
+    assert list(rows) == ["fp32", "dynamic-int8-per-channel"]
+    for name, row in rows.items():
+        assert "error" not in row, row
+        assert 0 <= row["accuracy"] <= 1 and 0 <= row["agreement_with_teacher_fp32"] <= 1, name
+    assert rows["fp32"]["agreement_with_teacher_fp32"] == 1.0
+    assert rows["dynamic-int8-per-channel"]["size_bytes"] < rows["fp32"]["size_bytes"]
+
+
+# --- Scripts that train or stream a corpus: the smallest budget their flags allow.
+
+def test_static_embeddings(tmp_path, wordnet_corpus_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)                                # the script moves to the repository
+    out = tmp_path / "embeddings.json"
+    run_script("static_embeddings.py", ["--corpus", wordnet_corpus_file(300), "--min-count", 2, "--dim", 8,
+                                        "--steps", 5, "--work", tmp_path / "work", "--out", out], monkeypatch)
+    whole = json.loads(out.read_text())["whole_corpus"]
+    assert whole["steps"] == 5 and whole["dim"] == 8 and whole["vocab_size"] > 50
+    assert whole["final_loss"] > 0 and "--min-count 2" in whole["cli"]
+    assert whole["nearest_neighbours"] and "geometry" in whole
+
+
+def test_collapse_variants(tmp_path, wordnet_corpus_file, monkeypatch):
+    import pretrain.objectives.span as span
+    monkeypatch.setattr(span, "bert_config", span.bert_config)             # restored after the test:
+    monkeypatch.setattr(span.SpanObjective, "loss", span.SpanObjective.loss)  # the script patches them
+    corpus = wordnet_corpus_file(300)
+    tok = tmp_path / "tok"
+    run_script_exit("collapse_variants.py", ["nosbo", "tokenizer", "--corpus", corpus, "--kind", "wordpiece",
+                                             "--vocab-size", 300, "--out", tok], monkeypatch)
+    out = tmp_path / "span"
+    run_script_exit("collapse_variants.py", ["nosbo", "pretrain", "--objective", "span", "--corpus", corpus,
+                                             "--size", "tiny", "--tokenizer", tok, "--steps", 2, "--batch-size", 4,
+                                             "--max-length", 32, "--threads", 1, "--out", out], monkeypatch)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 2 and metrics["final_loss"] > 0
+
+
+def test_finetune_strategies(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    out = tmp_path / "strategies.json"
+    run_script("finetune_strategies.py", ["--runs", "frozen", "--model", tiny_bert_dir, "--task", tiny_csv,
+                                          "--train-samples", 32, "--max-eval-samples", 16,
+                                          "--work", tmp_path / "work", "--out", out], monkeypatch)
+    record = json.loads(out.read_text())
+    [row] = record["runs"]
+    assert "error" not in row, row.get("error")
+    assert row["name"] == "frozen" and row["strategy"] == "frozen" and row["samples"] == 16
+    assert 0 <= row["accuracy"] <= 1 and row["steps"] == 1 and row["lr"] == 1e-3
+    assert 0 < row["trainable_params"] < row["total_params"]
+    assert record["settings"]["target_steps"] == 1
