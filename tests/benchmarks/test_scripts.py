@@ -3,7 +3,8 @@
 Each script is run in this process (runpy, as `python benchmarks/X.py ...` would run it, so
 the heavy imports are paid once): every one parses `--help`, and most also run end to end
 on a tiny budget and their output is checked. The scripts that read a finished recipe run
-(deploy_latency, harness_overhead, plain_speedups, repeatability, quantization_accuracy)
+(deploy_latency, int8_side_by_side, harness_overhead, plain_speedups, repeatability,
+quantization_accuracy)
 share one tiny run built by a module fixture.
 
 Still `--help` only, each too slow at its smallest for the suite:
@@ -183,6 +184,27 @@ def test_deploy_latency(finished_run, tmp_path, monkeypatch):
             "int8_file_size_vs_fp32"} <= set(ratios)
     assert all(v > 0 for k, v in ratios.items() if k != "ours_minus_optimum_accuracy")
     assert ratios["int8_file_size_vs_fp32"] < 1
+
+
+def test_int8_side_by_side(finished_run, tmp_path, monkeypatch):
+    out = tmp_path / "side.json"
+    run_script("int8_side_by_side.py", ["--run", finished_run[1], "--batch-sizes", 2, "--iterations", 4,
+                                        "--eval-samples", 16, "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    graphs = result["graphs"]
+    preset = result["optimum_preset"]["preset"]
+    assert f"Optimum {preset} preset (the baseline)" in graphs and "ours (s8, per-channel, our ops)" in graphs
+    assert graphs["fp32, fused (ours)"]["agreement_with_fp32"] == 1.0
+    for name, g in graphs.items():
+        assert 0 <= g["accuracy"] <= 1 and g["size_mb"] > 0, name
+    # int8 graphs are smaller than fp32 and carry integer kernels; the fp32 ones do not.
+    fp32 = graphs["fp32, fused (ours)"]["size_mb"]
+    assert graphs["ours (s8, per-channel, our ops)"]["size_mb"] < 0.5 * fp32
+    assert "DynamicQuantizeMatMul" in graphs["ours, per-tensor"]["ops"] or \
+        "MatMulInteger" in graphs["ours, per-tensor"]["ops"]
+    assert not any("Integer" in op or "Quantize" in op for op in graphs["fp32, Optimum O2"]["ops"])
+    stats = result["latency"]["2"]["stats"]
+    assert set(stats) == set(graphs) and all(s["p50_ms"] > 0 for s in stats.values())
 
 
 def test_harness_overhead(finished_run, tmp_path, monkeypatch):
