@@ -13,6 +13,10 @@ unchanged; an interrupted run (even `kill -9`) resumes after the last finished s
 Variants that begin with the same passes share them: after a pass that trains, the
 intermediate model is kept under DIR/prefixes/<key>/ and a later variant with the same
 prefix starts from it instead of training again.
+
+Passes get a Context with the teacher stage's model (loaded only if a pass asks for it) and,
+per step, a work dir DIR/.work/<key>/ for checkpoints (same key as the step's prefix, so a
+rerun resumes there); the work dirs of a variant go once its stage is written.
 """
 
 from __future__ import annotations
