@@ -13,11 +13,16 @@ unchanged; an interrupted run (even `kill -9`) resumes after the last finished s
 Variants that begin with the same passes share them: after a pass that trains, the
 intermediate model is kept under DIR/prefixes/<key>/ and a later variant with the same
 prefix starts from it instead of training again.
+
+Passes get a Context with the teacher stage's model (loaded only if a pass asks for it) and,
+per step, a work dir DIR/.work/<key>/ for checkpoints (same key as the step's prefix, so a
+rerun resumes there); the work dirs of a variant go once its stage is written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -39,15 +44,15 @@ from compressor.environment import environment
 from compressor.evaluate import load_predictor, predict_classes
 from compressor.export.onnx import EXPORT_FILE, ONNX_FILE, ExportSettings, export_into
 from compressor.export.torch_int8 import is_int8_dir
-from compressor.passes import Context, apply_pass, check_pass_family, get_pass
+from compressor.passes import Context, LazyTeacher, apply_pass, check_pass_family, get_pass
 from compressor.profiles import unavailable_reason
-from compressor.recipe import (BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR, RUN_FILE, Recipe, Step,
+from compressor.recipe import (BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR, RUN_FILE, WORK_DIR, Recipe, Step,
                                export_dir_name)
 from compressor.report import pareto_fronts, runtime_warnings, write_human_reports
 from pretrain.batching import usable_length
 from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
-from pretrain.finetune import evaluate, finetune
+from pretrain.finetune import evaluate, finetune, with_run_defaults
 from pretrain.metrics import agreement, classification_metrics
 from pretrain.models import BUNDLED_MODELS, check_model_ref, load_classifier, read_model_type, set_threads
 
@@ -91,10 +96,10 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     created = claim_out_dir(out_dir, recipe, force)
     try:
         teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)
+        ctx = pass_context(recipe, task, teacher, show_progress)
         variants: list[Stage] = []
         for name, variant_steps in steps.items():
-            variants.append(variant_stage(name, variant_steps, teacher, variants, recipe, task,
-                                          out_dir, show_progress))
+            variants.append(variant_stage(name, variant_steps, teacher, variants, recipe, task, out_dir, ctx))
         exports = {}
         if recipe.export is not None and recipe.export.onnx:
             exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir)
@@ -227,8 +232,9 @@ def read_stage_record(path: Path) -> dict:
 def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir: Path,
                   show_progress: bool) -> Stage:
     finetune_cfg = recipe.teacher.finetune
-    if finetune_cfg is not None and "seed" not in finetune_cfg.model_fields_set:
-        finetune_cfg = finetune_cfg.model_copy(update={"seed": recipe.seed})
+    if finetune_cfg is not None:
+        # data.max_train_samples caps the passes, not the teacher: its fine-tuning sets its own.
+        finetune_cfg = with_run_defaults(finetune_cfg, recipe.seed, max_train_samples=None)
     key = content_key({"model": fingerprint(path), "task": task_fingerprint(task),
                        "finetune": key_fields(finetune_cfg) if finetune_cfg else None,
                        "eval": recipe.data.max_eval_samples})
@@ -241,11 +247,14 @@ def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir:
     return model_stage("teacher", key, build, task, recipe, out_dir)
 
 
-def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[Stage], recipe: Recipe,
-                  task: TaskData, out_dir: Path, show_progress: bool) -> Stage:
-    ctx = Context(task=task, seed=recipe.seed, max_train_samples=recipe.data.max_train_samples,
-                  show_progress=show_progress)
+def pass_context(recipe: Recipe, task: TaskData, teacher: Stage, show_progress: bool) -> Context:
+    """What every variant's passes share; the teacher loads only if a pass asks for it."""
+    return Context(task=task, seed=recipe.seed, max_train_samples=recipe.data.max_train_samples,
+                   show_progress=show_progress, teacher_source=LazyTeacher.from_dir(teacher.path))
 
+
+def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[Stage], recipe: Recipe,
+                  task: TaskData, out_dir: Path, ctx: Context) -> Stage:
     def key_of(prefix: list[Step]) -> str:
         return content_key({"input": teacher.key, "seed": recipe.seed,
                             "max_train_samples": recipe.data.max_train_samples,
@@ -256,11 +265,23 @@ def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[St
         done, start = longest_finished_prefix(steps, key_of, known, out_dir)
         bundle = ModelBundle.load(start or teacher.path)
         for i in range(done, len(steps)):
-            bundle = apply_pass(bundle, steps[i].name, steps[i].config, ctx)
+            # Keyed like the prefix it produces: a rerun of this step finds its checkpoints.
+            step_ctx = dataclasses.replace(ctx, work_dir=out_dir / WORK_DIR / key_of(steps[:i + 1]))
+            bundle = apply_pass(bundle, steps[i].name, steps[i].config, step_ctx)
             if get_pass(steps[i].name).trains and i + 1 < len(steps):
                 keep_prefix(bundle, out_dir / PREFIXES_DIR / key_of(steps[:i + 1]), out_dir)
         return bundle
-    return model_stage(name, key_of(steps), build, task, recipe, out_dir)
+    stage = model_stage(name, key_of(steps), build, task, recipe, out_dir)
+    remove_work_dirs(out_dir, [key_of(steps[:n]) for n in range(1, len(steps) + 1)])
+    return stage
+
+
+def remove_work_dirs(out_dir: Path, keys: list[str]) -> None:
+    """Checkpoints of steps whose output is now written (a kept prefix or the stage itself)."""
+    for key in keys:
+        shutil.rmtree(out_dir / WORK_DIR / key, ignore_errors=True)
+    with contextlib.suppress(OSError):   # still holding another variant's work, or never made
+        (out_dir / WORK_DIR).rmdir()
 
 
 def longest_finished_prefix(steps: list[Step], key_of: Callable[[list[Step]], str],

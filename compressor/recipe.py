@@ -27,6 +27,8 @@ RUN_FILE = "run.json"              # which recipe owns an output dir
 BASELINES_DIR = "baselines"        # DIR/baselines/<name>/
 BENCHMARK_DIR = "benchmark"        # DIR/benchmark/benchmark.json
 PREFIXES_DIR = "prefixes"          # DIR/prefixes/<key>/: shared variant prefixes
+WORK_DIR = ".work"                 # DIR/.work/<key>/: a running pass's checkpoints (hidden: no
+                                   # variant name can start with a dot, so none clashes with it)
 RESERVED_NAMES = {"teacher", "report.json", "report.md", "report.html", "pareto.png", RUN_FILE,
                   BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR}
 

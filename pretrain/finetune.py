@@ -24,8 +24,9 @@ encoder (the same module object), so training any of them trains the shared enco
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -41,8 +42,8 @@ from pretrain.metrics import classification_metrics
 from pretrain.models import count_params
 from pretrain.pretraining import PretrainConfig
 from pretrain.strategies import ADAPTER_INIT_STD, Strategy, prepare, trainable_for
-from pretrain.train import (Batch, EpochBatches, TrainConfig, TrainResult, accepts_token_types,
-                            epoch_batches, train)
+from pretrain.train import (Batch, Checkpointing, EpochBatches, LossFn, ParamGroups, StepCallback, TrainConfig,
+                            TrainResult, accepts_token_types, epoch_batches, task_loss, train)
 
 TaskSpec = str | dict   # a built-in task name, or a data file spec {path, text, label, ...}
 
@@ -78,6 +79,37 @@ class FinetuneConfig(TrainConfig):
                               warmup_ratio=self.warmup_ratio, max_length=self.max_length, seed=self.seed)
 
 
+Trained = TypeVar("Trained", bound=FinetuneConfig)
+
+
+def with_run_defaults(cfg: Trained, seed: int, max_train_samples: int | None) -> Trained:
+    """`cfg` with the run's seed and training-sample limit where it does not set its own.
+
+    A seed counts as set when the user wrote it (even `seed: 0`); a limit when it is not None.
+    The recipe's `data.max_train_samples` is a default cap: a pass's own limit wins.
+    """
+    update: dict = {}
+    if "seed" not in cfg.model_fields_set:
+        update["seed"] = seed
+    if cfg.max_train_samples is None and max_train_samples is not None:
+        update["max_train_samples"] = max_train_samples
+    return cfg.model_copy(update=update) if update else cfg
+
+
+@dataclass(frozen=True)
+class LoopHooks:
+    """What a caller adds to the target stage's `train` call besides the data (see TRAIN_API.md)."""
+
+    loss_fn: LossFn = task_loss
+    callbacks: Sequence[StepCallback] = ()
+    checkpoint: Checkpointing | None = None
+    param_groups: ParamGroups | None = None
+    aux_modules: Sequence[nn.Module] = ()
+
+    def custom_loss(self) -> bool:
+        return self.loss_fn is not task_loss
+
+
 @dataclass
 class FinetuneResult:
     train: TrainResult            # the target stage
@@ -93,13 +125,24 @@ class FinetuneResult:
 
 def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: TaskData,
              cfg: FinetuneConfig, desc: str = "finetune", show_progress: bool = True,
-             mlm_head_from: Path | None = None) -> FinetuneResult:
+             mlm_head_from: Path | None = None, *, loss_fn: LossFn = task_loss,
+             callbacks: Sequence[StepCallback] = (), checkpoint: Checkpointing | None = None,
+             param_groups: ParamGroups | None = None, aux_modules: Sequence[nn.Module] = ()) -> FinetuneResult:
     """Train `model` in place on the task's train split (the first max_train_samples).
 
     `mlm_head_from`: the model dir whose masked-LM head the domain stage starts from, if it has one.
+    `loss_fn`, `callbacks`, `checkpoint`, `param_groups`, `aux_modules` go to `train` for the
+    target stage only (the domain and intermediate stages keep the model's own loss): a
+    distillation or pruning pass reuses this data preparation with its own loss. On resume
+    from `checkpoint` the earlier stages run again (deterministically) and the target stage
+    continues from the saved step.
     """
+    hooks = LoopHooks(loss_fn, tuple(callbacks), checkpoint, param_groups, tuple(aux_modules))
     intermediate = load_intermediate(cfg, task)
     partners = load_partners(cfg, task)          # every input is checked before training starts
+    if partners and hooks.custom_loss():
+        raise ValueError("a custom loss_fn trains the target task alone; multi-task training (tasks) "
+                         "uses the heads' own losses")
     domain = cfg.domain_config()
     if domain is not None:
         check_domain(domain, model, tokenizer)
@@ -117,29 +160,40 @@ def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
                                 show_progress)
         stages.append(stage_summary(intermediate.name, result))
     heads = [model] + [with_head(model, t.label_names, cfg.seed + i + 1) for i, t in enumerate(partners)]
-    result, trainable = train_stage(heads, [task, *partners], tokenizer, cfg, desc, show_progress)
+    result, trainable = train_stage(heads, [task, *partners], tokenizer, cfg, desc, show_progress, hooks)
     stages.append(stage_summary("+".join(t.name for t in [task, *partners]), result))
     return FinetuneResult(train=result, trainable_params=trainable, total_params=count_params(model),
                           stages=stages, domain=domain_summary)
 
 
 def train_stage(models: list[PreTrainedModel], tasks: list[TaskData], tokenizer: PreTrainedTokenizerBase,
-                cfg: FinetuneConfig, desc: str, show_progress: bool) -> tuple[TrainResult, int]:
-    """One training run: a single task as before, or several heads on mixed batches."""
+                cfg: FinetuneConfig, desc: str, show_progress: bool,
+                hooks: LoopHooks = LoopHooks()) -> tuple[TrainResult, int]:
+    """One training run: a single task as before, or several heads on mixed batches.
+
+    With several heads the loss is always multitask_loss, and param_groups name parameters
+    of the joint module (`heads.0.bert...`)."""
     train_cfg = TrainConfig(**cfg.model_dump(include=set(TrainConfig.model_fields)))
     max_length = usable_length(models[0], cfg.max_length)
     data = [encode(tokenizer, t.split("train").head(cfg.max_train_samples), max_length) for t in tasks]
     encoder = models[0].base_model
     if len(models) == 1:
         with trainable_for(models[0], cfg.strategy, encoder) as trainable:
-            return train(models[0], data[0], train_cfg, desc=desc, show_progress=show_progress), trainable
+            return train(models[0], data[0], train_cfg, desc=desc, show_progress=show_progress,
+                         **loop_kwargs(hooks)), trainable
     joint = MultiTask(models)
     with trainable_for(joint, cfg.strategy, encoder):
         # reported: what the target model trains (shared encoder part + its own head)
         trainable = sum(p.numel() for p in models[0].parameters() if p.requires_grad)
         source = MultiTaskBatches(data, train_cfg, accepts_token_types(models[0]))
-        result = train(joint, source, train_cfg, loss_fn=multitask_loss, desc=desc, show_progress=show_progress)
+        result = train(joint, source, train_cfg, desc=desc, show_progress=show_progress,
+                       **{**loop_kwargs(hooks), "loss_fn": multitask_loss})
     return result, trainable
+
+
+def loop_kwargs(hooks: LoopHooks) -> dict:
+    """The hooks as `train` keywords (not dataclasses.asdict: that would deep-copy the modules)."""
+    return {f.name: getattr(hooks, f.name) for f in fields(hooks)}
 
 
 def stage_summary(name: str, result: TrainResult) -> dict:

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import math
 import os
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Protocol, Sequence, runtime_checkable
@@ -52,6 +54,9 @@ from pretrain.errors import UserError
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+# model -> optimizer groups of their own, each {"params": [parameter names], "lr": ..., ...}
+# (names as in model.named_parameters(); options a group leaves out are the config's).
+ParamGroups = Callable[[nn.Module], list[dict[str, Any]]]
 
 
 class TrainConfig(BaseModel):
@@ -185,8 +190,15 @@ def task_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def train(model: nn.Module, data: Encoded | BatchSource, cfg: TrainConfig, loss_fn: LossFn = task_loss,
           desc: str = "training", show_progress: bool = True, checkpoint: Checkpointing | None = None,
-          callbacks: Sequence[StepCallback] = ()) -> TrainResult:
-    """Train `model` in place and return what happened (the same on every rank)."""
+          callbacks: Sequence[StepCallback] = (), param_groups: ParamGroups | None = None,
+          aux_modules: Sequence[nn.Module] = ()) -> TrainResult:
+    """Train `model` in place and return what happened (the same on every rank).
+
+    `param_groups(model)`: optimizer groups with their own options (see ParamGroups).
+    `aux_modules`: modules loss_fn uses but does not train (a distillation teacher): on the
+    training device, in eval mode and without gradients while the loop runs, outside the
+    DDP wrapper and the optimizers.
+    """
     source = EpochBatches(data, cfg, accepts_token_types(model)) if isinstance(data, Encoded) else data
     place = distributed.world()
     if isinstance(data, Encoded):
@@ -198,8 +210,10 @@ def train(model: nn.Module, data: Encoded | BatchSource, cfg: TrainConfig, loss_
     progress = Counters(losses=[])
 
     model.train()
-    with embedding_mode(model, embedding_mode_for(cfg.embedding_updates)) as sparse_params:
-        optimizers = make_optimizers(model, cfg, sparse_params)
+    with embedding_mode(model, embedding_mode_for(cfg.embedding_updates)) as sparse_params, \
+            frozen_on(aux_modules, device, model):
+        groups = param_groups(model) if param_groups is not None else []
+        optimizers = make_optimizers(model, cfg, sparse_params, groups)
         schedules = [torch.optim.lr_scheduler.LambdaLR(o, warmup_then_linear_decay(cfg, source.steps))
                      for o in optimizers]
         run = Run(model, optimizers, schedules, source, cfg, place)
@@ -451,21 +465,74 @@ def embedding_mode(model: nn.Module, mode: str) -> Iterator[list[nn.Parameter]]:
         embedding.weight.requires_grad_(was_trainable)
 
 
-def make_optimizers(model: nn.Module, cfg: TrainConfig, sparse_params: list[nn.Parameter]
-                    ) -> list[torch.optim.Optimizer]:
+@contextlib.contextmanager
+def frozen_on(modules: Sequence[nn.Module], device: torch.device, model: nn.Module) -> Iterator[None]:
+    """Auxiliary modules on the training device, in eval mode and without gradients, for the
+    duration of a run; their device, mode and requires_grad flags come back afterwards.
+
+    They stay out of the trained model: a parameter shared with it would be trained (and
+    checkpointed) as part of the model, so that is refused.
+    """
+    own = {id(p) for p in model.parameters()}
+    if any(id(p) in own for m in modules for p in m.parameters()):
+        raise ValueError("an aux module shares parameters with the trained model; expected modules "
+                         "the loss only reads (e.g. a teacher), not parts of the model")
+    saved = [(m, m.training, first_device(m), [p.requires_grad for p in m.parameters()]) for m in modules]
+    for m in modules:
+        m.to(device).eval().requires_grad_(False)
+    try:
+        yield
+    finally:
+        for m, training, home, flags in saved:
+            m.to(home).train(training)
+            for p, flag in zip(m.parameters(), flags):
+                p.requires_grad_(flag)
+
+
+def first_device(module: nn.Module) -> torch.device:
+    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def named_groups(model: nn.Module, groups: list[dict[str, Any]], sparse_ids: set[int]) -> list[dict[str, Any]]:
+    """param_groups' groups with their parameter names replaced by the (trainable) parameters."""
+    params = dict(model.named_parameters())
+    named = Counter(n for group in groups for n in group["params"])
+    unknown = sorted(set(named) - set(params))
+    twice = sorted(n for n, count in named.items() if count > 1)
+    if unknown or twice:
+        raise ValueError(f"param_groups names parameters the model does not have ({unknown[:3]}) "
+                         f"or names some twice ({twice[:3]}); expected names from model.named_parameters()")
+    if any(id(params[n]) in sparse_ids for n in named):
+        raise ValueError("param_groups names the sparse word embedding (SparseAdam updates it); "
+                         "use embedding_updates='dense' to give it options of its own")
+    return [{**group, "params": [params[n] for n in group["params"] if params[n].requires_grad]}
+            for group in groups]
+
+
+def make_optimizers(model: nn.Module, cfg: TrainConfig, sparse_params: list[nn.Parameter],
+                    param_groups: list[dict[str, Any]] = ()) -> list[torch.optim.Optimizer]:
     """AdamW (no decay on biases and LayerNorm) plus SparseAdam for sparse-gradient params;
-    or, with cfg.optimizer "sgd", one plain SGD over everything (it takes sparse gradients)."""
-    if cfg.optimizer == "sgd":
-        return [torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                weight_decay=cfg.weight_decay)]
+    or, with cfg.optimizer "sgd", one plain SGD over everything (it takes sparse gradients).
+
+    `param_groups` (parameter names + options) come after the default groups, so the first
+    group's rate is still the one progress and StepLog report; the parameters they name
+    leave the default groups.
+    """
     sparse_ids = {id(p) for p in sparse_params}
+    own = [{"weight_decay": cfg.weight_decay, **g} for g in named_groups(model, list(param_groups), sparse_ids)]
+    grouped = {id(p) for g in own for p in g["params"]}
+    rest = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) not in grouped]
+    if cfg.optimizer == "sgd":
+        return [torch.optim.SGD([{"params": [p for _, p in rest]}, *own], lr=cfg.lr,
+                                weight_decay=cfg.weight_decay)]
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in sparse_ids:
+    for name, p in rest:
+        if id(p) in sparse_ids:
             continue
         (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+              {"params": no_decay, "weight_decay": 0.0}, *own]
     try:
         optimizers = [torch.optim.AdamW(groups, lr=cfg.lr, fused=True)]
     except (RuntimeError, TypeError):  # a build without the fused CPU kernel

@@ -29,7 +29,7 @@ from compressor.passes.registry import Context, PassConfig, register
 from pretrain.batching import Encoded, encode, inference_order, iterate, usable_length
 from pretrain.data import TaskData
 from pretrain.errors import UserError
-from pretrain.finetune import FinetuneConfig, finetune
+from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
 from pretrain.models import TRANSFORMER_FAMILIES
 from pretrain.train import accepts_token_types
 
@@ -68,10 +68,7 @@ def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
     (The same export without QAT, `quantize: {mode: static-int8, scope: linears,
     per_channel: false, calibration: minmax}`, is the baseline QAT is measured against.)
     """
-    if cfg.max_train_samples is None and ctx.max_train_samples is not None:
-        cfg = cfg.model_copy(update={"max_train_samples": ctx.max_train_samples})
-    if "seed" not in cfg.model_fields_set:
-        cfg = cfg.model_copy(update={"seed": ctx.seed})
+    cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)
     model = bundle.copy_model()
     with q8bert_fake_quant(model, cfg.ema_decay) as ranges:
         result = finetune(model, bundle.tokenizer, ctx.task, cfg, desc="qat", show_progress=ctx.show_progress)

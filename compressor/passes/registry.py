@@ -8,7 +8,8 @@ Recipes can only reach code through this registry: names are looked up here, nev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
@@ -24,14 +25,58 @@ class PassConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+@dataclass
+class LazyTeacher:
+    """The recipe's teacher for passes that learn from it: loaded on first use, then kept.
+
+    For inference only: the model is in eval mode with requires_grad off, and passes must
+    not change it (the same object serves every pass of the run).
+    """
+
+    load: Callable[[], ModelBundle]
+    _bundle: ModelBundle | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_dir(cls, path: Path) -> "LazyTeacher":
+        return cls(lambda: ModelBundle.load(path))
+
+    @property
+    def loaded(self) -> bool:
+        return self._bundle is not None
+
+    def get(self) -> ModelBundle:
+        if self._bundle is None:
+            bundle = self.load()
+            bundle.model.eval().requires_grad_(False)
+            self._bundle = bundle
+        return self._bundle
+
+
 @dataclass(frozen=True)
 class Context:
-    """What a pass may use besides its input bundle."""
+    """What a pass may use besides its input bundle.
+
+    `teacher` and `work_dir` cost nothing to a pass that does not use them: the teacher
+    loads on first access, and the work dir is only a path (created by whoever writes to it).
+    """
 
     task: TaskData
     seed: int = 0
     max_train_samples: int | None = None   # the recipe's data limit, for passes that train
     show_progress: bool = True
+    teacher_source: LazyTeacher | None = None   # the pipeline's: the teacher stage's dir
+    # Where a pass that trains for minutes keeps checkpoints, so that a rerun of the same
+    # step resumes; the pipeline gives each step its own (same step, same dir) and removes
+    # it once the step's output is written. None: no resume (a pass must cope).
+    work_dir: Path | None = None
+
+    @property
+    def teacher(self) -> ModelBundle:
+        """The recipe's teacher (fine-tuned if the recipe says so), for inference only."""
+        if self.teacher_source is None:
+            raise UserError("this pass learns from the teacher, but no teacher was given to it; "
+                            "expected Context(teacher_source=LazyTeacher(...)) (the pipeline passes the recipe's)")
+        return self.teacher_source.get()
 
 
 PassFn = Callable[[ModelBundle, BaseModel, Context], ModelBundle]

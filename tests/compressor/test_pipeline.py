@@ -7,9 +7,13 @@ import json
 import shutil
 
 import pytest
+import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from compressor import pipeline
+from compressor.bundle import ModelBundle
+from compressor.passes import registry
+from compressor.passes.registry import PassConfig
 from compressor.evaluate import evaluate_path
 from compressor.recipe import parse_recipe
 from pretrain.errors import UserError
@@ -298,3 +302,61 @@ def test_a_full_disk_mid_run_is_one_clear_error_and_finished_stages_stay(done, r
     monkeypatch.setattr(pipeline, "atomic_dir", real)
     forbid_building(monkeypatch, passes=False)             # the teacher is reused, not rebuilt
     assert run(raw, rerun_dir)["models"][1]["accuracy"] == report["models"][1]["accuracy"]
+
+
+# --- what the pipeline gives passes: the teacher (lazily) and a work dir per step ---
+
+class ProbeConfig(PassConfig):
+    use_teacher: bool = False
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.fixture
+def probe():
+    """A pass `probe` (this test only) that records its context; the first call per work dir
+    leaves a marker there and stops, as a kill in the middle of training would."""
+    seen: list[dict] = []
+
+    def run_probe(bundle, cfg, ctx):
+        marker = ctx.work_dir / "marker"
+        seen.append({"work_dir": ctx.work_dir, "resumed": marker.exists(),
+                     "teacher_loaded": ctx.teacher_source.loaded})
+        if not marker.exists():
+            ctx.work_dir.mkdir(parents=True)
+            marker.write_text("half done")
+            raise Interrupted
+        if cfg.use_teacher:
+            seen[-1]["teacher"] = ctx.teacher
+        return bundle.replace(model=bundle.copy_model())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(registry._REGISTRY, "probe", registry.PassSpec("probe", ProbeConfig, run_probe, False, True))
+        yield seen
+    assert "probe" not in registry.pass_names()
+
+
+def test_each_step_gets_a_work_dir_that_a_rerun_finds_and_that_goes_once_written(tiny_bert_dir, tiny_csv,
+                                                                                  tmp_path, probe):
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"probe": {}}, {"probe": {"use_teacher": True}}]})
+    del raw["teacher"]["finetune"]
+    out = tmp_path / "out"
+    for _ in range(2):                       # each step is interrupted once, then resumes
+        with pytest.raises(Interrupted):
+            run(raw, out)
+        assert (probe[-1]["work_dir"] / "marker").is_file()
+    report = run(raw, out)
+    # run 1: step 1 stops; run 2: step 1 resumes (and is kept as a prefix), step 2 stops;
+    # run 3: starts from the kept prefix, step 2 resumes
+    first, second = probe[0]["work_dir"], probe[2]["work_dir"]
+    assert [p["work_dir"] for p in probe] == [first, first, second, second]
+    assert first != second and first.parent == second.parent == out / ".work"
+    assert [p["resumed"] for p in probe] == [False, True, False, True]
+    assert not (out / ".work").exists()                      # removed once the stage was written
+    assert [m["name"] for m in report["models"]] == ["v"]
+    assert not any(p["teacher_loaded"] for p in probe)       # nothing loaded it before it was asked for
+    teacher = probe[-1]["teacher"]
+    assert not teacher.model.training and not any(p.requires_grad for p in teacher.model.parameters())
+    expected = ModelBundle.load(out / "teacher").model.state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in teacher.model.state_dict().items())

@@ -10,10 +10,10 @@ import torch
 
 from pretrain.data import load_task
 from pretrain.errors import UserError
-from pretrain.finetune import FinetuneConfig, MultiTaskBatches, finetune, with_head
+from pretrain.finetune import FinetuneConfig, MultiTaskBatches, finetune, with_head, with_run_defaults
 from pretrain.batching import encode
 from pretrain.models import count_params
-from pretrain.train import TrainConfig
+from pretrain.train import CHECKPOINT_FILE, Checkpointing, TrainConfig, task_loss
 
 QUICK = dict(epochs=1, batch_size=16, lr=1e-3, warmup_ratio=0.0)
 
@@ -142,3 +142,43 @@ def test_models_with_few_positions_fine_tune_and_evaluate_within_them(tokenizer,
     assert result.train.steps > 0
     metrics, predictions = evaluate(model, tokenizer, tiny_task.split("test"))
     assert len(predictions) == len(tiny_task.split("test").labels) and 0 <= metrics["accuracy"] <= 1
+
+
+# --- the run's defaults, and the target stage's hooks ---
+
+@pytest.mark.parametrize("own, run, expected", [
+    ({}, (5, 24), (5, 24)),                                        # both from the run
+    ({"seed": 0, "max_train_samples": 16}, (5, 24), (0, 16)),      # the config's own win (even seed 0)
+    ({}, (5, None), (5, None)),                                    # no run limit: the whole split
+])
+def test_run_defaults_fill_only_what_the_config_leaves_unset(own, run, expected):
+    cfg = FinetuneConfig(epochs=1, **own)
+    filled = with_run_defaults(cfg, *run)
+    assert (filled.seed, filled.max_train_samples) == expected
+    assert type(filled) is FinetuneConfig and filled.epochs == 1
+    assert cfg == FinetuneConfig(epochs=1, **own)                  # the input stays as it was
+
+
+def test_loss_fn_callbacks_and_checkpoint_apply_to_the_target_stage_only(bert_bundle, tiny_task, other_tasks,
+                                                                         tmp_path):
+    model = bert_bundle.copy_model()
+    calls, logs = [], []
+
+    def loss_fn(m, batch):
+        calls.append(len(batch["labels"]))
+        return task_loss(m, batch)
+    cfg = FinetuneConfig(**QUICK, max_train_samples=64, intermediate_task=other_tasks["disjoint"])
+    result = finetune(model, bert_bundle.tokenizer, tiny_task, cfg, show_progress=False, loss_fn=loss_fn,
+                      callbacks=[logs.append], checkpoint=Checkpointing(directory=tmp_path, every_steps=2))
+    assert result.stages[0]["steps"] == 4 and result.train.steps == 4     # intermediate, then target
+    assert len(calls) == 4 and sum(calls) == 64                           # the target's batches only
+    assert [log.step for log in logs] == [1, 2, 3, 4] and logs[0].total_steps == 4
+    saved = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)
+    assert saved["progress"]["step"] == 4 and saved["progress"]["samples"] == 64
+
+
+def test_a_custom_loss_with_partner_tasks_is_refused(bert_bundle, tiny_task, other_tasks):
+    cfg = FinetuneConfig(**QUICK, tasks=(other_tasks["disjoint"],))
+    with pytest.raises(ValueError, match="custom loss_fn"):
+        finetune(bert_bundle.copy_model(), bert_bundle.tokenizer, tiny_task, cfg, show_progress=False,
+                 loss_fn=lambda m, b: task_loss(m, b))

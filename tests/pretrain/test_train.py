@@ -253,3 +253,100 @@ def test_unreadable_checkpoint_is_a_user_error(make_tiny_bert, toy48, tmp_path):
     (tmp_path / CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
     with pytest.raises(UserError, match="cannot read checkpoint"):
         train(make_tiny_bert(), toy48, resume_cfg(), show_progress=False, checkpoint=Checkpointing(directory=tmp_path))
+
+
+# --- hooks for compression passes: optimizer groups of their own, auxiliary modules ---
+
+HEAD = ["classifier.weight", "classifier.bias"]
+
+
+def capture_optimizers(monkeypatch):
+    """The optimizers every train() call builds, in order."""
+    from pretrain import train as train_module
+    built = []
+    real = train_module.make_optimizers
+
+    def spy(*args, **kwargs):
+        built.append(real(*args, **kwargs))
+        return built[-1]
+    monkeypatch.setattr(train_module, "make_optimizers", spy)
+    return built
+
+
+def group_of(optimizer, param) -> dict:
+    (group,) = [g for g in optimizer.param_groups if any(p is param for p in g["params"])]
+    return group
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_param_groups_get_their_own_options(make_tiny_bert, toy48, monkeypatch, optimizer):
+    model = make_tiny_bert()
+    built = capture_optimizers(monkeypatch)
+    logs = []
+    embedding = "sparse" if optimizer == "adamw" else "dense"   # (SGD's weight decay takes no sparse grads)
+    train(model, toy48, resume_cfg(epochs=0.5, warmup_ratio=0.0, optimizer=optimizer, embedding_updates=embedding),
+          show_progress=False,
+          param_groups=lambda m: [{"params": HEAD, "lr": 0.5, "weight_decay": 0.0}], callbacks=[logs.append])
+    opt = built[0][0]
+    head = group_of(opt, model.classifier.weight)
+    assert head["initial_lr"] == 0.5 and head["weight_decay"] == 0.0
+    assert group_of(opt, model.classifier.bias) is head
+    assert len(head["params"]) == 2
+    # everything else as before: the config's rate; decay on matrices (AdamW: none on biases)
+    query = model.bert.encoder.layer[0].attention.self.query
+    assert group_of(opt, query.weight)["initial_lr"] == 1e-3
+    assert group_of(opt, query.weight)["weight_decay"] == 0.01
+    assert group_of(opt, query.bias)["weight_decay"] == (0.0 if optimizer == "adamw" else 0.01)
+    assert logs[0].lr == 1e-3                        # StepLog still reports the config's rate
+    grouped = sum(len(g["params"]) for g in opt.param_groups)
+    expected = sum(1 for p in model.parameters() if p.requires_grad)
+    expected -= 1 if optimizer == "adamw" else 0     # the sparse word embedding is SparseAdam's
+    assert grouped == expected                      # each parameter in exactly one group
+
+
+def test_param_group_options_left_out_are_the_configs(make_tiny_bert, toy48, monkeypatch):
+    model = make_tiny_bert()
+    built = capture_optimizers(monkeypatch)
+    train(model, toy48, resume_cfg(epochs=0.25, weight_decay=0.2), show_progress=False,
+          param_groups=lambda m: [{"params": HEAD, "lr": 0.5}])
+    assert group_of(built[0][0], model.classifier.weight)["weight_decay"] == 0.2
+
+
+@pytest.mark.parametrize("names, why", [(["classifier.nope"], "does not have"),
+                                        (HEAD + ["classifier.bias"], "twice"),
+                                        (["bert.embeddings.word_embeddings.weight"], "sparse word embedding")])
+def test_param_groups_that_do_not_fit_the_model_are_refused(make_tiny_bert, toy48, names, why):
+    with pytest.raises(ValueError, match=why):
+        train(make_tiny_bert(), toy48, resume_cfg(epochs=0.25), show_progress=False,
+              param_groups=lambda m: [{"params": names, "lr": 0.1}])
+
+
+def test_aux_modules_are_lent_frozen_on_the_device_and_returned(make_tiny_bert, toy48, monkeypatch):
+    model, teacher = make_tiny_bert(seed=0), make_tiny_bert(seed=1)
+    teacher.train()
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    built = capture_optimizers(monkeypatch)
+    seen = []
+
+    def loss_fn(m, batch):
+        with torch.no_grad():
+            target = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits.softmax(-1)
+        seen.append((teacher.training, any(p.requires_grad for p in teacher.parameters()),
+                     next(teacher.parameters()).device == batch["input_ids"].device))
+        return torch.nn.functional.cross_entropy(m(**batch).logits, target)
+    train(model, toy48, resume_cfg(epochs=0.5), loss_fn=loss_fn, show_progress=False, aux_modules=[teacher])
+    assert seen and all(s == (False, False, True) for s in seen)
+    teacher_params = {id(p) for p in teacher.parameters()}
+    in_optimizers = {id(p) for opt in built[0] for g in opt.param_groups for p in g["params"]}
+    assert not teacher_params & in_optimizers
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
+    # lent, not kept: its mode and flags come back
+    assert teacher.training and all(p.requires_grad for p in teacher.parameters())
+
+
+def test_an_aux_module_that_is_part_of_the_model_is_refused(make_tiny_bert, toy48):
+    model = make_tiny_bert()
+    with pytest.raises(ValueError, match="shares parameters"):
+        train(model, toy48, resume_cfg(epochs=0.25), show_progress=False, aux_modules=[model.classifier])
+    assert model.classifier.weight.requires_grad

@@ -1,0 +1,162 @@
+"""The pass context: a lazily loaded teacher, a work dir for checkpoints, and a pass that
+distills from the teacher through the shared loop (finetune with its own loss) and resumes
+after being interrupted.
+
+The distillation pass is defined here, not in the registry: `registered` puts it there for
+one test and takes it out again.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from compressor.bundle import ModelBundle
+from compressor.passes import registry
+from compressor.passes.registry import Context, LazyTeacher, apply_pass, get_pass, pass_names
+from pretrain.errors import UserError
+from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
+from pretrain.train import CHECKPOINT_FILE, Checkpointing, StepCallback
+
+TEMPERATURE = 2.0
+
+
+class DistillConfig(FinetuneConfig):
+    alpha: float = Field(0.5, ge=0, le=1)   # weight of the soft (teacher) loss; the rest is CE
+    checkpoint_every: int = Field(2, ge=1)
+
+
+def distill_loss(teacher: torch.nn.Module, alpha: float):
+    """alpha * T^2 * KL(teacher || student) at temperature T, plus (1 - alpha) * CE."""
+    def loss_fn(model, batch):
+        out = model(**batch)
+        assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+        with torch.no_grad():
+            soft = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits / TEMPERATURE
+        kl = F.kl_div(F.log_softmax(out.logits / TEMPERATURE, dim=-1), F.log_softmax(soft, dim=-1),
+                      log_target=True, reduction="batchmean")
+        return alpha * TEMPERATURE ** 2 * kl + (1 - alpha) * out.loss
+    return loss_fn
+
+
+def distill(bundle: ModelBundle, cfg: DistillConfig, ctx: Context,
+            callbacks: tuple[StepCallback, ...] = ()) -> ModelBundle:
+    cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)
+    teacher = ctx.teacher.model
+    checkpoint = None if ctx.work_dir is None else Checkpointing(directory=ctx.work_dir,
+                                                                 every_steps=cfg.checkpoint_every)
+    model = bundle.copy_model()
+    finetune(model, bundle.tokenizer, ctx.task, cfg, desc="distill", show_progress=ctx.show_progress,
+             loss_fn=distill_loss(teacher, cfg.alpha), callbacks=callbacks, checkpoint=checkpoint,
+             aux_modules=[teacher])
+    return bundle.replace(model=model)
+
+
+@pytest.fixture
+def registered():
+    """register(name, fn): a pass in the registry for this test only."""
+    names = []
+    with pytest.MonkeyPatch.context() as mp:
+        def register(name, fn, config_type=DistillConfig):
+            mp.setitem(registry._REGISTRY, name, registry.PassSpec(name, config_type, fn, False, True))
+            names.append(name)
+        yield register
+    leaked = [name for name in names if name in pass_names()]
+    assert not leaked, f"test passes left in the registry: {leaked}"
+
+
+class Interrupt(Exception):
+    pass
+
+
+def stop_after(step: int) -> StepCallback:
+    def callback(log):
+        if log.step == step:
+            raise Interrupt
+    return callback
+
+
+def student(tiny_task, bert_bundle) -> ModelBundle:
+    """A 2-layer student cut from the 4-layer BERT (the teacher)."""
+    cfg = get_pass("drop-layers").config_type(keep=(0, 2))
+    return apply_pass(bert_bundle.replace(task=tiny_task.spec), "drop-layers", cfg, Context(task=tiny_task))
+
+
+DISTILL = DistillConfig(epochs=1, batch_size=16, lr=1e-3, max_train_samples=96)   # 6 steps
+
+
+def run_distill(start: ModelBundle, ctx: Context, registered, callbacks=(), cfg=DISTILL) -> ModelBundle:
+    registered("distill-test", functools.partial(distill, callbacks=tuple(callbacks)))
+    return apply_pass(start, "distill-test", cfg, ctx)
+
+
+def test_distillation_resumes_after_an_interruption_with_identical_weights(
+        tiny_task, tiny_bert_dir, bert_bundle, registered, tmp_path):
+    start = student(tiny_task, bert_bundle)
+    teacher = LazyTeacher.from_dir(tiny_bert_dir)
+    reference = run_distill(start, Context(task=tiny_task, show_progress=False, teacher_source=teacher),
+                            registered)
+
+    ctx = Context(task=tiny_task, show_progress=False, teacher_source=teacher, work_dir=tmp_path / "work")
+    with pytest.raises(Interrupt):
+        run_distill(start, ctx, registered, [stop_after(5)])
+    saved = torch.load(tmp_path / "work" / CHECKPOINT_FILE, weights_only=True)
+    assert saved["progress"]["step"] == 4                  # checkpoints every 2 steps; killed after 5
+
+    steps: list[int] = []
+    resumed = run_distill(start, ctx, registered, [lambda log: steps.append(log.step)])
+    assert steps == [5, 6]
+    a, b = reference.model.state_dict(), resumed.model.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(start.model.classifier.weight, resumed.model.classifier.weight)
+    # the teacher came back as it was lent: inference only
+    assert not teacher.get().model.training
+    assert not any(p.requires_grad for p in teacher.get().model.parameters())
+
+
+def test_the_teacher_term_changes_what_is_learned(tiny_task, tiny_bert_dir, bert_bundle, registered):
+    start = student(tiny_task, bert_bundle)
+    ctx = Context(task=tiny_task, show_progress=False, teacher_source=LazyTeacher.from_dir(tiny_bert_dir))
+    distilled = run_distill(start, ctx, registered)
+    plain = run_distill(start, ctx, registered, cfg=DISTILL.model_copy(update={"alpha": 0.0}))
+    assert not torch.equal(distilled.model.classifier.weight, plain.model.classifier.weight)
+
+
+def counting_teacher(tiny_bert_dir) -> tuple[LazyTeacher, list[int]]:
+    loads: list[int] = []
+
+    def load():
+        loads.append(1)
+        return ModelBundle.load(tiny_bert_dir)
+    return LazyTeacher(load), loads
+
+
+def test_a_pass_that_does_not_use_the_teacher_never_loads_it(tiny_task, tiny_bert_dir, bert_bundle):
+    teacher, loads = counting_teacher(tiny_bert_dir)
+    cfg = get_pass("finetune").config_type(epochs=1, batch_size=16, max_train_samples=16)
+    apply_pass(bert_bundle, "finetune", cfg, Context(task=tiny_task, show_progress=False, teacher_source=teacher))
+    assert loads == [] and not teacher.loaded
+
+
+def test_the_teacher_loads_once_for_inference(tiny_task, tiny_bert_dir, registered):
+    teacher, loads = counting_teacher(tiny_bert_dir)
+    ctx = Context(task=tiny_task, teacher_source=teacher)
+    first, second = ctx.teacher, Context(task=tiny_task, seed=3, teacher_source=teacher).teacher
+    assert first is second and loads == [1]
+    assert not first.model.training
+    assert not any(p.requires_grad for p in first.model.parameters())
+
+
+def test_asking_for_a_teacher_that_was_not_given_is_a_user_error(tiny_task):
+    with pytest.raises(UserError, match="no teacher"):
+        Context(task=tiny_task).teacher
+
+
+def test_context_stays_frozen(tiny_task, tmp_path):
+    with pytest.raises(AttributeError):
+        Context(task=tiny_task).work_dir = tmp_path
