@@ -23,6 +23,11 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}\n")
 
 
+# pretrain.finetune.DEFAULT_LR as --help shows it (written out: importing that module would
+# load torch before quiet_libraries; a test checks the two agree)
+DEFAULT_RATES = "full 1e-4, adapters 1e-3, frozen 3e-2, scalar-mix 3e-2"
+
+
 def positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -40,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--out", required=True, type=Path)
     ft.add_argument("--epochs", type=float, default=1.0)
     ft.add_argument("--batch-size", type=positive_int, default=32)
-    ft.add_argument("--lr", type=float, default=1e-4)
+    ft.add_argument("--lr", type=float, default=None,
+                    help=f"learning rate (default: the strategy's; {DEFAULT_RATES})")
     ft.add_argument("--max-train-samples", type=positive_int)
     ft.add_argument("--max-eval-samples", type=positive_int)
     ft.add_argument("--seed", type=int, default=0)

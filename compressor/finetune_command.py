@@ -52,7 +52,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     train = result.train
     test_metrics, _ = evaluate(model, tokenizer, task.split("test").head(max_eval_samples))
     metrics = {"task": task.name, "split": "test", **test_metrics,
-               "strategy": cfg.strategy, "trainable_params": result.trainable_params,
+               "strategy": cfg.strategy, "lr": cfg.lr, "trainable_params": result.trainable_params,
                "total_params": result.total_params, "trainable_percent": round(result.trainable_percent, 3),
                "train_seconds": round(train.seconds, 2), "train_samples": train.samples,
                "samples_per_second": round(train.samples_per_second, 2), "steps": train.steps,

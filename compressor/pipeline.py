@@ -543,9 +543,13 @@ def key_fields(config) -> dict:
 
     Config schemas only ever gain fields, with defaults that keep the old behaviour; leaving
     defaults out keeps such an addition from invalidating every cached stage (a 20-minute
-    teacher fine-tuning among them).
+    teacher fine-tuning among them). A default that depends on other fields (a fine-tuning
+    strategy's learning rate: `derived_defaults()`) is left out likewise when the config
+    holds it, so `lr: 1e-4` written out and the full strategy's default give one key.
     """
-    return config.model_dump(mode="json", exclude_defaults=True)
+    fields = config.model_dump(mode="json", exclude_defaults=True)
+    derived = config.derived_defaults() if hasattr(config, "derived_defaults") else {}
+    return {k: v for k, v in fields.items() if k not in derived or v != derived[k]}
 
 
 def content_key(parts: dict) -> str:

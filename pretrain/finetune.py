@@ -26,11 +26,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Sequence, TypeVar
+from typing import ClassVar, Sequence, TypeVar
 
 import numpy as np
 import torch
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -47,10 +47,34 @@ from pretrain.train import (Batch, Checkpointing, EpochBatches, LossFn, ParamGro
 
 TaskSpec = str | dict   # a built-in task name, or a data file spec {path, text, label, ...}
 
+# The learning rate a fine-tuning run gets when it names none: what trains differs by
+# strategy, and so does the rate that moves it (measured on all-MiniLM-L6-v2 and
+# wordnet-supersense; benchmarks/README.md, "Fine-tuning strategies").
+DEFAULT_LR: dict[str, float] = {
+    # every weight trains: the usual BERT fine-tuning rate (the recorded 0.7397 used it)
+    "full": 1e-4,
+    # fresh near-identity adapters (+ LayerNorms, head): Houlsby et al.'s rate, 97.3% of
+    # full; at 1e-4 they reach 44% of full in 2 epochs
+    "adapters": 1e-3,
+    # only the head trains, on a CLS vector that barely varies (std 0.04 after MiniLM's
+    # pooler): at 1e-3 the head stays at the majority class. Short probe (6,000 examples,
+    # benchmarks/results/strategy_default_lr_probe.json): majority 0.110, 1e-3 0.110,
+    # 1e-2 0.301, 3e-2 0.363
+    "frozen": 3e-2,
+    # the head reads a learned mix of all layers, the encoder frozen: as `frozen`, the head
+    # needs a large rate to leave the majority class (same probe: 1e-2 0.1085 = the
+    # majority, 3e-2 0.313)
+    "scalar-mix": 3e-2,
+}
+
 
 class FinetuneConfig(TrainConfig):
     """Training settings plus which data to train on and how."""
 
+    # None (the default): the strategy's rate from `default_lr`; after validation `lr` always
+    # holds the rate the run uses, so dumps (metrics.json, cache keys) show it.
+    lr: float | None = Field(None, gt=0)
+    default_lr: ClassVar[dict[str, float]] = DEFAULT_LR
     max_train_samples: int | None = Field(None, ge=1)   # per task
     max_length: int = Field(MAX_LENGTH, ge=8, le=512)
     strategy: Strategy = "full"
@@ -61,6 +85,21 @@ class FinetuneConfig(TrainConfig):
     domain_corpus: str | None = None                     # domain MLM on this corpus first ('wordnet' or a file)
     domain_steps: int = Field(100, ge=1)                 # its optimizer steps, `batch_size` sequences each
     domain_lr: float = Field(5e-5, gt=0)                 # Sun et al. 2019's further-pretraining rate
+
+    @model_validator(mode="after")
+    def strategy_lr(self) -> FinetuneConfig:
+        """Fill an unset `lr` with the strategy's default; an explicit `lr` always wins.
+
+        The field stays out of `model_fields_set` (the user did not set it); the config is
+        frozen, hence the direct write.
+        """
+        if self.lr is None:
+            object.__setattr__(self, "lr", self.default_lr[self.strategy])
+        return self
+
+    def derived_defaults(self) -> dict:
+        """Defaults that follow from other fields (cache keys leave them out at that value)."""
+        return {"lr": self.default_lr[self.strategy]}
 
     @field_validator("domain_steps", "domain_lr")
     @classmethod

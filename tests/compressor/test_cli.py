@@ -108,6 +108,8 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
     quick = ["--epochs", "1", "--batch-size", "16", "--lr", "1e-3", "--quiet"]
     jobs = {
         "finetune": ["finetune", "--model", tiny, "--task", csv, "--out", str(root / "ft"), *quick],
+        "finetune-default-lr": ["finetune", "--model", tiny, "--task", csv, "--out", str(root / "ft-frozen"),
+                                "--strategy", "frozen", "--epochs", "1", "--batch-size", "16", "--quiet"],
         "run": ["run", str(write_recipe(recipes / "good.yaml", tiny_bert_dir,
                                         "  same: []\n  two-layers:\n    - drop-layers: {keep: [0, 1]}\n"
                                         "    - finetune: {epochs: 1, batch_size: 16}\n")),
@@ -178,6 +180,25 @@ def test_finetune_writes_an_hf_dir_with_metrics(cli, tiny_task):
     assert metrics["strategy"] == "full" and metrics["processes"] == 1
     assert metrics["trainable_params"] == metrics["total_params"] > 0
     assert json.loads(result.stdout) == metrics              # what it printed is what it wrote
+    assert metrics["lr"] == metrics["config"]["lr"] == 1e-3  # --lr 1e-3 given: it wins over full's 1e-4
+
+
+def test_finetune_without_lr_records_the_strategys_default(cli):
+    from pretrain.finetune import DEFAULT_LR
+    root, _ = cli
+    ok(cli, "finetune-default-lr")
+    metrics = json.loads((root / "ft-frozen" / "metrics.json").read_text())
+    assert metrics["strategy"] == "frozen"
+    assert metrics["lr"] == metrics["config"]["lr"] == DEFAULT_LR["frozen"] != 1e-4
+
+
+def test_lr_flag_defaults_to_none_and_help_lists_the_strategy_defaults():
+    from compressor.cli import DEFAULT_RATES, build_parser
+    from pretrain.finetune import DEFAULT_LR
+    args = build_parser().parse_args(["finetune", "--task", "t", "--out", "o", "--strategy", "adapters"])
+    assert args.lr is None                                   # the config picks the strategy's rate
+    shown = dict(pair.split() for pair in DEFAULT_RATES.split(", "))
+    assert {strategy: float(lr) for strategy, lr in shown.items()} == DEFAULT_LR
 
 
 def test_evaluate_prints_metrics_and_agreement(cli):

@@ -171,3 +171,31 @@ def test_parse_recipe_from_a_dict():
                                   "variants": {"a": ["finetune"], "b": [{"drop-layers": {"keep": [1]}}]}})
     assert recipe.seed == 3 and recipe.data.max_eval_samples == 10
     assert [s.name for s in steps["a"]] == ["finetune"] and steps["b"][0].config.keep == (1,)
+
+
+def test_finetune_lr_defaults_to_the_strategys_and_an_explicit_lr_wins(tmp_path):
+    recipe, steps = load_recipe(write(tmp_path, "name: r\nteacher:\n  model: minilm\n  task: wordnet-supersense\n"
+                                      "  finetune: {strategy: adapters}\n"
+                                      "variants:\n  a:\n    - finetune: {strategy: frozen}\n"
+                                      "    - finetune: {strategy: frozen, lr: 3.0e-4}\n    - qat: {}\n"))
+    assert recipe.teacher.finetune.lr == 1e-3
+    assert [s.config.lr for s in steps["a"]] == [FinetuneConfig(strategy="frozen").lr, 3e-4, 2e-5]
+
+
+def test_cache_key_of_an_explicit_lr_equal_to_the_default_is_the_defaults():
+    from compressor.pipeline import key_fields
+    assert key_fields(FinetuneConfig(lr=1e-4)) == key_fields(FinetuneConfig())
+    assert key_fields(FinetuneConfig(strategy="adapters", lr=1e-3)) == key_fields(FinetuneConfig(strategy="adapters"))
+    # the rate is in the key, so a run at another rate is another stage
+    assert key_fields(FinetuneConfig(lr=2e-4)) != key_fields(FinetuneConfig())
+    assert key_fields(FinetuneConfig(strategy="adapters", lr=1e-4))["lr"] == 1e-4
+
+
+def test_cache_keys_leave_out_a_rate_at_its_strategy_default():
+    """Keys written before the per-strategy defaults (lr 1e-4 was the field default) stay valid."""
+    from compressor.passes.quantization import QATConfig
+    from compressor.pipeline import key_fields
+    assert "lr" not in key_fields(FinetuneConfig(lr=1e-4)) and "lr" not in key_fields(FinetuneConfig())
+    assert "lr" not in key_fields(QATConfig(epochs=1)) and "lr" not in key_fields(QATConfig(lr=2e-5))
+    assert key_fields(QATConfig(lr=1e-4))["lr"] == 1e-4
+    assert key_fields(FinetuneConfig(strategy="frozen"))["strategy"] == "frozen"

@@ -182,3 +182,41 @@ def test_a_custom_loss_with_partner_tasks_is_refused(bert_bundle, tiny_task, oth
     with pytest.raises(ValueError, match="custom loss_fn"):
         finetune(bert_bundle.copy_model(), bert_bundle.tokenizer, tiny_task, cfg, show_progress=False,
                  loss_fn=lambda m, b: task_loss(m, b))
+
+
+# Written out, not read from DEFAULT_LR: a changed default must fail here and be re-justified.
+EXPECTED_DEFAULT_LR = {"full": 1e-4, "adapters": 1e-3, "frozen": 3e-2, "scalar-mix": 3e-2}
+
+
+@pytest.mark.parametrize("strategy", sorted(EXPECTED_DEFAULT_LR))
+def test_unset_lr_is_the_strategys_default(strategy):
+    cfg = FinetuneConfig(strategy=strategy)
+    assert cfg.lr == EXPECTED_DEFAULT_LR[strategy]
+    assert FinetuneConfig(strategy=strategy, lr=None).lr == EXPECTED_DEFAULT_LR[strategy]
+    assert cfg.model_dump()["lr"] == EXPECTED_DEFAULT_LR[strategy]          # what metrics.json's config shows
+    assert FinetuneConfig.model_validate(cfg.model_dump(mode="json")) == cfg   # a dump validates back the same
+
+
+def test_heads_on_frozen_features_get_more_than_the_rate_that_left_them_at_the_majority_class():
+    # at 1e-3 frozen and scalar-mix predicted the majority class (benchmarks/README.md)
+    assert FinetuneConfig(strategy="frozen").lr > 1e-3 and FinetuneConfig(strategy="scalar-mix").lr > 1e-3
+
+
+@pytest.mark.parametrize("strategy", ["full", "adapters", "frozen"])
+def test_an_explicit_lr_wins_over_the_strategys_default(strategy):
+    assert FinetuneConfig(strategy=strategy, lr=3e-4).lr == 3e-4
+    assert FinetuneConfig(strategy=strategy, lr=1e-4).lr == 1e-4
+
+
+def test_finetune_trains_at_the_resolved_rate(bert_bundle, tiny_task, monkeypatch):
+    import pretrain.finetune as finetune_module
+    seen = []
+    real_train = finetune_module.train
+
+    def recording_train(model, data, cfg, **kwargs):
+        seen.append(cfg.lr)
+        return real_train(model, data, cfg, **kwargs)
+    monkeypatch.setattr(finetune_module, "train", recording_train)
+    cfg = FinetuneConfig(epochs=1, batch_size=16, strategy="frozen", max_train_samples=16)
+    finetune(bert_bundle.copy_model(), bert_bundle.tokenizer, tiny_task, cfg, show_progress=False)
+    assert seen == [EXPECTED_DEFAULT_LR["frozen"]]

@@ -225,3 +225,12 @@ def sliced_bundle_for_map(bert_bundle):
     model = bert_bundle.copy_model()
     model.prune_heads({0: [0], 1: [1, 2]})
     return bert_bundle.replace(model=model.eval())
+
+
+def test_qat_default_lr_is_a_continuation_rate_for_full_and_the_strategys_rate_otherwise():
+    from pretrain.finetune import DEFAULT_LR
+    assert config("qat").lr == 2e-5
+    assert config("qat", strategy="adapters").lr == DEFAULT_LR["adapters"] == 1e-3
+    assert config("qat", strategy="frozen").lr == DEFAULT_LR["frozen"]
+    assert config("qat", lr=1e-4).lr == 1e-4                                # the recipe's lr wins
+    assert config("qat", strategy="adapters", lr=1e-4).lr == 1e-4
