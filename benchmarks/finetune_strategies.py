@@ -11,7 +11,9 @@ test examples. Two-stage rows first train as many steps on wordnet-wsd (`two-sta
 or with MLM on the wordnet corpus (`two-stage-mlm`); `multi-task-wsd` adds a wordnet-wsd
 batch to every target step.
 
-    python benchmarks/finetune_strategies.py --runs adapters,ddp-1,ddp-2 \
+    python benchmarks/finetune_strategies.py --runs full,adapters,frozen,scalar-mix \
+        --out benchmarks/results/finetune_strategies_defaults.json     # each at its default rate
+    python benchmarks/finetune_strategies.py --runs adapters,ddp-1,ddp-2 --head-lr 1e-3 \
         --out benchmarks/results/finetune_strategies.json
     python benchmarks/finetune_strategies.py --runs full,two-stage-mlm,two-stage-wsd,multi-task-wsd,frozen,scalar-mix \
         --train-samples 3200 --lr 2e-4 --max-eval-samples 3000 \
@@ -39,8 +41,9 @@ def runs(args) -> dict[str, list[str]]:
     small = ["--max-train-samples", str(args.ddp_train_samples), "--epochs", "1"]
     ft = ["compressor", "finetune", "--model", str(args.model), "--task", str(args.task), "--quiet",
           *(["--seed", str(args.seed)] if args.seed else [])]
-    full = [*ft, *budget, "--strategy", "full", "--lr", args.lr]
-    head = ["--lr", args.head_lr]        # rows that train a small part of the model take a larger rate
+    # No rate given: each row runs at the tool's default for its strategy, as a user's command would.
+    full = [*ft, *budget, "--strategy", "full", *(["--lr", args.lr] if args.lr else [])]
+    head = ["--lr", args.head_lr] if args.head_lr else []   # frozen, scalar-mix, adapters
     return {
         "full": full,
         "adapters": [*ft, *budget, "--strategy", "adapters", *head],
@@ -94,8 +97,10 @@ def main() -> None:
     parser.add_argument("--train-samples", type=int, default=30000)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--ddp-train-samples", type=int, default=6000)
-    parser.add_argument("--lr", default="1e-4", help="learning rate of the rows that train every weight")
-    parser.add_argument("--head-lr", default="1e-3", help="learning rate of frozen, scalar-mix and adapters")
+    parser.add_argument("--lr", help="learning rate of the rows that train every weight "
+                                     "(default: none given, the tool's default for the strategy)")
+    parser.add_argument("--head-lr", help="learning rate of frozen, scalar-mix and adapters "
+                                          "(default: none given, each strategy's own default)")
     parser.add_argument("--seed", type=int, default=0, help="every run's seed (data order, heads, dropout)")
     parser.add_argument("--max-eval-samples", type=int, help="default: the whole test split")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "strategies")
