@@ -303,6 +303,7 @@ def test_finetune_strategies(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     [row] = record["runs"]
     assert "error" not in row, row.get("error")
     assert row["name"] == "frozen" and row["strategy"] == "frozen" and row["samples"] == 16
-    assert 0 <= row["accuracy"] <= 1 and row["steps"] == 1 and row["lr"] == 1e-3
+    assert 0 <= row["accuracy"] <= 1 and row["steps"] == 1
+    assert row["lr"] == 3e-2 and "--lr" not in row["command"]     # the strategy's default rate
     assert 0 < row["trainable_params"] < row["total_params"]
     assert record["settings"]["target_steps"] == 1
