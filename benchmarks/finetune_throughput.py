@@ -41,11 +41,17 @@ The fair comparison (about 2 x 1,000 steps per round):
 
 `--modes sparse,dense,frozen,sparse-ungrouped` runs several of our variants per round
 (embedding updates, and `-ungrouped` for no length grouping); each gets its own ratio.
+
+Every run also counts the tokens the model saw (padded and real), so the two samplers'
+padding can be compared. `--profile` adds where the CPU time goes (torch.profiler, self
+time per operator, grouped: matrix products, attention, embedding backward, optimizers);
+use it with a short run, e.g. `--rounds 2 --train-samples 1600 --eval-samples 100 --profile`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import shlex
 import statistics
@@ -85,6 +91,48 @@ def encoded_train(model, tokenizer, task: TaskData, cfg: FinetuneConfig) -> Enco
     return encode(tokenizer, task.split("train").head(cfg.max_train_samples), usable_length(model, cfg.max_length))
 
 
+# Operator name fragments (lower case) -> group, for --profile's summary; first match wins.
+OP_GROUPS = (("optimizer", ("adam", "optimizer", "sgd")),
+             ("embedding backward", ("embedding_dense_backward", "embedding_backward", "index_put", "sparse")),
+             ("attention", ("scaled_dot_product", "softmax", "bmm", "baddbmm")),
+             ("matrix products", ("addmm", "aten::mm", "matmul", "linear")),
+             ("gradient clipping", ("norm", "clamp", "_foreach_mul")))
+
+
+@contextlib.contextmanager
+def observed(model, profile: bool):
+    """Tokens the model sees in training (padded and real) and, with `profile`, where the time goes."""
+    seen = {"padded_tokens": 0, "real_tokens": 0}
+
+    def count(module, args, kwargs):
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        if ids is not None:
+            seen["padded_tokens"] += ids.numel()
+            seen["real_tokens"] += int(mask.sum()) if mask is not None else ids.numel()
+    handle = model.register_forward_pre_hook(count, with_kwargs=True)
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
+    try:
+        with profiler or contextlib.nullcontext():
+            yield seen
+    finally:
+        handle.remove()
+    seen["padding_fraction"] = 1 - seen["real_tokens"] / max(seen["padded_tokens"], 1)
+    if profiler is not None:
+        seen["profile"] = profile_summary(profiler)
+
+
+def profile_summary(profiler) -> dict:
+    """Self CPU time (ms) per operator group and the top operators."""
+    events = [(e.key, e.self_cpu_time_total / 1e3, e.count) for e in profiler.key_averages()]
+    groups = {name: 0.0 for name, _ in OP_GROUPS} | {"other": 0.0}
+    for key, ms, _ in events:
+        group = next((name for name, parts in OP_GROUPS if any(p in key.lower() for p in parts)), "other")
+        groups[group] += ms
+    top = sorted(events, key=lambda e: -e[1])[:20]
+    return {"self_ms_by_group": {k: round(v, 1) for k, v in groups.items()},
+            "top_ops": [{"op": k, "self_ms": round(ms, 1), "calls": n} for k, ms, n in top]}
+
+
 def run_ours(task: TaskData, args: argparse.Namespace, seed: int, mode: str) -> dict:
     cfg = finetune_config(args, seed, mode)
     model, tokenizer = load_classifier(MODEL, task.label_names, seed=seed)
@@ -92,16 +140,16 @@ def run_ours(task: TaskData, args: argparse.Namespace, seed: int, mode: str) -> 
     # As pretrain.finetune.train_stage does for one task (prepare() adds nothing for "full").
     train_cfg = TrainConfig(**cfg.model_dump(include=set(TrainConfig.model_fields)))
     threads = torch.get_num_threads()
-    start = time.perf_counter()
-    with trainable_for(model, cfg.strategy, model.base_model):
+    with observed(model, args.profile) as seen, trainable_for(model, cfg.strategy, model.base_model):
+        start = time.perf_counter()
         result = train(model, data, train_cfg, desc=f"ours ({mode})", show_progress=False)
-    seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start
     return {"side": f"ours-{mode}", "seconds": seconds, "samples": result.samples, "steps": result.steps,
             "samples_per_second": result.samples / seconds,
             "loop_seconds": result.seconds,   # the loop's own clock (after optimizer creation)
             "final_loss": result.final_loss, "mean_loss": float(np.mean(result.losses)),
             "threads": [threads, torch.get_num_threads()],
-            "train_config": train_cfg.model_dump(mode="json"),
+            "train_config": train_cfg.model_dump(mode="json"), "tokens": seen,
             **evaluate_model(model, tokenizer, task, args)}
 
 
@@ -181,9 +229,10 @@ def run_trainer(task: TaskData, args: argparse.Namespace, seed: int) -> dict:
         trainer = Trainer(model=model, args=targs, train_dataset=train_set,
                           data_collator=DataCollatorWithPadding(tokenizer), callbacks=[losses])
         setup_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        out = trainer.train()
-        seconds = time.perf_counter() - start
+        with observed(model, args.profile) as seen:
+            start = time.perf_counter()
+            out = trainer.train()
+            seconds = time.perf_counter() - start
     model.eval()
     samples = trained_samples(len(train_set), args.batch_size, out.global_step)
     return {"side": "transformers-trainer", "seconds": seconds, "samples": samples, "steps": out.global_step,
@@ -192,6 +241,7 @@ def run_trainer(task: TaskData, args: argparse.Namespace, seed: int) -> dict:
             "final_loss": losses.logged[-1] if losses.logged else out.training_loss,
             "mean_loss": out.training_loss, "threads": [threads, torch.get_num_threads()],
             "optimizer": plain(targs.optim), "sampler": type(trainer._get_train_sampler()).__name__,
+            "tokens": seen,
             **evaluate_model(model, tokenizer, task, args)}
 
 
@@ -262,6 +312,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "with -ungrouped")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     parser.add_argument("--skip-trainer", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="record where the CPU time goes (torch.profiler; use a short run)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.rounds < 1:

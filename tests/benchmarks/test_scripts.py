@@ -76,6 +76,9 @@ def test_finetune_throughput_rounds(tmp_path, monkeypatch):
             assert run["final_loss"] > 0
             assert run["threads"] == [1, 1]                         # the Trainer left them alone
         assert theirs["sampler"] == "LengthGroupedSampler"
+        for run in (ours, theirs):   # 40 examples seen once each, padded to their batch's longest
+            assert run["tokens"]["padded_tokens"] >= run["tokens"]["real_tokens"] > 40
+            assert 0 <= run["tokens"]["padding_fraction"] < 1
         assert r["ratio"]["ours-sparse"] == pytest.approx(ours["samples_per_second"] / theirs["samples_per_second"])
     ratio = result["summary"]["ratio"]["ours-sparse"]
     assert ratio["min"] <= ratio["median"] <= ratio["max"]
@@ -307,3 +310,14 @@ def test_finetune_strategies(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     assert row["lr"] == 3e-2 and "--lr" not in row["command"]     # the strategy's default rate
     assert 0 < row["trainable_params"] < row["total_params"]
     assert record["settings"]["target_steps"] == 1
+
+
+def test_finetune_throughput_profile(tmp_path, monkeypatch):
+    out = tmp_path / "profile.json"
+    run_script("finetune_throughput.py", ["--rounds", 1, "--train-samples", 32, "--eval-samples", 8,
+                                          "--threads", 1, "--profile", "--out", out], monkeypatch)
+    runs = json.loads(out.read_text())["rounds"][0]["runs"]
+    for run in runs.values():
+        groups = run["tokens"]["profile"]["self_ms_by_group"]
+        assert groups["matrix products"] > 0 and groups["optimizer"] > 0
+        assert run["tokens"]["profile"]["top_ops"][0]["self_ms"] > 0
