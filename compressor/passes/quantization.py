@@ -30,7 +30,7 @@ from pretrain.batching import Encoded, encode, inference_order, iterate, usable_
 from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, finetune
-from pretrain.models import TRANSFORMER_FAMILIES
+from pretrain.families import TRANSFORMER_FAMILIES
 from pretrain.train import accepts_token_types
 
 QAT_CALIBRATION_SAMPLES = 128   # for a Linear QAT did not observe (all others use QAT's ranges)
