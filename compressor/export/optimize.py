@@ -40,9 +40,9 @@ def fuse(source: Path, target: Path, unfused: tuple[str, ...] = (), config=None)
     from onnxruntime.transformers.optimizer import optimize_model
     # The BERT-shaped encoders share one ORT pattern (as in Optimum); BART has its own; a
     # family without one (pretrain/families.py) keeps its unfused graph, and the record says why.
-    family = FAMILIES.get(config.model_type if config is not None else "bert")
+    name = config.model_type if config is not None else "bert"
+    family = FAMILIES.get(name)
     if family is None or family.ort_model_type is None:
-        name = family.name if family else config.model_type
         why = family.refusals.get("fusion") if family else None
         return Fusion(None, {}, why or f"ONNX Runtime's transformer optimizer has no fusion for model family "
                                        f"{name!r}; the unfused graph is kept")
