@@ -27,6 +27,7 @@ from pathlib import Path
 from compressor.export.onnx import ONNX_FILE, write_onnx
 from compressor.export.quiet import quiet_logs, scratch_cwd
 from pretrain.errors import UserError
+from pretrain.families import FAMILIES
 from pretrain.models import load_saved_classifier
 
 BASELINES = ("pytorch-eager-fp32", "onnxruntime-fp32", "optimum-default-int8")
@@ -40,13 +41,10 @@ PRESET_NEEDS = {"arm64": (), "avx2": ("avx2",), "avx512": ("avx512f",), "avx512_
 ARM_MACHINES = ("aarch64", "arm64")
 
 
-# Families Optimum's ONNX exporter has no config for: its default int8 recipe cannot run on them.
-OPTIMUM_UNSUPPORTED = ("xlnet", "bilm")
-
-
 def check_baselines(names: list[str], family: str) -> None:
     """Refuse, before anything is written, a baseline that cannot be built for the teacher."""
-    if "optimum-default-int8" in names and family in OPTIMUM_UNSUPPORTED:
+    # A family Optimum's ONNX exporter has no config for: its default int8 recipe cannot run on it.
+    if "optimum-default-int8" in names and family in FAMILIES and not FAMILIES[family].supports("optimum-export"):
         others = [b for b in BASELINES if b != "optimum-default-int8"]
         raise UserError(f"baseline optimum-default-int8 cannot be built for a {family!r} teacher: Optimum's ONNX "
                         f"exporter does not support that family; expected benchmark.baselines from "

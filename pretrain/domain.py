@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors import safe_open
@@ -29,21 +28,11 @@ from transformers import AutoModelForMaskedLM, PreTrainedModel, PreTrainedTokeni
 
 from pretrain.data.stream import ChunkStream
 from pretrain.errors import UserError
+from pretrain.families import FAMILIES, families_supporting
 from pretrain.objectives import Batch, get_objective
 from pretrain.objectives.mlm import masked_lm_loss, vocab_of
 from pretrain.pretraining import PretrainBatches, PretrainConfig
 from pretrain.train import TrainResult, train
-
-# model_type -> the masked-LM model's prediction head as one module: (N, hidden) -> (N, vocab).
-MLM_HEADS: dict[str, Callable[[PreTrainedModel], nn.Module]] = {
-    "bert": lambda m: m.cls,
-    "roberta": lambda m: m.lm_head,
-    "xlm-roberta": lambda m: m.lm_head,
-    "electra": lambda m: nn.Sequential(m.generator_predictions, m.generator_lm_head),
-    "distilbert": lambda m: nn.Sequential(m.vocab_transform, m.activation, m.vocab_layer_norm,
-                                          m.vocab_projector),
-}
-
 
 @dataclass(frozen=True)
 class DomainResult:
@@ -60,9 +49,9 @@ def check_domain(cfg: PretrainConfig, model: PreTrainedModel, tokenizer: PreTrai
     """Everything that can fail on bad input, before any training: the family, the tokenizer
     and the corpus (one chunk is read from it)."""
     family = model.config.model_type
-    if family not in MLM_HEADS:
+    if family not in FAMILIES or not FAMILIES[family].mlm_head:
         raise UserError(f"domain MLM needs a masked-LM head, which model family {family!r} does not have; "
-                        f"expected one of: {', '.join(MLM_HEADS)}")
+                        f"expected one of: {', '.join(families_supporting('domain-mlm'))}")
     try:
         vocab_of(tokenizer)
     except UserError as err:
@@ -87,9 +76,15 @@ def domain_adapt(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg
 
 def domain_mlm_loss(model: PreTrainedModel, batch: Batch) -> torch.Tensor:
     """The mlm objective's loss (vocabulary projection on the selected positions only), for any
-    family of MLM_HEADS."""
+    family with an MLM head (pretrain/families.py)."""
     hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])[0]
-    return masked_lm_loss(hidden, batch["labels"], MLM_HEADS[model.config.model_type](model))
+    return masked_lm_loss(hidden, batch["labels"], mlm_head(model))
+
+
+def mlm_head(model: PreTrainedModel) -> nn.Module:
+    """The masked-LM model's prediction head as one module: (N, hidden) -> (N, vocab)."""
+    parts = [getattr(model, name) for name in FAMILIES[model.config.model_type].mlm_head]
+    return parts[0] if len(parts) == 1 else nn.Sequential(*parts)
 
 
 def masked_lm_sharing_encoder(model: PreTrainedModel, seed: int, head_from: Path | None

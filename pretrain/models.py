@@ -12,36 +12,21 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTokenizer,
+from transformers import (AutoConfig, AutoTokenizer,
                           PreTrainedModel, PreTrainedTokenizerBase)
 
+from pretrain import families
 from pretrain.batching import usable_length
 from pretrain.errors import UserError
+from pretrain.structured import classifier_class, refresh_record
 from pretrain.objectives import bilm as _bilm  # noqa: F401  registers "bilm" with the Auto classes
 
 BUNDLED_MODELS = ("minilm",)
 
-# model_type -> attribute path (under the base model) of the nn.ModuleList of Transformer
-# layers. Passes that restructure layers (drop-layers, pruning, sharing) look layers up here.
-# BART's entry is its encoder's layers: the decoder stays whole (its last EOS state is what
-# BartForSequenceClassification classifies), so drop-layers shortens the part that reads
-# the whole input.
-LAYER_PATHS = {
-    "bert": "encoder.layer",
-    "roberta": "encoder.layer",
-    "xlm-roberta": "encoder.layer",
-    "electra": "encoder.layer",
-    "distilbert": "transformer.layer",
-    "bart": "encoder.layers",
-    "xlnet": "layer",
-}
-TRANSFORMER_FAMILIES = tuple(LAYER_PATHS)
-# Classifier teachers: every Transformer family above, plus the ELMo-style BiLM pretrained
-# here (pretrain/objectives/bilm.py: BiLMForSequenceClassification), which has LSTMs, not
-# Transformer layers, so layer and attention passes refuse it.
-SUPPORTED_FAMILIES = TRANSFORMER_FAMILIES + ("bilm",)
-# config attribute holding the number of layers at LAYER_PATHS, where it is not num_hidden_layers
-LAYER_COUNT_FIELDS = {"distilbert": ("n_layers",), "bart": ("encoder_layers", "num_hidden_layers")}
+# What each family is made of and supports: pretrain/families.py. Re-exported here for callers
+# that only need the names.
+SUPPORTED_FAMILIES = families.SUPPORTED_FAMILIES
+TRANSFORMER_FAMILIES = families.TRANSFORMER_FAMILIES
 
 
 def resolve_model_path(ref: str) -> Path:
@@ -140,7 +125,7 @@ def load_classifier(ref: str, label_names: tuple[str, ...], seed: int = 0
     torch.manual_seed(seed)  # a fresh head is drawn from torch's RNG: make it reproducible
     try:
         # Weights come from safetensors, or torch.load(weights_only=True) for a .bin.
-        model = AutoModelForSequenceClassification.from_pretrained(
+        model = classifier_class(config).from_pretrained(
             str(path), config=config, ignore_mismatched_sizes=not same_labels)
     except (OSError, ValueError, RuntimeError) as err:
         raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
@@ -163,10 +148,16 @@ def reinitialise_head(model: PreTrainedModel) -> None:
 
 
 def load_saved_classifier(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a classifier saved by this tool (or any HF sequence-classification dir) as is."""
+    """Load a classifier saved by this tool (or any HF sequence-classification dir) as is.
+
+    A structure recorded in its config (per-layer FFN widths, shared layers: see
+    pretrain/structured.py) is rebuilt before the weights load; pruned heads are rebuilt by
+    Transformers itself from `config.pruned_heads`.
+    """
     check_model_ref(str(path))
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path))
+        model = classifier_class(config).from_pretrained(str(path), config=config)
     except (OSError, ValueError, RuntimeError) as err:
         raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
     restore_added_modules(model, path)
@@ -188,13 +179,13 @@ def encoder_layers(model: PreTrainedModel) -> nn.ModuleList:
     family = model.config.model_type
     check_transformer_family(family)
     module: nn.Module = model.base_model
-    for name in LAYER_PATHS[family].split("."):
+    for name in families.FAMILIES[family].layers.split("."):
         module = getattr(module, name)
     return module
 
 
 def check_transformer_family(family: str) -> None:
-    if family not in LAYER_PATHS:
+    if family not in TRANSFORMER_FAMILIES:
         raise UserError(f"this step needs Transformer layers, which model family {family!r} does not have; "
                         f"supported families: {', '.join(TRANSFORMER_FAMILIES)}")
 
@@ -218,7 +209,7 @@ def keep_encoder_layers(model: PreTrainedModel, keep: list[int]) -> None:
     """Restructure `model` in place to the listed layers, keeping config consistent."""
     layers = encoder_layers(model)
     kept = nn.ModuleList(layers[i] for i in keep)
-    parent_path, _, attr = LAYER_PATHS[model.config.model_type].rpartition(".")
+    parent_path, _, attr = families.FAMILIES[model.config.model_type].layers.rpartition(".")
     parent: nn.Module = model.base_model
     for name in filter(None, parent_path.split(".")):
         parent = getattr(parent, name)
@@ -229,7 +220,8 @@ def keep_encoder_layers(model: PreTrainedModel, keep: list[int]) -> None:
             if hasattr(module, "layer_idx"):
                 module.layer_idx = new_index
     config = model.config
-    for name in LAYER_COUNT_FIELDS.get(config.model_type, ("num_hidden_layers",)):
+    for name in families.FAMILIES[config.model_type].layer_count_fields:
         setattr(config, name, len(keep))
     pruned = {int(k): v for k, v in (getattr(config, "pruned_heads", None) or {}).items()}
     config.pruned_heads = {new: pruned[old] for new, old in enumerate(keep) if old in pruned}
+    refresh_record(model)   # per-layer FFN widths and shared layers, renumbered

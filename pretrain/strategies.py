@@ -30,23 +30,13 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from pretrain.errors import UserError
+from pretrain.families import FAMILIES, families_supporting
 
 Strategy = Literal["full", "frozen", "scalar-mix", "adapters"]
 STRATEGIES: tuple[str, ...] = ("full", "frozen", "scalar-mix", "adapters")
 # Houlsby's near-identity init: weights drawn with std 1e-3 (the official code's
 # adapter_init_scale), zero biases, so each adapter starts as (almost) the identity.
 ADAPTER_INIT_STD = 1e-3
-
-# model_type -> (per layer) the modules after whose output an adapter goes, and where the
-# adapter module itself is registered, relative to one Transformer layer.
-ADAPTER_SITES = {
-    "bert": (("attention.output.dropout", "attention.output"), ("output.dropout", "output")),
-    "roberta": (("attention.output.dropout", "attention.output"), ("output.dropout", "output")),
-    "xlm-roberta": (("attention.output.dropout", "attention.output"), ("output.dropout", "output")),
-    "electra": (("attention.output.dropout", "attention.output"), ("output.dropout", "output")),
-    "distilbert": (("attention.out_lin", "attention"), ("ffn.dropout", "ffn")),
-}
-
 
 class Adapter(nn.Module):
     """Houlsby bottleneck adapter: (..., hidden) -> (..., hidden), x + up(gelu(down(x)))."""
@@ -102,15 +92,15 @@ def add_adapters(model: PreTrainedModel, bottleneck: int = 64, init_std: float =
     """Insert an adapter after the attention and feed-forward sublayers of every layer."""
     from pretrain.models import encoder_layers
     family = model.config.model_type
-    if family not in ADAPTER_SITES:
+    if family not in FAMILIES or not FAMILIES[family].supports("adapters"):
         raise UserError(f"adapters are not available for model family {family!r}; "
-                        f"expected one of: {', '.join(ADAPTER_SITES)}")
+                        f"expected one of: {', '.join(families_supporting('adapters'))}")
     if getattr(model.config, "compressor_adapter_size", None):
         return  # already has them
     try:
         layers = encoder_layers(model)
         sites = [(submodule(layer, hooked), submodule(layer, owner))
-                 for layer in layers for hooked, owner in ADAPTER_SITES[family]]
+                 for layer in layers for hooked, owner in FAMILIES[family].adapter_sites]
     except AttributeError as err:
         raise UserError(f"cannot add adapters to this {family} model: a layer lacks {err.args[0]}; "
                         f"expected standard {family} layers") from None
@@ -122,20 +112,16 @@ def add_adapters(model: PreTrainedModel, bottleneck: int = 64, init_std: float =
     model.config.compressor_adapter_size = bottleneck
 
 
-# Families whose classifier does not read the encoder's last hidden state, and why.
-SCALAR_MIX_REFUSED = {"bart": "BART classifies from its decoder's state at the last EOS, not from a mix of "
-                              "encoder layers"}
-
-
 def add_scalar_mix(model: PreTrainedModel) -> None:
     """Make the head read a learned mix of all layers instead of the last one."""
     from pretrain.models import encoder_layers
-    family = model.config.model_type
-    if getattr(model.config, "compressor_scalar_mix", False) or family == "bilm":
+    family = FAMILIES.get(model.config.model_type)
+    if getattr(model.config, "compressor_scalar_mix", False) or (family and family.builtin_scalar_mix):
         return   # a BiLM classifier reads ELMo's scalar mix already (it sits beside the head)
-    if family in SCALAR_MIX_REFUSED:
-        raise UserError(f"the scalar-mix strategy is not available for model family {family!r}: "
-                        f"{SCALAR_MIX_REFUSED[family]}; expected strategy full or frozen")
+    if family and not family.supports("scalar-mix"):
+        # its classifier does not read the encoder's last hidden state
+        raise UserError(f"the scalar-mix strategy is not available for model family {family.name!r}: "
+                        f"{family.refusals['scalar-mix']}; expected strategy full or frozen")
     mix = ScalarMix(len(encoder_layers(model)) + 1)
     model.add_module("scalar_mix", mix)          # beside the head: trained with it
     attach_scalar_mix(model, mix)

@@ -35,6 +35,7 @@ from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig
 from pretrain.batching import Encoded, inference_order, iterate
 from pretrain.errors import UserError
+from pretrain.families import FAMILIES
 from pretrain.models import first_line
 from pretrain.train import accepts_token_types
 
@@ -124,20 +125,11 @@ def export_for_inc(model, example: dict[str, torch.Tensor]):
     return exported
 
 
-# Families INC's PyTorch path cannot quantize, and why (refused before anything is written).
-INC_UNSUPPORTED = {
-    # torch.export unrolls an LSTM over the example's length (the sequence axis cannot stay
-    # dynamic), and INC's PT2E quantizer has no LSTM: it would tune only the classifier
-    # head while ONNX Runtime ships int8 LSTMs it never evaluated.
-    "bilm": "torch.export cannot keep an LSTM's sequence length dynamic and INC's PT2E quantizer has "
-            "no LSTM; expected quantize mode dynamic-int8 (int8 LSTMs) for a bilm model",
-}
-
-
 def check_inc_family(family: str) -> None:
-    if family in INC_UNSUPPORTED:
+    """Refuse, before anything is written, a family INC's PyTorch path cannot quantize."""
+    if family in FAMILIES and not FAMILIES[family].supports("inc"):
         raise UserError(f"inc: Intel Neural Compressor cannot quantize a {family!r} model: "
-                        f"{INC_UNSUPPORTED[family]}")
+                        f"{FAMILIES[family].refusals['inc']}")
 
 
 def traceable(model, names: tuple[str, ...]) -> torch.nn.Module:

@@ -51,15 +51,13 @@ from pretrain.data import Split, TaskData
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
 from pretrain.metrics import agreement, classification_metrics
-from pretrain.models import SUPPORTED_FAMILIES, first_line
+from pretrain.families import FAMILIES, SUPPORTED_FAMILIES
+from pretrain.models import first_line
 
 OPSET = 17
 ONNX_FILE = "model.onnx"
 EXPORT_FILE = "export.json"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-# Families whose attention projections are einsums over [hidden, heads, head_dim] weights:
-# rewritten as MatMuls so that quantization reaches them (export/einsum.py).
-EINSUM_PROJECTION_FAMILIES = ("xlnet",)
 
 
 class ExportSettings(BaseModel):
@@ -404,7 +402,9 @@ def write_onnx(model: PreTrainedModel, path: Path, names: tuple[str, ...] | None
         raise UserError(f"ONNX export of the {model.config.model_type} model failed: {first_line(err)}") from None
     if any(isinstance(m, torch.nn.LSTM) for m in model.modules()):   # spare other graphs a reload
         lstm_weights_as_initializers(path)
-    if model.config.model_type in EINSUM_PROJECTION_FAMILIES:
+    if FAMILIES[model.config.model_type].einsum_projections:
+        # einsums over [hidden, heads, head_dim] weights: rewritten as MatMuls so that
+        # quantization reaches them (export/einsum.py)
         weight_einsums_as_matmuls(path)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compressor.export.quiet import quiet_logs
+from pretrain.families import FAMILIES
 from pretrain.models import first_line
 
 
@@ -22,15 +23,6 @@ class Fusion:
 
 # Fusions a caller may leave out -> ORT's FusionOptions flag.
 FUSION_FLAGS = {"Attention": "enable_attention", "EmbedLayerNormalization": "enable_embed_layer_norm"}
-
-
-# model_type -> ONNX Runtime optimizer's model type. The BERT-shaped encoders share one
-# pattern (as in Optimum); BART has its own. Families absent here (xlnet: relative attention
-# ORT has no fusion for; bilm: LSTMs) keep their unfused graph, and the record says why.
-ORT_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "electra": "bert",
-                   "distilbert": "bert", "bart": "bart"}
-NOT_FUSABLE = {"bilm": "fusion does not apply to family 'bilm': ONNX Runtime's transformer "
-                       "optimizer fuses Transformer layers and this model is LSTMs"}
 
 
 def fuse(source: Path, target: Path, unfused: tuple[str, ...] = (), config=None) -> Fusion:
@@ -46,12 +38,17 @@ def fuse(source: Path, target: Path, unfused: tuple[str, ...] = (), config=None)
     """
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
-    family = config.model_type if config is not None else "bert"
-    if family not in ORT_MODEL_TYPES:
-        return Fusion(None, {}, NOT_FUSABLE.get(family, f"ONNX Runtime's transformer optimizer has no fusion "
-                                                        f"for model family {family!r}; the unfused graph is kept"))
-    model_type = ORT_MODEL_TYPES[family]
-    heads, hidden = (config.encoder_attention_heads, config.d_model) if model_type == "bart" else (0, 0)
+    # The BERT-shaped encoders share one ORT pattern (as in Optimum); BART has its own; a
+    # family without one (pretrain/families.py) keeps its unfused graph, and the record says why.
+    name = config.model_type if config is not None else "bert"
+    family = FAMILIES.get(name)
+    if family is None or family.ort_model_type is None:
+        why = family.refusals.get("fusion") if family else None
+        return Fusion(None, {}, why or f"ONNX Runtime's transformer optimizer has no fusion for model family "
+                                       f"{name!r}; the unfused graph is kept")
+    model_type = family.ort_model_type
+    heads, hidden = ((getattr(config, family.heads_field), getattr(config, family.hidden_field))
+                     if model_type == "bart" else (0, 0))
     options = FusionOptions(model_type)
     for op in unfused:
         setattr(options, FUSION_FLAGS[op], False)

@@ -30,8 +30,8 @@ from compressor.passes.registry import Context, PassConfig, register
 from pretrain.batching import Encoded, encode, inference_order, iterate, usable_length
 from pretrain.data import TaskData
 from pretrain.errors import UserError
+from pretrain.families import TRANSFORMER_FAMILIES
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
-from pretrain.models import TRANSFORMER_FAMILIES
 from pretrain.train import accepts_token_types
 
 QAT_CALIBRATION_SAMPLES = 128   # for a Linear QAT did not observe (all others use QAT's ranges)

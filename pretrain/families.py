@@ -1,0 +1,152 @@
+"""What each supported model family is made of and supports, in one place.
+
+One frozen record per `config.model_type`. Passes, strategies, the exporter and the
+baselines look families up here instead of keeping their own tables, so adding a family (or
+a capability) is one edit. Paths are attribute paths: `layers` under the base model
+(`model.base_model`), the attention and FFN paths under one layer of that list. XLNet's
+attention projections are parameters, not modules (einsum weights [hidden, heads, head_dim]).
+
+`refusals` names each capability the family lacks and why (the reason ends up in the
+one-line error a user sees). Capabilities: "inc", "optimum-export", "scalar-mix",
+"drop-layers", "prune-heads", "prune-ffn", "share-layers", "adapters", "domain-mlm", "fusion".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from pretrain.errors import UserError
+
+CAPABILITIES = ("inc", "optimum-export", "scalar-mix", "drop-layers", "prune-heads", "prune-ffn",
+                "share-layers", "adapters", "domain-mlm", "fusion")
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One layer's attention projections, relative to the layer."""
+    query: str
+    key: str
+    value: str
+    output: str
+
+
+@dataclass(frozen=True)
+class FeedForward:
+    """One layer's FFN: `inner` (hidden -> intermediate) and `outer` (intermediate -> hidden)."""
+    inner: str
+    outer: str
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str                                      # config.model_type
+    layers: str | None                             # nn.ModuleList of layers, under the base model
+    attention: Attention | None
+    ffn: FeedForward | None
+    layer_count_fields: tuple[str, ...] = ()       # config fields that count the layers at `layers`
+    heads_field: str | None = None                 # config field: attention heads per layer
+    hidden_field: str | None = None                # config field: hidden (model) width
+    intermediate_field: str | None = None          # config field: FFN width of every layer
+    ort_model_type: str | None = None              # ONNX Runtime transformer optimizer's model type
+    # Per layer: (module whose output an adapter follows, module the adapter is registered in).
+    adapter_sites: tuple[tuple[str, str], ...] = ()
+    # The masked-LM model's prediction head as attribute names applied in order: (N, hidden) -> (N, vocab).
+    mlm_head: tuple[str, ...] = ()
+    einsum_projections: bool = False               # attention weights are einsums (export rewrites them)
+    builtin_scalar_mix: bool = False               # the classifier reads a scalar mix already
+    refusals: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        unknown = set(self.refusals) - set(CAPABILITIES)
+        if unknown:
+            raise ValueError(f"family {self.name}: unknown capabilities {sorted(unknown)}")
+        object.__setattr__(self, "refusals", MappingProxyType(dict(self.refusals)))
+
+    def supports(self, capability: str) -> bool:
+        return capability not in self.refusals
+
+    def check(self, capability: str, what: str) -> None:
+        """Raise the one-line UserError `what: reason` when the family lacks `capability`."""
+        if not self.supports(capability):
+            raise UserError(f"{what}: {self.refusals[capability]}")
+
+
+BERT_ATTENTION = Attention("attention.self.query", "attention.self.key", "attention.self.value",
+                           "attention.output.dense")
+BERT_FFN = FeedForward("intermediate.dense", "output.dense")
+BERT_ADAPTER_SITES = (("attention.output.dropout", "attention.output"), ("output.dropout", "output"))
+NO_TRANSFORMER_LAYERS = "this family has no Transformer layers"
+
+
+def bert_like(name: str, mlm_head: tuple[str, ...]) -> Family:
+    """BERT's layer layout, shared by RoBERTa, XLM-RoBERTa and ELECTRA."""
+    return Family(name, "encoder.layer", BERT_ATTENTION, BERT_FFN, ("num_hidden_layers",),
+                  "num_attention_heads", "hidden_size", "intermediate_size", ort_model_type="bert",
+                  adapter_sites=BERT_ADAPTER_SITES, mlm_head=mlm_head)
+
+
+FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
+    bert_like("bert", ("cls",)),
+    bert_like("roberta", ("lm_head",)),
+    bert_like("xlm-roberta", ("lm_head",)),
+    bert_like("electra", ("generator_predictions", "generator_lm_head")),
+    Family("distilbert", "transformer.layer",
+           Attention("attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin"),
+           FeedForward("ffn.lin1", "ffn.lin2"), ("n_layers",), "n_heads", "dim", "hidden_dim",
+           ort_model_type="bert", adapter_sites=(("attention.out_lin", "attention"), ("ffn.dropout", "ffn")),
+           mlm_head=("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")),
+    # BART's layers are its encoder's: the decoder stays whole (its last EOS state is what
+    # BartForSequenceClassification classifies), so drop-layers shortens the part that reads
+    # the whole input.
+    Family("bart", "encoder.layers",
+           Attention("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj"),
+           FeedForward("fc1", "fc2"), ("encoder_layers", "num_hidden_layers"), "encoder_attention_heads",
+           "d_model", "encoder_ffn_dim", ort_model_type="bart",
+           refusals={"scalar-mix": "BART classifies from its decoder's state at the last EOS, not from a mix "
+                                   "of encoder layers",
+                     "prune-heads": "Transformers has no head pruning for BART",
+                     "adapters": "no adapter sites are defined for BART layers",
+                     "domain-mlm": "BART has no masked-LM head (it is a denoising seq2seq model)"}),
+    Family("xlnet", "layer", Attention("rel_attn.q", "rel_attn.k", "rel_attn.v", "rel_attn.o"),
+           FeedForward("ff.layer_1", "ff.layer_2"), ("num_hidden_layers",), "n_head", "d_model", "d_inner",
+           einsum_projections=True,
+           refusals={"optimum-export": "Optimum's ONNX exporter does not support that family",
+                     "prune-heads": "Transformers has no head pruning for XLNet",
+                     "adapters": "no adapter sites are defined for XLNet layers",
+                     "domain-mlm": "XLNet has no masked-LM head",
+                     # relative attention, which ORT's transformer optimizer has no pattern for
+                     "fusion": "ONNX Runtime's transformer optimizer has no fusion for model family 'xlnet'; "
+                               "the unfused graph is kept"}),
+    # The ELMo-style BiLM pretrained here (pretrain/objectives/bilm.py): LSTMs, not
+    # Transformer layers, so layer and attention passes refuse it.
+    Family("bilm", None, None, None, builtin_scalar_mix=True, refusals={
+        # torch.export unrolls an LSTM over the example's length (the sequence axis cannot stay
+        # dynamic), and INC's PT2E quantizer has no LSTM: it would tune only the classifier
+        # head while ONNX Runtime ships int8 LSTMs it never evaluated.
+        "inc": "torch.export cannot keep an LSTM's sequence length dynamic and INC's PT2E quantizer has "
+               "no LSTM; expected quantize mode dynamic-int8 (int8 LSTMs) for a bilm model",
+        "optimum-export": "Optimum's ONNX exporter does not support that family",
+        "drop-layers": NO_TRANSFORMER_LAYERS, "prune-heads": NO_TRANSFORMER_LAYERS,
+        "prune-ffn": NO_TRANSFORMER_LAYERS, "share-layers": NO_TRANSFORMER_LAYERS,
+        "adapters": NO_TRANSFORMER_LAYERS,
+        "domain-mlm": "the BiLM has no masked-LM head",
+        "fusion": "fusion does not apply to family 'bilm': ONNX Runtime's transformer "
+                  "optimizer fuses Transformer layers and this model is LSTMs"}),
+)})
+
+SUPPORTED_FAMILIES = tuple(FAMILIES)
+TRANSFORMER_FAMILIES = tuple(name for name, f in FAMILIES.items() if f.layers is not None)
+
+
+def family_of(model_type: str) -> Family:
+    """The record of a supported family (one-line UserError naming the supported ones otherwise)."""
+    if model_type not in FAMILIES:
+        raise UserError(f"model family {model_type!r} is not supported; "
+                        f"expected one of: {', '.join(SUPPORTED_FAMILIES)}")
+    return FAMILIES[model_type]
+
+
+def families_supporting(capability: str) -> tuple[str, ...]:
+    return tuple(name for name, f in FAMILIES.items() if f.supports(capability))
