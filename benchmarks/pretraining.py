@@ -8,7 +8,12 @@ held-out test split:
 - random: the same model class built by the same objective with the same seed, untrained.
 
 Every step is a `compressor` command (recorded in the results); a step whose output already
-exists is skipped, so a rerun after an interruption continues where it stopped.
+exists is skipped, so a rerun after an interruption continues where it stopped. Each runs in
+its own process unless `--in-process` (then `compressor.cli.main` is called here: no import
+cost per step, but the steps share this process's memory and torch settings).
+
+The defaults are the benchmark; `--corpus FILE`, `--size tiny`, `--max-eval-samples` and
+small steps, vocabulary and fine-tune samples make a smoke run (tests/benchmarks).
 
     .venv/bin/python benchmarks/pretraining.py --out benchmarks/results/pretraining.json
 """
@@ -27,6 +32,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+IN_PROCESS = ["compressor"]
+
+
+def compressor_cli(in_process: bool = False) -> list[str]:
+    """The prefix of every step's command: `python -m compressor` in a child process, or
+    `compressor` run by `run` in this process (`compressor.cli.main`)."""
+    return list(IN_PROCESS) if in_process else [sys.executable, "-m", "compressor"]
+
+
 def run(cmd: list[str], log: list[dict], done: Path | None = None) -> None:
     """Run a step, or record it as cached when its output `done` exists (a rerun)."""
     if done is not None and done.exists():
@@ -34,15 +48,20 @@ def run(cmd: list[str], log: list[dict], done: Path | None = None) -> None:
         return
     print("$", " ".join(cmd), flush=True)
     start = time.time()
-    # Cores here are shared: idle OpenMP threads must not spin against other jobs.
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    subprocess.run(cmd, check=True, cwd=ROOT, env=env)
+    if cmd[:1] == IN_PROCESS:
+        from compressor.cli import main as compressor_main
+        if code := compressor_main(cmd[1:]):
+            raise SystemExit(f"step failed (exit code {code}): {' '.join(cmd)}")
+    else:
+        # Cores here are shared: idle OpenMP threads must not spin against other jobs.
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        subprocess.run(cmd, check=True, cwd=ROOT, env=env)
     log.append({"command": " ".join(cmd), "seconds": round(time.time() - start, 1)})
 
 
-def tokenizer_step(cli: list[str], tok: Path, vocab_size: int, log: list[dict]) -> None:
+def tokenizer_step(cli: list[str], tok: Path, vocab_size: int, log: list[dict], corpus: str = "wordnet") -> None:
     """The WordPiece tokenizer every arm shares, trained once on the corpus."""
-    run(cli + ["tokenizer", "--corpus", "wordnet", "--kind", "wordpiece",
+    run(cli + ["tokenizer", "--corpus", corpus, "--kind", "wordpiece",
                "--vocab-size", str(vocab_size), "--out", str(tok)], log, done=tok)
 
 
@@ -50,7 +69,7 @@ def pretrain_step(cli: list[str], objective: str, tok: Path, out: Path, args: ar
                   log: list[dict], lr: float | None = None) -> dict:
     """`compressor pretrain` with the benchmark's shared settings (the learning rate `lr` when
     given, else `args.lr`); returns its metrics.json."""
-    run(cli + ["pretrain", "--objective", objective, "--corpus", "wordnet", "--size", "small",
+    run(cli + ["pretrain", "--objective", objective, "--corpus", args.corpus, "--size", args.size,
                "--tokenizer", str(tok), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
                "--max-length", str(args.max_length), "--lr", str(lr or args.lr), "--seed", str(args.seed),
                "--checkpoint-every", "100", "--threads", str(args.threads), "--resume",
@@ -73,14 +92,14 @@ def finetune_step(cli: list[str], model_dir: Path, out: Path, args: argparse.Nam
     return arm
 
 
-def random_init_dir(tokenizer_dir: Path, out: Path, max_length: int, seed: int) -> None:
+def random_init_dir(tokenizer_dir: Path, out: Path, max_length: int, seed: int, size: str = "small") -> None:
     """The untrained arm: what `compressor pretrain` would start from, saved as an HF dir."""
     from compressor.atomic import atomic_dir
     from pretrain.models import load_tokenizer
     from pretrain.objectives import SIZES, get_objective
     objective = get_objective("mlm")
     tokenizer = load_tokenizer(tokenizer_dir)
-    model = objective.deliverable(objective.build_model(tokenizer, SIZES["small"], max_length, seed))
+    model = objective.deliverable(objective.build_model(tokenizer, SIZES[size], max_length, seed))
     with atomic_dir(out) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
@@ -90,6 +109,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-pretraining")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pretraining.json")
+    p.add_argument("--corpus", default="wordnet",
+                   help="'wordnet' or a text file (blank lines between documents), for the tokenizer and pretraining")
+    p.add_argument("--size", choices=["tiny", "small", "base"], default="small", help="model size of both arms")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=64)
@@ -98,28 +120,31 @@ def main() -> None:
     p.add_argument("--finetune-samples", type=int, default=10000)
     p.add_argument("--finetune-epochs", type=float, default=3)
     p.add_argument("--finetune-lr", type=float, default=2e-4)
+    p.add_argument("--max-eval-samples", type=int, help="test examples per arm (default: the whole test split)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads for pretraining")
     p.add_argument("--only-random", action="store_true",
                    help="only the random-init arm (to run it beside the pretraining); no results file")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the compressor steps in this process instead of one child process each")
     args = p.parse_args()
 
-    cli = [sys.executable, "-m", "compressor"]
+    cli = compressor_cli(args.in_process)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     log: list[dict] = []
     tok, pre, rnd = work / "tokenizer", work / "mlm", work / "random"
 
-    tokenizer_step(cli, tok, args.vocab_size, log)
+    tokenizer_step(cli, tok, args.vocab_size, log, args.corpus)
     if not args.only_random:
         pretrain_step(cli, "mlm", tok, pre, args, log)
     if not rnd.exists():
-        random_init_dir(tok, rnd, args.max_length, args.seed)
+        random_init_dir(tok, rnd, args.max_length, args.seed, args.size)
 
     arms = {}
     both = (("pretrained_mlm", pre), ("random_init", rnd))
     for name, model_dir in both[1:] if args.only_random else both:
-        arms[name] = finetune_step(cli, model_dir, work / f"finetune-{name}", args, log)
+        arms[name] = finetune_step(cli, model_dir, work / f"finetune-{name}", args, log, args.max_eval_samples)
     if args.only_random:
         return
 

@@ -19,7 +19,11 @@ the short pretraining runs adds at all.
 
 Every step is a `compressor` command (recorded); a step whose output exists is skipped, and
 the results file is rewritten after every arm ("complete": false until the last one), so an
-interrupted run keeps what it finished and a rerun continues.
+interrupted run keeps what it finished and a rerun continues. `--in-process` runs the steps
+in this process (`compressor.cli.main`) instead of one child process each.
+
+The defaults are the benchmark; `--corpus FILE`, `--size tiny`, `--objectives mlm` and small
+steps, vocabulary, fine-tune and eval samples make a smoke run (tests/benchmarks).
 
     .venv/bin/python benchmarks/pretraining_objectives.py --threads 2
 """
@@ -34,16 +38,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.pretraining import finetune_step, pretrain_step, random_init_dir, tokenizer_step  # noqa: E402
+from benchmarks.pretraining import (  # noqa: E402
+    compressor_cli, finetune_step, pretrain_step, random_init_dir, tokenizer_step)
 
 OBJECTIVES = ("mlm", "mlm+sop", "rtd", "span")
 
 
-def trained_params(objective: str, tokenizer_dir: Path, max_length: int, seed: int) -> int:
+def trained_params(objective: str, tokenizer_dir: Path, max_length: int, seed: int, size: str = "small") -> int:
     """Parameters the objective trains (shared ones counted once): for rtd the generator's too."""
     from pretrain.models import load_tokenizer
     from pretrain.objectives import SIZES, get_objective
-    model = get_objective(objective).build_model(load_tokenizer(tokenizer_dir), SIZES["small"], max_length, seed)
+    model = get_objective(objective).build_model(load_tokenizer(tokenizer_dir), SIZES[size], max_length, seed)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -130,6 +135,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-pretraining-objectives")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pretraining_objectives.json")
     p.add_argument("--objectives", default=",".join(OBJECTIVES), help="comma-separated, in run order")
+    p.add_argument("--corpus", default="wordnet",
+                   help="'wordnet' or a text file (blank lines between documents), for the tokenizer and pretraining")
+    p.add_argument("--size", choices=["tiny", "small", "base"], default="small", help="model size of every arm")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--steps", type=int, default=250)
     p.add_argument("--batch-size", type=int, default=64)
@@ -144,6 +152,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads for pretraining")
     p.add_argument("--no-random", action="store_true", help="skip the random-initialisation arm")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the compressor steps in this process instead of one child process each")
     return p.parse_args()
 
 
@@ -153,18 +163,18 @@ def main() -> None:
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()]
     if unknown := sorted(set(args.lr_for) - set(objectives)):
         raise SystemExit(f"--lr-for names {', '.join(unknown)}, not among --objectives {args.objectives}")
-    cli = [sys.executable, "-m", "compressor"]
+    cli = compressor_cli(args.in_process)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     log: list[dict] = []
     arms: dict[str, dict] = {}
     tok = work / "tokenizer"
-    tokenizer_step(cli, tok, args.vocab_size, log)
+    tokenizer_step(cli, tok, args.vocab_size, log, args.corpus)
 
     if not args.no_random:
         rnd = work / "random"
         if not rnd.exists():
-            random_init_dir(tok, rnd, args.max_length, args.seed)
+            random_init_dir(tok, rnd, args.max_length, args.seed, args.size)
         arms["random_init"] = {"input_dependence": input_dependence(rnd),
                                "finetune": finetune_step(cli, rnd, work / "finetune-random_init", args, log,
                                                          eval_limit)}
@@ -173,7 +183,7 @@ def main() -> None:
     for objective in objectives:
         name = objective.replace("+", "-")
         metrics = pretrain_step(cli, objective, tok, work / name, args, log, args.lr_for.get(objective))
-        params = trained_params(objective, tok, args.max_length, args.seed)
+        params = trained_params(objective, tok, args.max_length, args.seed, args.size)
         finetune = finetune_step(cli, work / name, work / f"finetune-{name}", args, log, eval_limit)
         arms[objective] = {"pretraining": pretraining_summary(metrics, params),
                            "input_dependence": input_dependence(work / name), "finetune": finetune}

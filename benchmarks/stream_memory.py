@@ -18,6 +18,11 @@ if anything held on to text. `chunks_taken` counts chunks out of the shuffle buf
 the epoch ends the last 10,000 are still in it.
 
     .venv/bin/python benchmarks/stream_memory.py --sizes-mb 10 100 1000 --tokenize-all-up-to-mb 100
+
+Sizes may be fractional (0.05 is 50 kB), `--corpus FILE` repeats a text file (blank lines
+between documents) instead of WordNet and `--buffer-size` shrinks the shuffle buffer; with
+`--in-process` each size is measured in this process (its readings then include whatever the
+process already held): a smoke run (tests/benchmarks), not the benchmark.
 """
 
 from __future__ import annotations
@@ -34,13 +39,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def generate(path: Path, size_mb: int) -> int:
-    """Write the corpus (once); returns its number of documents."""
+def generate(path: Path, size_mb: float, source: str = "wordnet") -> int:
+    """Write the corpus (once) from the documents of `source` (a built-in corpus or a text
+    file); returns its number of documents."""
     count_file = path.with_suffix(".docs")
     if path.exists() and count_file.exists():
         return int(count_file.read_text())
     from pretrain.data import load_corpus
-    docs = ["\n".join(d) + "\n\n" for d in load_corpus("wordnet")]
+    docs = ["\n".join(d) + "\n\n" for d in load_corpus(source)]
+    if not docs:
+        raise SystemExit(f"corpus {source} has no documents")
     sizes = [len(d.encode()) for d in docs]
     order = list(range(len(docs)))
     rng = random.Random(0)
@@ -68,7 +76,7 @@ def rss_mb() -> float:
     return pages * resource.getpagesize() / 2**20
 
 
-def measure(corpus: str, skip_docs: int = 0) -> dict:
+def measure(corpus: str, skip_docs: int = 0, buffer_size: int = 10_000) -> dict:
     """Stream one whole epoch in this process; memory readings and counts.
 
     With skip_docs, the stream starts as a resumed run would at that document: it reads
@@ -78,7 +86,7 @@ def measure(corpus: str, skip_docs: int = 0) -> dict:
     from pretrain.data.stream import ChunkStream
     from pretrain.models import load_tokenizer, resolve_model_path
     tokenizer = load_tokenizer(resolve_model_path("minilm"))
-    stream = ChunkStream(corpus, tokenizer, 128, buffer_size=10_000, seed=0)
+    stream = ChunkStream(corpus, tokenizer, 128, buffer_size=buffer_size, seed=0)
     if skip_docs:
         stream.restore(stream.state() | {"docs_read": skip_docs})
     after_imports = rss_mb()
@@ -106,36 +114,49 @@ def measure(corpus: str, skip_docs: int = 0) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes-mb", type=int, nargs="+", default=[10, 100, 1000])
+    p.add_argument("--sizes-mb", type=float, nargs="+", default=[10, 100, 1000], help="may be fractional")
+    p.add_argument("--corpus", default="wordnet",
+                   help="the documents repeated: 'wordnet' or a text file (blank lines between documents)")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "stream-memory")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "stream_memory.json")
-    p.add_argument("--tokenize-all-up-to-mb", type=int, default=100,
+    p.add_argument("--tokenize-all-up-to-mb", type=float, default=100,
                    help="larger corpora are read whole but tokenized only in their last --tail-docs documents")
     p.add_argument("--tail-docs", type=int, default=100_000)
+    p.add_argument("--buffer-size", type=int, default=10_000, help="chunks in the shuffle buffer")
+    p.add_argument("--in-process", action="store_true",
+                   help="measure in this process, not a fresh one per size (a smoke run: readings include "
+                        "what the process already held)")
     p.add_argument("--measure", help=argparse.SUPPRESS)
     p.add_argument("--skip-docs", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure, args.skip_docs)))
+        print(json.dumps(measure(args.measure, args.skip_docs, args.buffer_size)))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
+    source = "" if args.corpus == "wordnet" else f"{Path(args.corpus).stem}-"
     for size in args.sizes_mb:
-        path = args.work / f"corpus-{size}mb.txt"
-        docs = generate(path, size)
+        size = int(size) if size == int(size) else size           # 10, not 10.0, in names and rows
+        path = args.work / f"corpus-{source}{size}mb.txt"
+        docs = generate(path, size, args.corpus)
         skip = max(0, docs - args.tail_docs) if size > args.tokenize_all_up_to_mb else 0
-        proc = subprocess.run([sys.executable, __file__, "--measure", str(path), "--skip-docs", str(skip)],
-                              check=True, capture_output=True, text=True)
+        if args.in_process:
+            measured = measure(str(path), skip, args.buffer_size)
+        else:
+            proc = subprocess.run([sys.executable, __file__, "--measure", str(path), "--skip-docs", str(skip),
+                                   "--buffer-size", str(args.buffer_size)],
+                                  check=True, capture_output=True, text=True)
+            measured = json.loads(proc.stdout.splitlines()[-1])
         row = {"corpus_mb": size, "bytes": path.stat().st_size, "documents": docs,
                "mode": (f"read whole, tokenize last {docs - skip} documents (resume path)" if skip
-                        else "read and tokenize whole"), **json.loads(proc.stdout.splitlines()[-1])}
+                        else "read and tokenize whole"), **measured}
         print(json.dumps({k: v for k, v in row.items() if k != "rss_by_chunks"}), flush=True)
         rows.append(row)
     from compressor.environment import environment
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "resident memory of streaming one epoch of a corpus (ChunkStream, max_length 128, "
-                     "buffer 10,000 chunks); VmHWM reset after the imports",
+                     f"buffer {args.buffer_size:,} chunks); VmHWM reset after the imports",
         "command": "benchmarks/stream_memory.py " + " ".join(sys.argv[1:]),
         "rows": rows, "environment": environment()}, indent=2) + "\n")
 

@@ -1,19 +1,19 @@
 """Every script in benchmarks/ runs at HEAD.
 
 Each script is run in this process (runpy, as `python benchmarks/X.py ...` would run it, so
-the heavy imports are paid once): every one parses `--help`, and most also run end to end
-on a tiny budget and their output is checked. The scripts that read a finished recipe run
+the heavy imports are paid once): every one parses `--help`, and every one also runs end to
+end on a tiny budget and its output is checked. The scripts that read a finished recipe run
 (deploy_latency, int8_side_by_side, harness_overhead, plain_speedups, repeatability,
-quantization_accuracy)
-share one tiny run built by a module fixture.
+quantization_accuracy) share one tiny run built by a module fixture.
 
-Still `--help` only, each too slow at its smallest for the suite:
-- pretraining.py: four `compressor` subprocesses (tokenizer, pretrain, two fine-tunes), each
-  paying the torch/transformers imports, and the fine-tunes score the whole supersense test
-  split (no flag limits it): well over 20 s.
-- pretraining_objectives.py: the same steps for every objective plus the random arm.
-- stream_memory.py: builds each corpus from the whole WordNet corpus and streams it in a
-  fresh subprocess per size (1 MB is the smallest size the flags allow).
+The scripts that chain `compressor` commands (pretraining, pretraining_objectives) run their
+steps in this process (`--in-process`: `compressor.cli.main` instead of one child process
+per step, each paying the torch/transformers imports) on a 300-document corpus file, with a
+tiny model (`--size tiny`), a 300-token vocabulary, 2 pretraining steps and fine-tunes of 16
+train and 16 test examples; pretraining_objectives runs the mlm arm only (no random arm).
+stream_memory measures in this process too (`--in-process`), on 20 and 40 kB corpora made
+from that file with a 100-chunk shuffle buffer, the larger one through the resume path.
+The subprocess paths of these three scripts are not run here: their default behaviour.
 """
 
 from __future__ import annotations
@@ -321,3 +321,80 @@ def test_finetune_throughput_profile(tmp_path, monkeypatch):
         groups = run["tokens"]["profile"]["self_ms_by_group"]
         assert groups["matrix products"] > 0 and groups["optimizer"] > 0
         assert run["tokens"]["profile"]["top_ops"][0]["self_ms"] > 0
+
+
+# --- Scripts that chain `compressor` commands: run in this process (`--in-process`), tiny
+# corpus, model (--size tiny), vocabulary, steps and fine-tunes.
+
+def pretraining_args(corpus: str, work: Path, out: Path) -> list:
+    return ["--in-process", "--corpus", corpus, "--size", "tiny", "--vocab-size", 300, "--steps", 2,
+            "--batch-size", 4, "--max-length", 32, "--finetune-samples", 16, "--finetune-epochs", 1,
+            "--max-eval-samples", 16, "--work", work, "--out", out]
+
+
+def check_finetune_arm(arm: dict) -> None:
+    assert arm["test_examples"] == 16 and arm["train_samples"] == 16 and arm["steps"] == 1, arm
+    assert 0 <= arm["accuracy"] <= 1 and arm["final_loss"] > 0
+
+
+def test_pretraining(tmp_path, wordnet_corpus_file, monkeypatch):
+    import compressor.finetune_command as finetune_command
+    monkeypatch.setattr(finetune_command, "set_threads", lambda threads: None)   # stay on one thread
+    out = tmp_path / "pretraining.json"
+    run_script("pretraining.py", pretraining_args(wordnet_corpus_file(300), tmp_path / "work", out), monkeypatch)
+    result = json.loads(out.read_text())
+    commands = [c["command"] for c in result["commands"]]
+    assert [c.split()[1] for c in commands] == ["tokenizer", "pretrain", "finetune", "finetune"]
+    assert all(c.startswith("compressor ") and "seconds" in r for c, r in zip(commands, result["commands"]))
+    assert "--size tiny" in commands[1] and "--max-eval-samples 16" in commands[2]
+    assert result["tokenizer"]["requested_vocab_size"] == 300
+    pretraining = result["pretraining"]
+    assert pretraining["steps"] == 2 and pretraining["final_loss"] > 0
+    assert pretraining["config"]["size"] == "tiny" and pretraining["config"]["max_length"] == 32
+    arms = result["arms"]
+    assert set(arms) == {"pretrained_mlm", "random_init"}
+    for arm in arms.values():
+        check_finetune_arm(arm)
+    gain = arms["pretrained_mlm"]["accuracy"] - arms["random_init"]["accuracy"]
+    assert result["accuracy_gain_points"] == round(100 * gain, 2)
+    # Both arms are the tiny architecture (hidden 128), not the benchmark's small one.
+    config = json.loads((tmp_path / "work" / "random" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"]) == (128, 2)
+
+
+def test_pretraining_objectives(tmp_path, wordnet_corpus_file, monkeypatch):
+    import compressor.finetune_command as finetune_command
+    monkeypatch.setattr(finetune_command, "set_threads", lambda threads: None)
+    out = tmp_path / "objectives.json"
+    run_script("pretraining_objectives.py", [*pretraining_args(wordnet_corpus_file(300), tmp_path / "work", out),
+                                             "--objectives", "mlm", "--no-random"], monkeypatch)
+    result = json.loads(out.read_text())
+    assert result["complete"] is True and list(result["arms"]) == ["mlm"]
+    assert [c["command"].split()[1] for c in result["commands"]] == ["tokenizer", "pretrain", "finetune"]
+    arm = result["arms"]["mlm"]
+    pretraining = arm["pretraining"]
+    assert pretraining["steps"] == 2 and pretraining["samples"] == 8 and pretraining["tokens"] > 0
+    assert pretraining["trained_params"] == pretraining["delivered_params"]      # mlm: no generator
+    assert pretraining["architecture"] == "BertForMaskedLM"
+    check_finetune_arm(arm["finetune"])
+    dependence = arm["input_dependence"]
+    assert dependence["examples"] == 256 and dependence["cls_std"] >= 0 and dependence["token_std"] > 0
+
+
+def test_stream_memory(tmp_path, wordnet_corpus_file, monkeypatch):
+    out = tmp_path / "stream.json"
+    run_script("stream_memory.py", ["--in-process", "--corpus", wordnet_corpus_file(300), "--sizes-mb", 0.02, 0.04,
+                                    "--tokenize-all-up-to-mb", 0.02, "--tail-docs", 50, "--buffer-size", 100,
+                                    "--work", tmp_path / "work", "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert "buffer 100 chunks" in result["benchmark"]
+    whole, tail = result["rows"]
+    assert (whole["corpus_mb"], tail["corpus_mb"]) == (0.02, 0.04)
+    for row in (whole, tail):
+        assert row["corpus_mb"] * 1e6 <= row["bytes"] < row["corpus_mb"] * 1e6 + 5_000     # whole documents
+        assert row["documents"] > 50 and row["chunks_taken"] >= 1 and row["tokens"] > 0
+        assert row["peak_rss_mb"] > 0
+    assert whole["mode"] == "read and tokenize whole" and "read_phase_peak_rss_mb" not in whole
+    assert whole["chunks_taken"] >= 100 and whole["rss_by_chunks"]
+    assert tail["mode"] == "read whole, tokenize last 50 documents (resume path)"
+    assert tail["read_phase_peak_rss_mb"] > 0
