@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from compressor.atomic import atomic_file  # noqa: E402
-from compressor.report import (latency_table, measurement_keys, ranking_lines,  # noqa: E402
+from compressor.report import (baseline_lines, latency_table, measurement_keys, ranking_lines,  # noqa: E402
                                render_markdown, summary_table)
 
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -33,6 +33,8 @@ def headline(report: dict) -> str:
                          if k in ("torch", "onnxruntime", "optimum") and v) + ".", "",
              "Every model and baseline (deployed artifacts: ONNX exports behind the parity and accuracy gate):",
              "", render_markdown(summary_table(report))]
+    if any(m.get("baseline") for m in report["models"]):
+        parts += ["", "How each baseline was built:", ""] + [f"- {line}" for line in baseline_lines(report)]
     keys = sorted(measurement_keys(report["models"]), key=lambda k: -k[1])
     for key in keys:
         parts += ["", f"Latency, profile {key[0]}, batch {key[1]} (sequence: {key[2]}):", "",
