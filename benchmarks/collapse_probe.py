@@ -100,7 +100,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     from compressor.atomic import write_json
-    from compressor.environment import environment
+    from compressor.bench.environment import environment
     results = {str(m): probe(m) for m in args.models}
     write_json(args.out, {"benchmark": "collapse probe of pretrained deliverables (no fine-tuning)",
                           "script": "benchmarks/collapse_probe.py " + " ".join(sys.argv[1:]),

@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from compressor.atomic import write_json
-from compressor.environment import environment
+from compressor.bench.environment import environment
 from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import TaskData, load_task
 from pretrain.finetune import FinetuneConfig, evaluate

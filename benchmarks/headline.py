@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from compressor.atomic import atomic_file  # noqa: E402
-from compressor.report import (latency_table, measurement_keys, ranking_lines,  # noqa: E402
-                               render_markdown, summary_table)
+from compressor.report.analysis import measurement_keys  # noqa: E402
+from compressor.report.render import latency_table, ranking_lines, render_markdown, summary_table  # noqa: E402
 
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 

@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from compressor.atomic import write_json
-from compressor.environment import environment
+from compressor.bench.environment import environment
 from pretrain.data import load_task
 
 

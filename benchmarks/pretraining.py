@@ -123,7 +123,7 @@ def main() -> None:
     if args.only_random:
         return
 
-    from compressor.environment import environment
+    from compressor.bench.environment import environment
     pretrain_metrics = json.loads((pre / "metrics.json").read_text())
     gain = arms["pretrained_mlm"]["accuracy"] - arms["random_init"]["accuracy"]
     result = {

@@ -1,3 +1,3 @@
-from compressor.cli import main
+from compressor.cli.commands import main
 
 raise SystemExit(main())

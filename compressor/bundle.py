@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from compressor import __version__
 from compressor.atomic import atomic_dir
-from compressor.structure import save_structure_code, update_record
+from compressor.modeling.structure import save_structure_code, update_record
 from pretrain.errors import UserError
 from pretrain.models import count_params, label_names_of, load_saved_classifier
 
@@ -70,7 +70,7 @@ class ModelBundle:
 
     def save_into(self, directory: Path) -> None:
         # A structure the config cannot express (per-layer FFN widths, shared layers) goes
-        # into the config first, its modeling file beside the weights (compressor/structure.py).
+        # into the config first, its modeling file beside the weights (compressor/modeling/structure.py).
         update_record(self.model)
         self.model.save_pretrained(str(directory), safe_serialization=True)
         save_structure_code(self.model, directory)

@@ -135,7 +135,7 @@ def check_inc_family(family: str) -> None:
 def traceable(model, names: tuple[str, ...]) -> torch.nn.Module:
     """The model as a module of positional inputs returning logits, without caches (XLNet's
     mems, BART's past key values), in a form torch.export can trace."""
-    from compressor.export.onnx import LogitsOnly
+    from compressor.export.trace import LogitsOnly
     if model.config.model_type == "bart":
         return BartLastEosLogits(model, names)
     return LogitsOnly(model, names)

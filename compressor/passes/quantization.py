@@ -24,8 +24,7 @@ from pydantic import Field
 from compressor.bundle import ModelBundle
 from compressor.export.inc import check_inc_family
 from compressor.export.quantize import QuantizeConfig
-from compressor.passes.fake_quant import (input_maxima, linear_layers, one_layer_quantized,
-                                          q8bert_fake_quant)
+from compressor.modeling.fake_quant import input_maxima, linear_layers, one_layer_quantized, q8bert_fake_quant
 from compressor.passes.registry import Context, PassConfig, register
 from pretrain.batching import Encoded, encode, inference_order, iterate, usable_length
 from pretrain.data import TaskData
@@ -70,7 +69,7 @@ def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
 
     Training is the shared loop (`finetune`, the model's own cross-entropy) with every
     Linear's weight and input and the word embedding fake-quantized
-    (compressor/passes/fake_quant.py). The export quantizes exactly those tensors and no
+    (compressor/modeling/fake_quant.py). The export quantizes exactly those tensors and no
     others: static int8 with `scope: linears`, per-tensor symmetric weights as trained, and
     each Linear's input range the EMA threshold learned here instead of a calibrated one.
     (The same export without QAT, `quantize: {mode: static-int8, scope: linears,

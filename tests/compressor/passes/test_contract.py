@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from compressor.bundle import ModelBundle
 from compressor.passes import Context, apply_pass, get_pass, pass_names
 from compressor.passes import training as training_passes
-from compressor.recipe import parse_step
+from compressor.pipeline.recipe import parse_step
 from pretrain.batching import encode
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
