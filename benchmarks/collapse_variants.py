@@ -33,5 +33,5 @@ if __name__ == "__main__":
         print(__doc__)
         raise SystemExit(0 if len(sys.argv) >= 2 else 2)
     apply(sys.argv.pop(1))
-    from compressor.cli.commands import main
+    from compressor.cli import main
     raise SystemExit(main())

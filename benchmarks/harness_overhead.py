@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor.atomic import write_json
 from compressor.bench.environment import environment
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable, input_batches, load_runner
 from compressor.bench.timing import measure_interleaved
+from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.models import load_tokenizer, set_threads
 

@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from compressor.atomic import atomic_file  # noqa: E402
 from compressor.report.analysis import measurement_keys  # noqa: E402
 from compressor.report.render import latency_table, ranking_lines, render_markdown, summary_table  # noqa: E402
+from pretrain.atomic import atomic_file  # noqa: E402
 
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 

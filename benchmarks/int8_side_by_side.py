@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor.atomic import write_json
 from compressor.bench.baselines import (OPTIMUM_FILE, optimum_o2, optimum_quantize, preset_for_this_cpu,
                                         preset_settings, quantization_config)
 from compressor.bench.environment import environment
@@ -39,6 +38,7 @@ from compressor.export.onnx import ONNX_FILE
 from compressor.export.optimize import fuse
 from compressor.export.quantize import TRANSFORMER_INT8_OPS
 from compressor.export.trace import write_onnx
+from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.metrics import agreement, classification_metrics
 from pretrain.models import load_saved_classifier, set_threads

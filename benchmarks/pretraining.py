@@ -75,7 +75,7 @@ def finetune_step(cli: list[str], model_dir: Path, out: Path, args: argparse.Nam
 
 def random_init_dir(tokenizer_dir: Path, out: Path, max_length: int, seed: int) -> None:
     """The untrained arm: what `compressor pretrain` would start from, saved as an HF dir."""
-    from compressor.atomic import atomic_dir
+    from pretrain.atomic import atomic_dir
     from pretrain.models import load_tokenizer
     from pretrain.objectives import SIZES, get_objective
     objective = get_objective("mlm")

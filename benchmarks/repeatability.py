@@ -19,10 +19,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from compressor.atomic import write_json
-from compressor.pipeline.recipe import load_recipe
 from compressor.pipeline import run_recipe
+from compressor.pipeline.recipe import load_recipe
 from compressor.report.analysis import latency_row, measurement_keys
+from pretrain.atomic import write_json
 
 
 def speedups(report: dict, key: tuple) -> dict[str, float]:

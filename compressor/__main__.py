@@ -1,3 +1,3 @@
-from compressor.cli.commands import main
+from compressor.cli import main
 
 raise SystemExit(main())

@@ -11,6 +11,7 @@ from compressor.bench.measure import peak_rss_mb
 from compressor.bench.profiles import load_profile, unavailable_reason
 from compressor.bench.runners import Deployable, input_batches, load_runner
 from compressor.bench.timing import measure_interleaved
+from compressor.bundle import weights_size
 from compressor.evaluate import find_onnx, load_predictor, predict_classes
 from compressor.export.onnx import read_export_record
 from pretrain.data import load_task
@@ -31,8 +32,7 @@ def deployable_at(path: Path) -> Deployable:
 def model_size(model: Deployable) -> int:
     if model.kind == "onnx":
         return model.path.stat().st_size
-    return sum(f.stat().st_size for f in model.path.glob("*.safetensors")) + \
-        sum(f.stat().st_size for f in model.path.glob("*.pt"))
+    return weights_size(model.path)
 
 
 def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | None = None,

@@ -12,6 +12,9 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Literal, get_args, get_origin
+
+from pydantic import BaseModel
 
 from pretrain.errors import UserError
 
@@ -23,11 +26,6 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}\n")
 
 
-# pretrain.finetune.DEFAULT_LR as --help shows it (written out: importing that module would
-# load torch before quiet_libraries; a test checks the two agree)
-DEFAULT_RATES = "full 1e-4, adapters 1e-3, frozen 3e-2, scalar-mix 3e-2"
-
-
 def positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -35,7 +33,43 @@ def positive_int(value: str) -> int:
     return number
 
 
+def from_config(config: type[BaseModel], name: str, help: str = "", *, default: bool = True) -> dict:
+    """argparse keywords for a flag that sets field `name` of `config`, read from the field so
+    that the flag and the config never disagree: its choices when the field is a Literal, and
+    its default (`default=False`: the flag stays None, meaning "the config's default", which
+    the help then names)."""
+    field = config.model_fields[name]
+    keywords: dict = {"default": field.default} if default else {}
+    choices = literal_values(field.annotation)
+    if choices:
+        keywords["choices"] = list(choices)
+    if not default and field.default is not None:
+        help = f"{help} (default {field.default:g})" if isinstance(field.default, float) else \
+            f"{help} (default {field.default})"
+    if help:
+        keywords["help"] = help.strip()
+    return keywords
+
+
+def literal_values(annotation) -> tuple:
+    """The values of a Literal annotation (also inside `X | None`); () for any other type."""
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    return next((values for arg in get_args(annotation) if (values := literal_values(arg))), ())
+
+
+def default_rates() -> str:
+    """The strategies' default learning rates as --help shows them: "full 1e-4, adapters 1e-3, ..."."""
+    from pretrain.finetune import DEFAULT_LR
+    return ", ".join(f"{strategy} {f'{lr:.0e}'.replace('e-0', 'e-')}" for strategy, lr in DEFAULT_LR.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
+    # The configs whose fields the flags read; importing them loads torch, so `main` silences
+    # the libraries first (their import-time notices would break the one-line errors).
+    from compressor.export.onnx import ExportSettings
+    from compressor.export.quantize import QuantizeConfig
+    from pretrain.finetune import FinetuneConfig
     parser = OneLineParser(prog="compressor", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
@@ -43,28 +77,32 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--model", default="minilm", help="'minilm' (bundled) or an HF model dir")
     ft.add_argument("--task", required=True, help="wordnet-supersense, wordnet-wsd, or a CSV/TSV/JSONL file")
     ft.add_argument("--out", required=True, type=Path)
-    ft.add_argument("--epochs", type=float, default=1.0)
-    ft.add_argument("--batch-size", type=positive_int, default=32)
+    ft.add_argument("--epochs", type=float, **from_config(FinetuneConfig, "epochs"))
+    ft.add_argument("--batch-size", type=positive_int, **from_config(FinetuneConfig, "batch_size"))
     ft.add_argument("--lr", type=float, default=None,
-                    help=f"learning rate (default: the strategy's; {DEFAULT_RATES})")
+                    help=f"learning rate (default: the strategy's; {default_rates()})")
     ft.add_argument("--max-train-samples", type=positive_int)
     ft.add_argument("--max-eval-samples", type=positive_int)
-    ft.add_argument("--seed", type=int, default=0)
-    ft.add_argument("--embedding-updates", choices=["sparse", "dense", "frozen"], default="sparse",
-                    help="how the word-embedding matrix trains (sparse: only rows in the batch)")
-    ft.add_argument("--strategy", default="full",
-                    help="full: all weights; frozen: head only; scalar-mix: frozen encoder, learned mix of "
-                         "all layers; adapters: Houlsby bottlenecks + LayerNorms + head")
-    ft.add_argument("--adapter-size", type=positive_int, default=64, help="adapter bottleneck width")
-    ft.add_argument("--adapter-init-std", type=float, default=None,
-                    help="std of the adapters' initial weights (default 1e-3, Houlsby's near-identity init)")
+    ft.add_argument("--seed", type=int, **from_config(FinetuneConfig, "seed"))
+    ft.add_argument("--embedding-updates", **from_config(
+        FinetuneConfig, "embedding_updates", "how the word-embedding matrix trains (sparse: only rows in the batch)"))
+    ft.add_argument("--strategy", **from_config(
+        FinetuneConfig, "strategy", "full: all weights; frozen: head only; scalar-mix: frozen encoder, learned "
+                                    "mix of all layers; adapters: Houlsby bottlenecks + LayerNorms + head"))
+    ft.add_argument("--adapter-size", type=positive_int,
+                    **from_config(FinetuneConfig, "adapter_size", "adapter bottleneck width"))
+    ft.add_argument("--adapter-init-std", type=float, **from_config(
+        FinetuneConfig, "adapter_init_std", "std of the adapters' initial weights (Houlsby's near-identity init)",
+        default=False))
     ft.add_argument("--intermediate-task", help="two-stage: fine-tune on this task (name or file) first")
     ft.add_argument("--tasks", help="multi-task: comma-separated tasks trained with --task, one head each")
     ft.add_argument("--domain-corpus",
                     help="first continue MLM pretraining on this text: 'wordnet' or a text file "
                          "(blank lines between documents), as `pretrain --corpus`")
-    ft.add_argument("--domain-steps", type=positive_int, help="MLM steps on --domain-corpus (default 100)")
-    ft.add_argument("--domain-lr", type=float, help="MLM learning rate on --domain-corpus (default 5e-5)")
+    ft.add_argument("--domain-steps", type=positive_int,
+                    **from_config(FinetuneConfig, "domain_steps", "MLM steps on --domain-corpus", default=False))
+    ft.add_argument("--domain-lr", type=float,
+                    **from_config(FinetuneConfig, "domain_lr", "MLM learning rate on --domain-corpus", default=False))
     ft.add_argument("--quiet", action="store_true", help="no progress bar")
     ft.set_defaults(handler=cmd_finetune)
 
@@ -81,25 +119,32 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--model", required=True, type=Path, help="an HF model dir (e.g. one a recipe wrote)")
     ex.add_argument("--out", required=True, type=Path)
     ex.add_argument("--optimize", action="store_true", help="ONNX Runtime transformer fusion")
-    ex.add_argument("--quantize", choices=["none", "dynamic-int8", "static-int8", "inc", "torch-dynamic-int8",
-                                           "fp16", "int4-weight-only"],
+    ex.add_argument("--quantize", choices=["none", *literal_values(QuantizeConfig.model_fields["mode"].annotation)],
                     help="default: what the model's quantize pass recorded, else none (fp32)")
     ex.add_argument("--per-channel", action="store_const", const=True, help="per-channel int8 weight scales")
     ex.add_argument("--reduce-range", action="store_const", const=True, help="7-bit int8 weights")
-    ex.add_argument("--weight-type", choices=["qint8", "quint8"])
-    ex.add_argument("--calibration", choices=["minmax", "entropy", "percentile"], help="static-int8 ranges (default entropy)")
-    ex.add_argument("--format", choices=["qdq", "qoperator"], help="static-int8 graph form")
-    ex.add_argument("--scope", choices=["ops", "linears"],
-                    help="static-int8: every fusable op (default) or only the Linear layers and embedding")
-    ex.add_argument("--calibration-samples", type=positive_int, help="static-int8/inc: train examples")
-    ex.add_argument("--block-size", type=positive_int, help="int4-weight-only: weights per scale")
-    ex.add_argument("--tolerable-loss", type=float, help="inc: relative accuracy loss allowed")
-    ex.add_argument("--max-trials", type=positive_int, help="inc: autotune trials")
+    ex.add_argument("--weight-type", **from_config(QuantizeConfig, "weight_type", default=False))
+    ex.add_argument("--calibration",
+                    **from_config(QuantizeConfig, "calibration", "static-int8 ranges", default=False))
+    ex.add_argument("--format", **from_config(QuantizeConfig, "format", "static-int8 graph form", default=False))
+    ex.add_argument("--scope", **from_config(
+        QuantizeConfig, "scope", "static-int8: every fusable op (ops) or only the Linear layers and embedding "
+                                 "(linears)", default=False))
+    ex.add_argument("--calibration-samples", type=positive_int, **from_config(
+        QuantizeConfig, "calibration_samples", "static-int8/inc: train examples", default=False))
+    ex.add_argument("--block-size", type=positive_int,
+                    **from_config(QuantizeConfig, "block_size", "int4-weight-only: weights per scale", default=False))
+    ex.add_argument("--tolerable-loss", type=float, **from_config(
+        QuantizeConfig, "tolerable_loss", "inc: relative accuracy loss allowed", default=False))
+    ex.add_argument("--max-trials", type=positive_int,
+                    **from_config(QuantizeConfig, "max_trials", "inc: autotune trials", default=False))
     ex.add_argument("--min-accuracy", type=float, help="absolute test-accuracy floor when quantized")
     ex.add_argument("--task", help="default: the task recorded with the model")
     ex.add_argument("--max-eval-samples", type=positive_int, help="test examples for the accuracy gate")
-    ex.add_argument("--parity-tolerance", type=float, default=1e-4, help="max |logit diff| vs PyTorch")
-    ex.add_argument("--accuracy-tolerance", type=float, default=0.01, help="max accuracy drop when quantized")
+    ex.add_argument("--parity-tolerance", type=float,
+                    **from_config(ExportSettings, "parity_tolerance", "max |logit diff| vs PyTorch"))
+    ex.add_argument("--accuracy-tolerance", type=float,
+                    **from_config(ExportSettings, "accuracy_tolerance", "max accuracy drop when quantized"))
     ex.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
     ex.set_defaults(handler=cmd_export)
 
@@ -281,8 +326,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from compressor.pipeline.recipe import load_recipe
     from compressor.pipeline import run_recipe
+    from compressor.pipeline.recipe import load_recipe
     recipe, steps = load_recipe(args.recipe)
     report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet,
                         force=args.force, rebenchmark=args.rebenchmark)
@@ -304,7 +349,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            task_spec=task_arg(args.task) if args.task else None,
                            max_eval_samples=args.max_eval_samples, seed=args.seed)
     if args.out is not None:
-        from compressor.atomic import write_json
+        from pretrain.atomic import write_json
         write_json(args.out, result)
     print(json.dumps(result, indent=2))
     return 0
@@ -325,12 +370,12 @@ def quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_libraries()   # before the parser imports the configs (and with them torch)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # bad flags (already reported in one line) or --help
         return int(exit_.code or 0)
     try:
-        quiet_libraries()
         return args.handler(args)
     except UserError as err:
         if os.environ.get("RANK", "0") == "0":   # under torchrun every rank sees it: say it once

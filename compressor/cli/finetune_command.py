@@ -11,11 +11,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from compressor.atomic import atomic_dir, write_json
 from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle
 from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
+from pretrain.atomic import atomic_dir, write_json
 from pretrain.data import load_task
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, evaluate, finetune

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from compressor.atomic import atomic_dir, write_json
 from compressor.bench.environment import environment
 from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
+from pretrain.atomic import atomic_dir, write_json
 from pretrain.errors import UserError
 from pretrain.models import set_threads
 from pretrain.pretraining import (SETTINGS_FILE, PretrainConfig, check_resume, checkpoint_dir, prepare,

@@ -33,7 +33,7 @@ import torch
 
 from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig
-from pretrain.batching import Encoded, inference_order, iterate
+from pretrain.batching import Encoded, in_data_order, iterate
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.models import first_line
@@ -169,16 +169,12 @@ class BartLastEosLogits(torch.nn.Module):
 @torch.no_grad()
 def graph_logits(model, data: Encoded, names: list[str]) -> np.ndarray:
     """Logits of an exported (positional-input) model, in data order."""
-    out = None
-    for idx, batch in iterate(data, inference_order(data.lengths(), EVAL_BATCH), "token_type_ids" in names):
+    def logits(batch: dict) -> torch.Tensor:
         result = model(*(batch[name] for name in names))
         if not isinstance(result, torch.Tensor):   # a model output (or tuple) rather than the logits
             result = result.logits if hasattr(result, "logits") else result[0]
-        logits = result.float().numpy()
-        if out is None:
-            out = np.zeros((len(data), logits.shape[1]), dtype=np.float32)
-        out[idx] = logits
-    return out
+        return result
+    return in_data_order(data, EVAL_BATCH, logits, "token_type_ids" in names)
 
 
 @contextlib.contextmanager

@@ -31,7 +31,6 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from compressor.atomic import atomic_dir, write_json
 from compressor.bundle import ModelBundle
 from compressor.export.embedding import factorize_graph
 from compressor.export.gate import Gate, GateFailure
@@ -43,6 +42,7 @@ from compressor.export.quantize import (INT8_ONNX_MODES, LINEAR_SCOPE_UNFUSED, P
                                         lstm_handling, quantize_onnx)
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
 from compressor.export.trace import OPSET, check_exportable, input_names, write_onnx
+from pretrain.atomic import atomic_dir, write_json
 from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import TaskData
 from pretrain.errors import UserError

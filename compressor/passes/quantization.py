@@ -26,7 +26,7 @@ from compressor.export.inc import check_inc_family
 from compressor.export.quantize import QuantizeConfig
 from compressor.modeling.fake_quant import input_maxima, linear_layers, one_layer_quantized, q8bert_fake_quant
 from compressor.passes.registry import Context, PassConfig, register
-from pretrain.batching import Encoded, encode, inference_order, iterate, usable_length
+from pretrain.batching import Encoded, encode, in_data_order, usable_length
 from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.families import TRANSFORMER_FAMILIES
@@ -159,10 +159,12 @@ def sensitivity_data(bundle: ModelBundle, task: TaskData, samples: int) -> Encod
 
 def predictions(model: torch.nn.Module, data: Encoded, batch_size: int) -> tuple[float, torch.Tensor]:
     """Mean task loss and the log-probabilities of every example (in data order)."""
-    total, log_probs = 0.0, torch.zeros((len(data), model.config.num_labels))
-    with_types = accepts_token_types(model)
-    for idx, batch in iterate(data, inference_order(data.lengths(), batch_size), with_types):
+    losses = []
+
+    def log_softmax(batch: dict) -> torch.Tensor:
         out = model(**batch)
-        total += float(out.loss) * len(idx)
-        log_probs[torch.as_tensor(idx)] = torch.log_softmax(out.logits.float(), dim=-1)
-    return total / len(data), log_probs
+        losses.append(float(out.loss) * len(batch["labels"]))
+        return torch.log_softmax(out.logits.float(), dim=-1)
+    log_probs = in_data_order(data, batch_size, log_softmax, accepts_token_types(model),
+                              columns=model.config.num_labels)
+    return sum(losses) / len(data), torch.from_numpy(log_probs)

@@ -11,18 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor.atomic import write_json
 from compressor.bench.baselines import (BUILDERS, OPTIMUM, baseline_kind, model_file, optimum_preset,
                                         preset_for_this_cpu, preset_settings)
 from compressor.bench.measure import run_benchmarks
 from compressor.bench.profiles import unavailable_reason
 from compressor.bench.runners import Deployable
-from compressor.bundle import ModelBundle
+from compressor.bundle import ModelBundle, weights_size
 from compressor.export.onnx import ONNX_FILE
 from compressor.pipeline.cache import cached, content_key, fingerprint_file, key_fields
 from compressor.pipeline.recipe import BASELINES_DIR, BENCHMARK_DIR, Recipe
-from compressor.pipeline.report_data import weights_size
 from compressor.pipeline.stages import Stage, test_predictions
+from pretrain.atomic import write_json
 from pretrain.batching import usable_length
 from pretrain.data import TaskData
 from pretrain.metrics import classification_metrics

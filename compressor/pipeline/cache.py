@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from compressor import __version__
-from compressor.atomic import atomic_dir, write_json
 from compressor.pipeline.outdir import disk_errors, read_json
+from pretrain.atomic import atomic_dir, write_json
 from pretrain.data import TaskData
 
 STAGE_FILE = "stage.json"

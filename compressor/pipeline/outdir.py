@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Iterator
 
 from compressor import __version__
-from compressor.atomic import write_json
 from compressor.pipeline.recipe import RUN_FILE, Recipe
+from pretrain.atomic import write_json
 from pretrain.errors import UserError
 
 

@@ -6,11 +6,11 @@ report.html are rendered from the finished JSON (compressor/report/render.py).
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
 from compressor.bench.environment import environment
+from compressor.bundle import weights_size
 from compressor.pipeline.recipe import Recipe
 from compressor.pipeline.stages import Stage
 from compressor.report.analysis import pareto_fronts, runtime_warnings
@@ -97,6 +97,3 @@ def onnx_entry(exports: dict[str, dict], name: str) -> dict:
         return {}
     return {"onnx": {k: v for k, v in exports[name].items() if k != "predictions"}}
 
-
-def weights_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from compressor.atomic import write_json
 from compressor.bench.baselines import OPTIMUM, check_baselines
 from compressor.passes import check_pass_family
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
@@ -16,6 +15,7 @@ from compressor.pipeline.recipe import Recipe, Step
 from compressor.pipeline.report_data import build_report
 from compressor.pipeline.stages import Stage, export_stage, pass_context, teacher_stage, variant_stage
 from compressor.report.render import write_human_reports
+from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.errors import UserError
 from pretrain.models import BUNDLED_MODELS, check_model_ref, read_model_type, set_threads

@@ -11,8 +11,8 @@ import html
 import io
 from pathlib import Path
 
-from compressor.atomic import atomic_file
 from compressor.report.analysis import latency_row, measurement_keys
+from pretrain.atomic import atomic_file
 
 Table = tuple[list[str], list[list[str]]]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compressor.cli.commands import finetune_command as finetune_command_module
+from compressor.cli import finetune_command as finetune_command_module
 from compressor.cli.pretrain_command import pretrain_command
 from compressor.pipeline import run as pipeline_run
 from pretrain.objectives import SIZES, ModelSize

@@ -22,8 +22,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from compressor.cli.commands import finetune_command as finetune_module
-from compressor.cli.commands import main
+from compressor.cli import finetune_command as finetune_module
+from compressor.cli import main
 from compressor.evaluate import evaluate_path
 from pretrain.errors import UserError
 
@@ -193,12 +193,37 @@ def test_finetune_without_lr_records_the_strategys_default(cli):
 
 
 def test_lr_flag_defaults_to_none_and_help_lists_the_strategy_defaults():
-    from compressor.cli.commands import DEFAULT_RATES, build_parser
+    from compressor.cli.commands import build_parser, default_rates
     from pretrain.finetune import DEFAULT_LR
     args = build_parser().parse_args(["finetune", "--task", "t", "--out", "o", "--strategy", "adapters"])
     assert args.lr is None                                   # the config picks the strategy's rate
-    shown = dict(pair.split() for pair in DEFAULT_RATES.split(", "))
+    shown = dict(pair.split() for pair in default_rates().split(", "))
     assert {strategy: float(lr) for strategy, lr in shown.items()} == DEFAULT_LR
+    assert default_rates().startswith("full 1e-4, adapters 1e-3")
+
+
+def test_flags_take_defaults_and_choices_from_the_configs():
+    from compressor.cli.commands import build_parser
+    from compressor.export.onnx import ExportSettings
+    from compressor.export.quantize import QuantizeConfig
+    from pretrain.finetune import FinetuneConfig
+    parser = build_parser()
+    ft = parser.parse_args(["finetune", "--task", "t", "--out", "o"])
+    config = FinetuneConfig()
+    assert (ft.epochs, ft.batch_size, ft.seed, ft.strategy, ft.embedding_updates, ft.adapter_size) == (
+        config.epochs, config.batch_size, config.seed, config.strategy, config.embedding_updates,
+        config.adapter_size)
+    assert (ft.adapter_init_std, ft.domain_steps, ft.domain_lr) == (None, None, None)   # the config's defaults
+    ex = parser.parse_args(["export", "--model", "m", "--out", "o"])
+    assert (ex.parity_tolerance, ex.accuracy_tolerance) == (ExportSettings().parity_tolerance,
+                                                            ExportSettings().accuracy_tolerance)
+    assert ex.quantize is None and ex.calibration is None and ex.scope is None
+    for mode in ("none", "dynamic-int8", "static-int8", "inc", "torch-dynamic-int8", "fp16", "int4-weight-only"):
+        assert parser.parse_args(["export", "--model", "m", "--out", "o", "--quantize", mode]).quantize == mode
+    for flag, field in (("--calibration", "calibration"), ("--format", "format"), ("--scope", "scope"),
+                        ("--weight-type", "weight_type")):
+        value = QuantizeConfig.model_fields[field].default
+        assert getattr(parser.parse_args(["export", "--model", "m", "--out", "o", flag, value]), field) == value
 
 
 def test_evaluate_prints_metrics_and_agreement(cli):

@@ -20,8 +20,8 @@ import pytest
 
 import pretrain.models
 from compressor.bundle import ModelBundle
-from compressor.cli.commands import export_command
-from compressor.cli.commands import main
+from compressor.cli import export_command
+from compressor.cli import main
 from compressor.export.quantize import QuantizeConfig
 from compressor.passes import Context, apply_pass
 

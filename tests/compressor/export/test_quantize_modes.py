@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from compressor.cli.commands import main
+from compressor.cli import main
 from compressor.evaluate import evaluate_path, load_predictor
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import ExportSettings, export_bundle

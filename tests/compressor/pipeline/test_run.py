@@ -14,9 +14,9 @@ from compressor.bundle import ModelBundle
 from compressor.evaluate import evaluate_path
 from compressor.passes import registry
 from compressor.passes.registry import PassConfig
-from compressor.pipeline.recipe import parse_recipe
 from compressor.pipeline import cache, outdir, paths, run_recipe, stages
 from compressor.pipeline import run as pipeline_run
+from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
 
 VARIANTS = {"same": [], "two-layers": [{"drop-layers": {"keep": [0, 1]}}, {"finetune": {"epochs": 1}}]}
@@ -286,7 +286,7 @@ def test_a_full_disk_mid_run_is_one_clear_error_and_finished_stages_stay(done, r
     """ENOSPC while writing a stage: a WriteError naming the problem; what was finished stays usable."""
     import errno
 
-    from compressor import atomic
+    from pretrain import atomic
     raw, _, report = done
     shutil.rmtree(rerun_dir / "two-layers")
     before = stamps(rerun_dir)

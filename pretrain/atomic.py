@@ -1,4 +1,7 @@
-"""Write-then-rename helpers: nothing half-written is ever visible under an output dir."""
+"""Write-then-rename helpers: nothing half-written is ever visible under an output dir.
+
+Used by both sides: the training loop's checkpoints and everything the compressor writes.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 
 @contextlib.contextmanager
@@ -40,13 +43,19 @@ def write_json(path: Path, data: Any) -> None:
 
 def atomic_file(path: Path, content: bytes) -> None:
     """Write bytes to a temporary file in the same dir, then rename over `path`."""
+    atomic_write(path, lambda f: f.write(content))
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """`write(f)` fills a temporary file in the same dir, which then replaces `path` in one
+    rename: a kill never leaves half a file (e.g. `lambda f: torch.save(state, f)`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(content)
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
