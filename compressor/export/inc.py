@@ -35,7 +35,6 @@ from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig
 from pretrain.batching import Encoded, in_data_order, iterate
 from pretrain.errors import UserError
-from pretrain.families import FAMILIES
 from pretrain.models import first_line
 from pretrain.train import accepts_token_types
 
@@ -110,7 +109,6 @@ def example_batch(model, data: Encoded) -> dict[str, torch.Tensor]:
 def export_for_inc(model, example: dict[str, torch.Tensor]):
     """torch.export with dynamic batch and sequence axes (what INC's PT2E path quantizes)."""
     from neural_compressor.torch.export import export
-    check_inc_family(model.config.model_type)
     # Dim.AUTO: dynamic axes whose range torch.export derives from the model's own guards.
     # A named range would have to be proven for every length in it, which fails on guards
     # that hold for every real input: XLNet's relative-attention shift guards on
@@ -123,13 +121,6 @@ def export_for_inc(model, example: dict[str, torch.Tensor]):
     if exported is None:
         raise UserError(f"inc: torch.export failed on the {model.config.model_type} model")
     return exported
-
-
-def check_inc_family(family: str) -> None:
-    """Refuse, before anything is written, a family INC's PyTorch path cannot quantize."""
-    if family in FAMILIES and not FAMILIES[family].supports("inc"):
-        raise UserError(f"inc: Intel Neural Compressor cannot quantize a {family!r} model: "
-                        f"{FAMILIES[family].refusals['inc']}")
 
 
 def traceable(model, names: tuple[str, ...]) -> torch.nn.Module:

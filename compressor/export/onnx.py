@@ -36,10 +36,9 @@ from compressor.export.embedding import factorize_graph
 from compressor.export.gate import Gate, GateFailure
 from compressor.export.graph_map import embedding_gathers, linear_nodes
 from compressor.export.graph_surgery import has_op
-from compressor.export.inc import check_inc_family
 from compressor.export.optimize import Fusion, fuse
 from compressor.export.quantize import (INT8_ONNX_MODES, LINEAR_SCOPE_UNFUSED, Plan, QuantizeConfig,
-                                        lstm_handling, quantize_onnx)
+                                        check_quantize_family, lstm_handling, quantize_onnx)
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
 from compressor.export.trace import OPSET, check_exportable, input_names, write_onnx
 from pretrain.atomic import atomic_dir, write_json
@@ -99,8 +98,8 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
     """
     check_exportable(bundle.model)
     quantize = requested_quantization(bundle)
-    if quantize is not None and quantize.mode == "inc":
-        check_inc_family(bundle.model.config.model_type)       # before any work
+    if quantize is not None:
+        check_quantize_family(quantize, bundle.model.config.model_type)   # before any work
     test = task.split("test").head(max_eval_samples)
     calibration = calibration_split(bundle, quantize, task)   # checked before any work
     gate = Gate(settings, bundle, task, test)

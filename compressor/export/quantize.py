@@ -30,6 +30,8 @@ from compressor.export.graph_surgery import (gathered_tables, graph_inputs, has_
                                              unshare_initializers, with_shapes)
 from compressor.export.quiet import quiet_logs
 from pretrain.batching import Encoded, inference_order, iterate
+from pretrain.errors import UserError
+from pretrain.families import FAMILIES
 
 Mode = Literal["dynamic-int8", "static-int8", "inc", "torch-dynamic-int8", "fp16", "int4-weight-only"]
 ONNX_MODES = ("dynamic-int8", "static-int8", "int4-weight-only", "fp16")
@@ -127,6 +129,15 @@ class QuantizeConfig(BaseModel):
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of 2, got {self.block_size}")
         return self
+
+
+def check_quantize_family(cfg: QuantizeConfig, family: str) -> None:
+    """Refuse, before any work, a mode that cannot quantize a model of `family`: the quantize
+    pass's registered family check, and the export's for a bundle whose deploy settings were
+    written by hand."""
+    if cfg.mode == "inc" and family in FAMILIES and not FAMILIES[family].supports("inc"):
+        raise UserError(f"inc: Intel Neural Compressor cannot quantize a {family!r} model: "
+                        f"{FAMILIES[family].refusals['inc']}")
 
 
 @dataclass(frozen=True)

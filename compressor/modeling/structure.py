@@ -1,4 +1,5 @@
-"""Model surgery the pruning and sharing passes use, and the record that makes it survive a save.
+"""Structural model surgery (head pruning, FFN slicing, layer sharing), and the record that
+makes it survive a save. No pass calls it yet; the tests exercise it on the tiny models.
 
 - `prune_heads(model, {layer: [head, ...]})`: Transformers' own head pruning (recorded by
   Transformers in `config.pruned_heads`, rebuilt by `from_pretrained`).
@@ -6,7 +7,7 @@
 - `tie_layers(model, groups)`: layers of a group share the first one's parameters.
 
 The last two change what the config implies, so they keep a record in the config
-(`compressor_structure`, format in pretrain/structured.py) and `prepare_save` points
+(`compressor_structure`, format in pretrain/structured.py) and `update_record` points
 `config.auto_map` at the modeling file `save_structure_code` copies beside the weights. The
 record always describes the model as it is: it is derived from the model, not maintained
 by hand.

@@ -22,8 +22,7 @@ import torch
 from pydantic import Field
 
 from compressor.bundle import ModelBundle
-from compressor.export.inc import check_inc_family
-from compressor.export.quantize import QuantizeConfig
+from compressor.export.quantize import QuantizeConfig, check_quantize_family
 from compressor.modeling.fake_quant import input_maxima, linear_layers, one_layer_quantized, q8bert_fake_quant
 from compressor.passes.registry import Context, PassConfig, register
 from pretrain.batching import Encoded, encode, in_data_order, usable_length
@@ -34,11 +33,6 @@ from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_def
 from pretrain.train import accepts_token_types
 
 QAT_CALIBRATION_SAMPLES = 128   # for a Linear QAT did not observe (all others use QAT's ranges)
-
-
-def check_quantize_family(cfg: QuantizeConfig, family: str) -> None:
-    if cfg.mode == "inc":
-        check_inc_family(family)
 
 
 @register("quantize", QuantizeConfig, preserves_function=True, check_family=check_quantize_family)

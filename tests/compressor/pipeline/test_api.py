@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from compressor import Pipeline
 from compressor.export.quantize import QuantizeConfig
@@ -58,4 +59,9 @@ def test_a_bad_field_fails_like_a_bad_recipe(tiny_bert_dir, tiny_csv):
     pipe = build(tiny_bert_dir, tiny_csv).benchmark(profiles=["tpu"])
     with pytest.raises(UserError, match="pipeline 'api': benchmark.profiles: .*unknown profile 'tpu'"):
         pipe.validate()
-    assert QuantizeConfig(mode="dynamic-int8")  # the configs themselves validate on construction
+    # The configs themselves validate on construction, before any pipeline sees them...
+    with pytest.raises(ValidationError, match="block_size applies to quantize mode int4-weight-only, not dynamic-int8"):
+        QuantizeConfig(mode="dynamic-int8", block_size=64)
+    # ...and a valid one enters the recipe as the fields it was given, under its pass's name.
+    pipe = build(tiny_bert_dir, tiny_csv).variant("int8", QuantizeConfig(mode="dynamic-int8", per_channel=True))
+    assert pipe.to_dict()["variants"]["int8"] == [{"quantize": {"mode": "dynamic-int8", "per_channel": True}}]
