@@ -7,10 +7,9 @@ from pathlib import Path
 import numpy as np
 
 from compressor.bench.environment import environment
-from compressor.bench.measure import peak_rss_mb
+from compressor.bench.measure import measure_models
 from compressor.bench.profiles import load_profile, unavailable_reason
-from compressor.bench.runners import Deployable, input_batches, load_runner
-from compressor.bench.timing import measure_interleaved
+from compressor.bench.runners import Deployable
 from compressor.bundle import weights_size
 from compressor.evaluate import find_onnx, load_predictor, predict_classes
 from compressor.export.onnx import read_export_record
@@ -56,14 +55,8 @@ def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | 
     test = task.split("test").head(max_eval_samples)
     predictions = predict_classes(predictor, test, task)
     result.update(task=task.name, **classification_metrics(np.asarray(test.labels), predictions))
-    runner = {model.name: load_runner(model, profile)}
-    settings = [(b, n) for b in profile.batch_sizes for n in profile.sequence_lengths]
-    batch_sets = [input_batches(predictor.tokenizer, test, b, n, max_length=predictor.max_length)
-                  for b, n in settings]
-    result["latency"] = [{"profile": profile.name, "batch_size": b, "sequence_length": n,
-                          **measure_interleaved(runner, batches, profile)[model.name]}
-                         for (b, n), batches in zip(settings, batch_sets)]
-    runner.clear()
-    for row, peak in zip(result["latency"], peak_rss_mb(model, profile, batch_sets)):
-        row["peak_rss_mb"] = peak
+    measured = measure_models([model], profile, predictor.tokenizer, test, log=lambda message: None,
+                              max_length=predictor.max_length)   # stdout is the JSON result
+    result["latency"] = [{k: v for k, v in row.items() if k not in ("model", "kind", "precision")}
+                         for row in measured.rows]
     return result

@@ -54,11 +54,11 @@ def test_each_preset_keeps_optimum_defaults():
 
 def test_a_profile_may_name_its_preset(monkeypatch):
     monkeypatch.setattr(baselines, "platform", type("P", (), {"machine": staticmethod(lambda: "x86_64")}))
-    monkeypatch.setattr("compressor.environment.cpu_flags", lambda: VNNI)
+    monkeypatch.setattr("compressor.bench.environment.cpu_flags", lambda: VNNI)
     cpu = load_profile("cpu")
     assert baselines.optimum_preset(cpu) == "avx512_vnni"
     assert baselines.optimum_preset(cpu.model_copy(update={"optimum_preset": "avx2"})) == "avx2"
-    monkeypatch.setattr("compressor.environment.cpu_flags", lambda: AVX2)
+    monkeypatch.setattr("compressor.bench.environment.cpu_flags", lambda: AVX2)
     with pytest.raises(UserError, match="profile cpu: optimum_preset avx512_vnni needs the CPU flags avx512f, "
                                         "avx512_vnni, which this CPU lacks; expected one this CPU runs \\(avx2\\)"):
         baselines.optimum_preset(cpu.model_copy(update={"optimum_preset": "avx512_vnni"}))
