@@ -171,8 +171,8 @@ def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
 
     `mlm_head_from`: the model dir whose masked-LM head the domain stage starts from, if it has one.
     `loss_fn`, `callbacks`, `checkpoint`, `param_groups`, `aux_modules` go to `train` for the
-    target stage only (the domain and intermediate stages keep the model's own loss): a
-    distillation or pruning pass reuses this data preparation with its own loss. On resume
+    target stage only (the domain and intermediate stages keep the model's own loss), so a
+    pass with a loss of its own reuses this data preparation. On resume
     from `checkpoint` the earlier stages run again (deterministically) and the target stage
     continues from the saved step.
     """

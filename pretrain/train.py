@@ -1,8 +1,8 @@
 """The one training loop.
 
-Every stage that trains (fine-tuning, pretraining, distillation, module replacing,
-quantization-aware training) calls `train` with its own `loss_fn(model, batch)` and a
-source of batches: an `Encoded` split (epochs of shuffled, length-grouped batches) or any
+Every stage that trains (fine-tuning, pretraining, quantization-aware training, any pass
+with a loss of its own) calls `train` with its own `loss_fn(model, batch)` and a source of
+batches: an `Encoded` split (epochs of shuffled, length-grouped batches) or any
 `BatchSource` (a step count plus `batch(step)`, e.g. an MLM objective masking its own
 batches). The loop owns the optimizers, the schedule, clipping, progress, checkpoints and
 data parallelism.
@@ -195,7 +195,7 @@ def train(model: nn.Module, data: Encoded | BatchSource, cfg: TrainConfig, loss_
     """Train `model` in place and return what happened (the same on every rank).
 
     `param_groups(model)`: optimizer groups with their own options (see ParamGroups).
-    `aux_modules`: modules loss_fn uses but does not train (a distillation teacher): on the
+    `aux_modules`: modules loss_fn uses but does not train (e.g. a teacher model): on the
     training device, in eval mode and without gradients while the loop runs, outside the
     DDP wrapper and the optimizers.
     """
