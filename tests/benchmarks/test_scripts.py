@@ -159,9 +159,9 @@ def tiny_recipe(model_dir, csv_path) -> dict:
 def finished_run(tiny_bert_dir, tiny_csv, tmp_path_factory):
     """(recipe file, run dir) of a finished tiny recipe run."""
     from compressor.bench import measure
-    from compressor.pipeline.recipe import parse_recipe
     from compressor.pipeline import run as pipeline_run
     from compressor.pipeline import run_recipe
+    from compressor.pipeline.recipe import parse_recipe
     root = tmp_path_factory.mktemp("scripts-run")
     recipe_file = root / "tiny.yaml"
     raw = tiny_recipe(tiny_bert_dir, tiny_csv)

@@ -6,13 +6,13 @@ import platform
 
 import pytest
 
+from compressor.bench import baselines, measure
 from compressor.bench.baselines import (OPTIMUM_PRESETS, preset_for_cpu, preset_for_this_cpu, preset_settings,
                                         preset_unsupported)
 from compressor.bench.profiles import load_profile
-from compressor.bench import baselines, measure
-from compressor.pipeline.recipe import parse_recipe
 from compressor.pipeline import run as pipeline_run
 from compressor.pipeline import run_recipe
+from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
 
 AVX2 = {"sse4_2", "avx", "avx2", "fma"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from compressor.bench.profiles import load_profile, unavailable_reason
 from compressor.bench import profiles
+from compressor.bench.profiles import load_profile, unavailable_reason
 
 
 def test_the_cpu_profile_runs_here():

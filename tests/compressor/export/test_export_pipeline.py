@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from compressor.evaluate import evaluate_path
-from compressor.pipeline.recipe import parse_recipe
 from compressor.pipeline import run as pipeline_run
 from compressor.pipeline import run_recipe, stages
+from compressor.pipeline.recipe import parse_recipe
 
 ONNX_FIELDS = {"path", "accuracy", "size_bytes", "fusions", "fusion_fallback", "optimized", "precision",
                "parity_max_abs_diff", "agreement_with_fp32", "accuracy_change", "fp32_size_bytes"}

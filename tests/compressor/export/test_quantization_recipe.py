@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from compressor.evaluate import evaluate_path
-from compressor.pipeline.recipe import load_recipe, parse_recipe
 from compressor.pipeline import run as pipeline_run
 from compressor.pipeline import run_recipe, stages
+from compressor.pipeline.recipe import load_recipe, parse_recipe
 
 
 def test_recipe_with_qat_sensitivity_and_every_mode_exports_each_variant(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):

@@ -9,9 +9,9 @@ from pydantic import ValidationError
 from compressor import Pipeline
 from compressor.export.quantize import QuantizeConfig
 from compressor.passes.layers import DropLayers
-from compressor.pipeline.recipe import parse_recipe
 from compressor.pipeline import run as pipeline_run
 from compressor.pipeline import run_recipe, stages
+from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig
 

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from compressor.bench.baselines import preset_for_this_cpu
 from compressor.bench import measure
-from compressor.pipeline.recipe import parse_recipe
+from compressor.bench.baselines import preset_for_this_cpu
 from compressor.pipeline import run as pipeline_run
 from compressor.pipeline import run_recipe
+from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
 
 LATENCY_FIELDS = {"profile", "batch_size", "sequence_length", "p50_ms", "p90_ms", "p99_ms", "throughput",
