@@ -99,8 +99,8 @@ def main() -> None:
     p.add_argument("--note", action="append", default=[], help="a line recorded with the results")
     args = p.parse_args()
     torch.set_num_threads(1)
-    from compressor.atomic import write_json
-    from compressor.environment import environment
+    from compressor.bench.environment import environment
+    from pretrain.atomic import write_json
     results = {str(m): probe(m) for m in args.models}
     write_json(args.out, {"benchmark": "collapse probe of pretrained deliverables (no fine-tuning)",
                           "script": "benchmarks/collapse_probe.py " + " ".join(sys.argv[1:]),

@@ -27,12 +27,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compressor.atomic import write_json
-from compressor.bench import Deployable, input_batches, load_runner, measure_interleaved
-from compressor.environment import environment
-from compressor.export.onnx import write_onnx
+from compressor.bench.environment import environment
+from compressor.bench.profiles import load_profile
+from compressor.bench.runners import Deployable, input_batches, load_runner
+from compressor.bench.timing import measure_interleaved
 from compressor.export.optimize import fuse
-from compressor.profiles import load_profile
+from compressor.export.trace import write_onnx
+from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.models import encoder_layers, load_saved_classifier, set_threads
 

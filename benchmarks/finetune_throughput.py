@@ -63,8 +63,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compressor.atomic import write_json
-from compressor.environment import environment
+from compressor.bench.environment import environment
+from pretrain.atomic import write_json
 from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import TaskData, load_task
 from pretrain.finetune import FinetuneConfig, evaluate

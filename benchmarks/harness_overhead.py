@@ -1,9 +1,9 @@
 """What the benchmark harness adds to a measurement: harness p50 vs a bare `session.run` loop.
 
 The demo's fastest model at batch 8 (by the report's p50) is timed by the harness
-(`compressor.bench.measure_interleaved`, as the pipeline uses it) and by a bare loop
-over the same prepared inputs, alternating five times; the overhead is the relative
-difference of the median p50s.
+(`compressor.bench.timing.measure_interleaved`: the pipeline's interleaved timing) and by a
+bare loop over the same prepared inputs, alternating five times; the overhead is the
+relative difference of the median p50s.
 
     .venv/bin/python benchmarks/harness_overhead.py --run runs/demo --out benchmarks/results/harness_overhead.json
 """
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor.atomic import write_json
-from compressor.bench import Deployable, input_batches, load_runner, measure_interleaved
-from compressor.environment import environment
-from compressor.profiles import load_profile
+from compressor.bench.environment import environment
+from compressor.bench.profiles import load_profile
+from compressor.bench.runners import Deployable, input_batches, load_runner
+from compressor.bench.timing import measure_interleaved
+from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.models import load_tokenizer, set_threads
 

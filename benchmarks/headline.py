@@ -19,9 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from compressor.atomic import atomic_file  # noqa: E402
-from compressor.report import (baseline_lines, latency_table, measurement_keys, ranking_lines,  # noqa: E402
-                               render_markdown, summary_table)
+from compressor.report.analysis import measurement_keys  # noqa: E402
+from compressor.report.render import (baseline_lines, latency_table, ranking_lines,  # noqa: E402
+                                      render_markdown, summary_table)
+from pretrain.atomic import atomic_file  # noqa: E402
 
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 

@@ -27,16 +27,18 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor.atomic import write_json
-from compressor.baselines import (OPTIMUM_FILE, optimum_o2, optimum_quantize, preset_for_this_cpu,
-                                  preset_settings, quantization_config)
-from compressor.bench import Deployable, input_batches, load_runner, ranking_with_ties, summarize, time_interleaved
-from compressor.environment import environment
+from compressor.bench.baselines import (OPTIMUM_FILE, optimum_o2, optimum_quantize, preset_for_this_cpu,
+                                        preset_settings, quantization_config)
+from compressor.bench.environment import environment
+from compressor.bench.profiles import load_profile
+from compressor.bench.runners import Deployable, input_batches, load_runner
+from compressor.bench.timing import ranking_with_ties, summarize, time_interleaved
 from compressor.evaluate import load_predictor, predict_classes
-from compressor.export.onnx import ONNX_FILE, write_onnx
+from compressor.export.onnx import ONNX_FILE
 from compressor.export.optimize import fuse
 from compressor.export.quantize import TRANSFORMER_INT8_OPS
-from compressor.profiles import load_profile
+from compressor.export.trace import write_onnx
+from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.metrics import agreement, classification_metrics
 from pretrain.models import load_saved_classifier, set_threads

@@ -22,8 +22,8 @@ import onnxruntime as ort
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from compressor.atomic import write_json
-from compressor.environment import environment
+from compressor.bench.environment import environment
+from pretrain.atomic import write_json
 from pretrain.data import load_task
 
 

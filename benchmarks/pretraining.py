@@ -94,7 +94,7 @@ def finetune_step(cli: list[str], model_dir: Path, out: Path, args: argparse.Nam
 
 def random_init_dir(tokenizer_dir: Path, out: Path, max_length: int, seed: int, size: str = "small") -> None:
     """The untrained arm: what `compressor pretrain` would start from, saved as an HF dir."""
-    from compressor.atomic import atomic_dir
+    from pretrain.atomic import atomic_dir
     from pretrain.models import load_tokenizer
     from pretrain.objectives import SIZES, get_objective
     objective = get_objective("mlm")
@@ -148,7 +148,7 @@ def main() -> None:
     if args.only_random:
         return
 
-    from compressor.environment import environment
+    from compressor.bench.environment import environment
     pretrain_metrics = json.loads((pre / "metrics.json").read_text())
     gain = arms["pretrained_mlm"]["accuracy"] - arms["random_init"]["accuracy"]
     result = {

@@ -89,8 +89,8 @@ def pretraining_summary(metrics: dict, params: int) -> dict:
 
 
 def write_results(args: argparse.Namespace, log: list[dict], arms: dict, tok: Path, complete: bool) -> None:
-    from compressor.atomic import write_json
-    from compressor.environment import environment
+    from compressor.bench.environment import environment
+    from pretrain.atomic import write_json
     result = {
         "benchmark": "pretraining objectives at equal steps and tokens: mlm, mlm+sop, rtd, span on the "
                      "wordnet corpus, each fine-tuned on wordnet-supersense",

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor.atomic import write_json
+from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle
-from compressor.environment import environment
 from compressor.export.onnx import ExportSettings, export_scored
 from compressor.passes import Context, apply_pass, get_pass
+from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.metrics import agreement
 from pretrain.models import set_threads

@@ -4,7 +4,7 @@ Runs the recipe twice with `rebenchmark` (every other stage comes from the cache
 compares, per profile and batch size, the ranking of the models by p50 latency and every
 model's speedup over each baseline. Target: the same ranking, ratios within 10%.
 
-"The same ranking" is judged with the ties the benchmark stage reports (compressor/bench.py:
+"The same ranking" is judged with the ties the benchmark stage reports (compressor/bench/timing.py:
 two models tie when their paired per-call latency ratio is within 3% or its 95% interval
 holds 1). The rankings differ when some pair is clearly ordered one way in one run and
 clearly the other way in the other; a pair that ties in either run cannot contradict.
@@ -19,10 +19,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from compressor.atomic import write_json
 from compressor.pipeline import run_recipe
-from compressor.recipe import load_recipe
-from compressor.report import latency_row, measurement_keys
+from compressor.pipeline.recipe import load_recipe
+from compressor.report.analysis import latency_row, measurement_keys
+from pretrain.atomic import write_json
 
 
 def speedups(report: dict, key: tuple) -> dict[str, float]:

@@ -31,7 +31,7 @@ COMPARED = [{"optimizer": "adam", "lr": 3e-3}, {"optimizer": "sgd", "lr": 0.025}
 
 
 def run(corpus: str, work: Path, settings: dict) -> dict:
-    from compressor.pretrain_command import embeddings_command
+    from compressor.cli.pretrain_command import embeddings_command
     shutil.rmtree(work, ignore_errors=True)
     metrics = embeddings_command(corpus, work, settings, show_progress=False)
     for probe, neighbours in metrics["nearest_neighbours"].items():
@@ -54,7 +54,7 @@ def main() -> None:
     args = p.parse_args()
     os.chdir(ROOT)            # corpus paths are recorded relative to the repository
 
-    from compressor.environment import environment
+    from compressor.bench.environment import environment
     from pretrain.data import load_corpus
     from pretrain.models import set_threads
     set_threads(None)

@@ -82,7 +82,7 @@ def measure(corpus: str, skip_docs: int = 0, buffer_size: int = 10_000) -> dict:
     With skip_docs, the stream starts as a resumed run would at that document: it reads
     (without tokenizing) the whole file up to there, then tokenizes the rest.
     """
-    from compressor.memory_probe import reset_hwm, vm_hwm_mb
+    from compressor.bench.memory_probe import reset_hwm, vm_hwm_mb
     from pretrain.data.stream import ChunkStream
     from pretrain.models import load_tokenizer, resolve_model_path
     tokenizer = load_tokenizer(resolve_model_path("minilm"))
@@ -152,7 +152,7 @@ def main() -> None:
                         else "read and tokenize whole"), **measured}
         print(json.dumps({k: v for k, v in row.items() if k != "rss_by_chunks"}), flush=True)
         rows.append(row)
-    from compressor.environment import environment
+    from compressor.bench.environment import environment
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "resident memory of streaming one epoch of a corpus (ChunkStream, max_length 128, "

@@ -24,8 +24,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tokenizers.json")
     args = p.parse_args()
 
-    from compressor.environment import environment
-    from compressor.pretrain_command import tokenizer_command
+    from compressor.bench.environment import environment
+    from compressor.cli.pretrain_command import tokenizer_command
     rows = []
     for size in args.vocab_sizes:
         for kind in ("wordpiece", "bpe", "wordlevel"):

@@ -18,8 +18,8 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from compressor import __version__
-from compressor.atomic import atomic_dir
-from compressor.structure import save_structure_code, update_record
+from compressor.modeling.structure import save_structure_code, update_record
+from pretrain.atomic import atomic_dir
 from pretrain.errors import UserError
 from pretrain.models import count_params, label_names_of, load_saved_classifier
 
@@ -59,9 +59,6 @@ class ModelBundle:
         """A deep copy of the model, for passes to change without touching their input."""
         return copy.deepcopy(self.model)
 
-    def with_pass(self, model: PreTrainedModel, name: str, config: dict) -> "ModelBundle":
-        return self.replace(model=model, history=self.history + ({"pass": name, "config": config},))
-
     def save(self, path: Path) -> Path:
         """Write the bundle as an HF model dir, atomically (temp dir, then rename)."""
         with atomic_dir(Path(path)) as tmp:
@@ -70,7 +67,7 @@ class ModelBundle:
 
     def save_into(self, directory: Path) -> None:
         # A structure the config cannot express (per-layer FFN widths, shared layers) goes
-        # into the config first, its modeling file beside the weights (compressor/structure.py).
+        # into the config first, its modeling file beside the weights (compressor/modeling/structure.py).
         update_record(self.model)
         self.model.save_pretrained(str(directory), safe_serialization=True)
         save_structure_code(self.model, directory)
@@ -103,3 +100,13 @@ def read_provenance(path: Path) -> dict:
         return json.loads(file.read_text())
     except ValueError as err:
         raise UserError(f"{file} is not valid JSON: {err}") from None
+
+
+# The files that hold a saved model's weights: safetensors in an HF dir, the int8 state dict
+# (model.int8.pt) in a torch-dynamic-int8 deployment dir. What every size in a report counts.
+WEIGHT_FILES = ("*.safetensors", "*.pt")
+
+
+def weights_size(path: Path) -> int:
+    """Bytes of the weights in a saved model dir (tokenizer and config files not counted)."""
+    return sum(f.stat().st_size for pattern in WEIGHT_FILES for f in Path(path).glob(pattern))

@@ -12,7 +12,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from compressor.bundle import read_provenance
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
-from pretrain.batching import MAX_LENGTH, Encoded, encode, inference_order, iterate, usable_length
+from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, usable_length
 from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
@@ -94,15 +94,11 @@ def onnx_logits_fn(onnx_file: Path, batch_size: int = 64) -> Callable[[Encoded],
         raise UserError(f"cannot load ONNX model {onnx_file}: {first_line(err)}") from None
     input_names = {i.name for i in session.get_inputs()}
 
+    def run(batch: dict) -> np.ndarray:
+        return session.run(None, {k: v.numpy() for k, v in batch.items() if k in input_names})[0]
+
     def logits(data: Encoded) -> np.ndarray:
-        out: np.ndarray | None = None
-        for idx, batch in iterate(data, inference_order(data.lengths(), batch_size)):
-            feed = {k: v.numpy() for k, v in batch.items() if k in input_names}
-            result = session.run(None, feed)[0]
-            if out is None:
-                out = np.zeros((len(data), result.shape[1]), dtype=np.float32)
-            out[idx] = result
-        return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+        return in_data_order(data, batch_size, run)
     return logits
 
 

@@ -9,7 +9,7 @@ same batch (within shuffled windows, so the order stays random).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -109,6 +109,24 @@ def inference_order(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
     """Batches of similar length for inference; callers scatter results back by index."""
     order = np.argsort(lengths, kind="stable")
     return [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def in_data_order(data: Encoded, batch_size: int, run: Callable[[dict[str, torch.Tensor]], object],
+                  with_token_types: bool = True, columns: int | None = None) -> np.ndarray:
+    """`run(batch)` over batches of similar length (`inference_order`), each result row put
+    back at its example's index: an (n, columns) float32 array in data order.
+
+    The one place that undoes the length sort, for every model kind (PyTorch, ONNX, traced).
+    `columns` sizes the result of an empty `data`; otherwise the first batch's result does.
+    """
+    out = np.zeros((len(data), columns), dtype=np.float32) if columns is not None else None
+    for idx, batch in iterate(data, inference_order(data.lengths(), batch_size), with_token_types):
+        rows = run(batch)
+        rows = rows.detach().float().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+        if out is None:
+            out = np.zeros((len(data), rows.shape[1]), dtype=np.float32)
+        out[idx] = rows
+    return out if out is not None else np.zeros((0, 0), dtype=np.float32)
 
 
 def iterate(encoded: Encoded, batches: list[np.ndarray], with_token_types: bool = True

@@ -34,7 +34,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
-from pretrain.batching import MAX_LENGTH, Encoded, collate, encode, inference_order, iterate, usable_length
+from pretrain.batching import MAX_LENGTH, Encoded, collate, encode, in_data_order, usable_length
 from pretrain.data import Split, TaskData, load_task
 from pretrain.domain import check_domain, domain_adapt
 from pretrain.errors import UserError
@@ -171,8 +171,8 @@ def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
 
     `mlm_head_from`: the model dir whose masked-LM head the domain stage starts from, if it has one.
     `loss_fn`, `callbacks`, `checkpoint`, `param_groups`, `aux_modules` go to `train` for the
-    target stage only (the domain and intermediate stages keep the model's own loss): a
-    distillation or pruning pass reuses this data preparation with its own loss. On resume
+    target stage only (the domain and intermediate stages keep the model's own loss), so a
+    pass with a loss of its own reuses this data preparation. On resume
     from `checkpoint` the earlier stages run again (deterministically) and the target stage
     continues from the saved step.
     """
@@ -349,12 +349,11 @@ def concat_padded(parts: list[Batch], pad_id: int, pad_left: bool = False) -> Ba
 def predict_logits(model: PreTrainedModel, data: Encoded, batch_size: int = 64) -> np.ndarray:
     """Logits for every example, in the original order: (n, num_labels) float32."""
     model.eval()
-    out = np.zeros((len(data), model.config.num_labels), dtype=np.float32)
-    with_types = accepts_token_types(model)
-    for idx, batch in iterate(data, inference_order(data.lengths(), batch_size), with_types):
+
+    def logits(batch: dict) -> torch.Tensor:
         batch.pop("labels")
-        out[idx] = model(**batch).logits.float().numpy()
-    return out
+        return model(**batch).logits
+    return in_data_order(data, batch_size, logits, accepts_token_types(model), columns=model.config.num_labels)
 
 
 def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, split: Split,

@@ -7,7 +7,7 @@ its checkpointing. Batches are built per step: `batch_size` chunks from the stre
 or paired by the objective with a generator seeded by (seed, step), so a resumed run draws
 exactly what the uninterrupted run would have drawn.
 
-The command (compressor/pretrain_command.py) writes the objective's deliverable as an HF
+The command (compressor/cli/pretrain_command.py) writes the objective's deliverable as an HF
 model dir (config, safetensors weights, tokenizer) plus `metrics.json` in one rename when
 training ends. Checkpoints go to the sibling dir `<out>.checkpoint/`, removed once the output
 is written; `--resume` continues from it, after `check_resume` has confirmed it was written

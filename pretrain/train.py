@@ -1,8 +1,8 @@
 """The one training loop.
 
-Every stage that trains (fine-tuning, pretraining, distillation, module replacing,
-quantization-aware training) calls `train` with its own `loss_fn(model, batch)` and a
-source of batches: an `Encoded` split (epochs of shuffled, length-grouped batches) or any
+Every stage that trains (fine-tuning, pretraining, quantization-aware training, any pass
+with a loss of its own) calls `train` with its own `loss_fn(model, batch)` and a source of
+batches: an `Encoded` split (epochs of shuffled, length-grouped batches) or any
 `BatchSource` (a step count plus `batch(step)`, e.g. an MLM objective masking its own
 batches). The loop owns the optimizers, the schedule, clipping, progress, checkpoints and
 data parallelism.
@@ -29,7 +29,6 @@ import contextlib
 import inspect
 import itertools
 import math
-import os
 import random
 import sys
 import time
@@ -49,6 +48,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from pretrain import distributed
+from pretrain.atomic import atomic_write
 from pretrain.batching import Encoded, collate, training_order
 from pretrain.errors import UserError
 
@@ -195,7 +195,7 @@ def train(model: nn.Module, data: Encoded | BatchSource, cfg: TrainConfig, loss_
     """Train `model` in place and return what happened (the same on every rank).
 
     `param_groups(model)`: optimizer groups with their own options (see ParamGroups).
-    `aux_modules`: modules loss_fn uses but does not train (a distillation teacher): on the
+    `aux_modules`: modules loss_fn uses but does not train (e.g. a teacher model): on the
     training device, in eval mode and without gradients while the loop runs, outside the
     DDP wrapper and the optimizers.
     """
@@ -371,7 +371,7 @@ class Run:
                      "schedules": [s.state_dict() for s in self.schedules],
                      "rng": states, "progress": vars(progress).copy(),
                      "source": self.source.state_dict() if hasattr(self.source, "state_dict") else None}
-            atomic_torch_save(state, Path(directory) / CHECKPOINT_FILE)
+            atomic_write(Path(directory) / CHECKPOINT_FILE, lambda f: torch.save(state, f))
 
     def resume(self, directory: Path, progress: Counters) -> None:
         path = Path(directory) / CHECKPOINT_FILE
@@ -410,18 +410,6 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
-
-
-def atomic_torch_save(state: dict, path: Path) -> None:
-    """Write to a temporary name in the same dir, then rename: a kill never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def accepts_token_types(model: nn.Module) -> bool:

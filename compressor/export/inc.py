@@ -33,9 +33,8 @@ import torch
 
 from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig
-from pretrain.batching import Encoded, inference_order, iterate
+from pretrain.batching import Encoded, in_data_order, iterate
 from pretrain.errors import UserError
-from pretrain.families import FAMILIES
 from pretrain.models import first_line
 from pretrain.train import accepts_token_types
 
@@ -110,7 +109,6 @@ def example_batch(model, data: Encoded) -> dict[str, torch.Tensor]:
 def export_for_inc(model, example: dict[str, torch.Tensor]):
     """torch.export with dynamic batch and sequence axes (what INC's PT2E path quantizes)."""
     from neural_compressor.torch.export import export
-    check_inc_family(model.config.model_type)
     # Dim.AUTO: dynamic axes whose range torch.export derives from the model's own guards.
     # A named range would have to be proven for every length in it, which fails on guards
     # that hold for every real input: XLNet's relative-attention shift guards on
@@ -125,17 +123,10 @@ def export_for_inc(model, example: dict[str, torch.Tensor]):
     return exported
 
 
-def check_inc_family(family: str) -> None:
-    """Refuse, before anything is written, a family INC's PyTorch path cannot quantize."""
-    if family in FAMILIES and not FAMILIES[family].supports("inc"):
-        raise UserError(f"inc: Intel Neural Compressor cannot quantize a {family!r} model: "
-                        f"{FAMILIES[family].refusals['inc']}")
-
-
 def traceable(model, names: tuple[str, ...]) -> torch.nn.Module:
     """The model as a module of positional inputs returning logits, without caches (XLNet's
     mems, BART's past key values), in a form torch.export can trace."""
-    from compressor.export.onnx import LogitsOnly
+    from compressor.export.trace import LogitsOnly
     if model.config.model_type == "bart":
         return BartLastEosLogits(model, names)
     return LogitsOnly(model, names)
@@ -169,16 +160,12 @@ class BartLastEosLogits(torch.nn.Module):
 @torch.no_grad()
 def graph_logits(model, data: Encoded, names: list[str]) -> np.ndarray:
     """Logits of an exported (positional-input) model, in data order."""
-    out = None
-    for idx, batch in iterate(data, inference_order(data.lengths(), EVAL_BATCH), "token_type_ids" in names):
+    def logits(batch: dict) -> torch.Tensor:
         result = model(*(batch[name] for name in names))
         if not isinstance(result, torch.Tensor):   # a model output (or tuple) rather than the logits
             result = result.logits if hasattr(result, "logits") else result[0]
-        logits = result.float().numpy()
-        if out is None:
-            out = np.zeros((len(data), logits.shape[1]), dtype=np.float32)
-        out[idx] = logits
-    return out
+        return result
+    return in_data_order(data, EVAL_BATCH, logits, "token_type_ids" in names)
 
 
 @contextlib.contextmanager

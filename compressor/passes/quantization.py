@@ -22,12 +22,10 @@ import torch
 from pydantic import Field
 
 from compressor.bundle import ModelBundle
-from compressor.export.inc import check_inc_family
-from compressor.export.quantize import QuantizeConfig
-from compressor.passes.fake_quant import (input_maxima, linear_layers, one_layer_quantized,
-                                          q8bert_fake_quant)
+from compressor.export.quantize import QuantizeConfig, check_quantize_family
+from compressor.modeling.fake_quant import input_maxima, linear_layers, one_layer_quantized, q8bert_fake_quant
 from compressor.passes.registry import Context, PassConfig, register
-from pretrain.batching import Encoded, encode, inference_order, iterate, usable_length
+from pretrain.batching import Encoded, encode, in_data_order, usable_length
 from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.families import TRANSFORMER_FAMILIES
@@ -35,11 +33,6 @@ from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_def
 from pretrain.train import accepts_token_types
 
 QAT_CALIBRATION_SAMPLES = 128   # for a Linear QAT did not observe (all others use QAT's ranges)
-
-
-def check_quantize_family(cfg: QuantizeConfig, family: str) -> None:
-    if cfg.mode == "inc":
-        check_inc_family(family)
 
 
 @register("quantize", QuantizeConfig, preserves_function=True, check_family=check_quantize_family)
@@ -70,7 +63,7 @@ def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
 
     Training is the shared loop (`finetune`, the model's own cross-entropy) with every
     Linear's weight and input and the word embedding fake-quantized
-    (compressor/passes/fake_quant.py). The export quantizes exactly those tensors and no
+    (compressor/modeling/fake_quant.py). The export quantizes exactly those tensors and no
     others: static int8 with `scope: linears`, per-tensor symmetric weights as trained, and
     each Linear's input range the EMA threshold learned here instead of a calibrated one.
     (The same export without QAT, `quantize: {mode: static-int8, scope: linears,
@@ -160,10 +153,12 @@ def sensitivity_data(bundle: ModelBundle, task: TaskData, samples: int) -> Encod
 
 def predictions(model: torch.nn.Module, data: Encoded, batch_size: int) -> tuple[float, torch.Tensor]:
     """Mean task loss and the log-probabilities of every example (in data order)."""
-    total, log_probs = 0.0, torch.zeros((len(data), model.config.num_labels))
-    with_types = accepts_token_types(model)
-    for idx, batch in iterate(data, inference_order(data.lengths(), batch_size), with_types):
+    losses = []
+
+    def log_softmax(batch: dict) -> torch.Tensor:
         out = model(**batch)
-        total += float(out.loss) * len(idx)
-        log_probs[torch.as_tensor(idx)] = torch.log_softmax(out.logits.float(), dim=-1)
-    return total / len(data), log_probs
+        losses.append(float(out.loss) * len(batch["labels"]))
+        return torch.log_softmax(out.logits.float(), dim=-1)
+    log_probs = in_data_order(data, batch_size, log_softmax, accepts_token_types(model),
+                              columns=model.config.num_labels)
+    return sum(losses) / len(data), torch.from_numpy(log_probs)

@@ -91,7 +91,9 @@ class PassSpec:
     config_type: type[BaseModel]
     run: PassFn
     preserves_function: bool   # output computes (numerically) the same function as input
-    trains: bool               # uses the task's train split
+    # trains the model (minutes of work): the pipeline keeps its output as a shared prefix
+    # (DIR/prefixes/<key>/) so that a later variant with the same first steps starts there
+    trains: bool
     check_family: FamilyCheck | None = None
 
 

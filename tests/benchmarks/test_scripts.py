@@ -158,17 +158,19 @@ def tiny_recipe(model_dir, csv_path) -> dict:
 @pytest.fixture(scope="module")
 def finished_run(tiny_bert_dir, tiny_csv, tmp_path_factory):
     """(recipe file, run dir) of a finished tiny recipe run."""
-    from compressor import benchmark_stage, pipeline
-    from compressor.recipe import parse_recipe
+    from compressor.bench import measure
+    from compressor.pipeline import run as pipeline_run
+    from compressor.pipeline import run_recipe
+    from compressor.pipeline.recipe import parse_recipe
     root = tmp_path_factory.mktemp("scripts-run")
     recipe_file = root / "tiny.yaml"
     raw = tiny_recipe(tiny_bert_dir, tiny_csv)
     recipe_file.write_text(json.dumps(raw))                     # JSON is YAML
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "set_threads", lambda threads: None)
-        mp.setattr(benchmark_stage, "peak_rss_mb", no_memory_probe)
+        mp.setattr(pipeline_run, "set_threads", lambda threads: None)
+        mp.setattr(measure, "peak_rss_mb", no_memory_probe)
         recipe, steps = parse_recipe(raw)
-        pipeline.run_recipe(recipe, steps, root / "run", show_progress=False)
+        run_recipe(recipe, steps, root / "run", show_progress=False)
     return recipe_file, root / "run"
 
 
@@ -234,12 +236,14 @@ def test_plain_speedups(finished_run, tmp_path, monkeypatch):
 
 
 def test_repeatability(finished_run, tmp_path, monkeypatch):
-    from compressor import benchmark_stage, pipeline
+    from compressor.bench import measure
+    from compressor.pipeline import run as pipeline_run
+    from compressor.pipeline import run_recipe
     recipe_file, run_dir = finished_run
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)                             # the rebenchmark rewrites the report
-    monkeypatch.setattr(pipeline, "set_threads", lambda threads: None)
-    monkeypatch.setattr(benchmark_stage, "peak_rss_mb", no_memory_probe)
+    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
+    monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
     out = tmp_path / "repeat.json"
     run_script("repeatability.py", [recipe_file, "--run", copy, "--out", out], monkeypatch)
     result = json.loads(out.read_text())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from compressor import finetune_command as finetune_command_module
-from compressor import pipeline
-from compressor.pretrain_command import pretrain_command
+from compressor.cli import finetune_command as finetune_command_module
+from compressor.cli.pretrain_command import pretrain_command
+from compressor.pipeline import run as pipeline_run
 from pretrain.objectives import SIZES, ModelSize
 from pretrain.pretraining import make_config
 
@@ -25,7 +25,7 @@ def family_test_size():
     module only; and one torch thread: run_recipe and `compressor finetune` set torch to every
     core, and on a shared machine one thread is faster for tiny models."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "set_threads", lambda threads: None)
+        mp.setattr(pipeline_run, "set_threads", lambda threads: None)
         mp.setattr(finetune_command_module, "set_threads", lambda threads: None)
         mp.setitem(SIZES, "test", ModelSize(layers=2, hidden=32, heads=2, intermediate=64))
         yield

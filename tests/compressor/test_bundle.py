@@ -103,11 +103,11 @@ def test_failed_save_keeps_the_old_dir_and_leaves_no_temporary(trained_bundle, m
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
 
-def test_replace_and_with_pass_do_not_touch_the_original(bert_bundle):
+def test_replace_and_copy_model_do_not_touch_the_original(bert_bundle):
     other = bert_bundle.copy_model()
     assert other is not bert_bundle.model
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(other.parameters(), bert_bundle.model.parameters()))
-    new = bert_bundle.with_pass(other, "drop-layers", {"keep": [0]})
+    new = bert_bundle.replace(model=other, history=({"pass": "drop-layers", "config": {"keep": [0]}},))
     assert new.model is other and bert_bundle.history == ()
     assert new.history == ({"pass": "drop-layers", "config": {"keep": [0]}},)
 
@@ -126,7 +126,7 @@ def test_outputs_get_ordinary_permissions(tmp_path):
     """Temp-then-rename must not leave the 0700/0600 modes of mkdtemp/mkstemp behind."""
     import os
     import stat
-    from compressor.atomic import atomic_dir, write_json
+    from pretrain.atomic import atomic_dir, write_json
     mask = os.umask(0o022)
     try:
         with atomic_dir(tmp_path / "out") as tmp:

@@ -136,8 +136,8 @@ def test_bilm_refuses_passes_that_need_transformer_layers(pretrained, tiny_task)
 def test_compressor_finetune_writes_a_teacher_that_reloads_alike(pretrained, tiny_csv, tiny_task, tmp_path, family):
     """`compressor finetune` on a pretrained dir; the written dir (tokenizer layout included)
     reloads to the same test predictions."""
+    from compressor.cli.finetune_command import finetune_command
     from compressor.evaluate import evaluate_path
-    from compressor.finetune_command import finetune_command
     metrics = finetune_command(str(pretrained(family)), {"path": str(tiny_csv)}, tmp_path / "ft",
                                {"epochs": 1, "batch_size": 16, "max_train_samples": 48, "lr": 1e-3},
                                show_progress=False)

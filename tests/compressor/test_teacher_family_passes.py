@@ -251,8 +251,8 @@ def test_bilm_refuses_sensitivity_and_inc_before_writing(runs, tiny_task, tmp_pa
 ])
 def test_a_bilm_recipe_is_refused_before_its_teacher_trains(pretrained, tiny_csv, tmp_path, monkeypatch,
                                                             passes, message):
-    from compressor import pipeline
-    monkeypatch.setattr(pipeline, "teacher_stage", lambda *a, **k: pytest.fail("the teacher stage ran"))
+    from compressor.pipeline import run as pipeline_run
+    monkeypatch.setattr(pipeline_run, "teacher_stage", lambda *a, **k: pytest.fail("the teacher stage ran"))
     pipe = Pipeline("bilm-refused", teacher=str(pretrained("bilm")), task={"path": str(tiny_csv)},
                     finetune=FinetuneConfig(epochs=1))
     pipe.variant("v", *passes)

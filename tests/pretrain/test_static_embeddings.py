@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compressor.pretrain_command import embeddings_command
+from compressor.cli.pretrain_command import embeddings_command
 from pretrain.errors import UserError
 from pretrain.static_embeddings import EmbeddingConfig, PairSampler, SkipGram, load_embeddings, sgns_loss
 from pretrain.train import StepBatches, TrainConfig, train

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from compressor.bundle import ModelBundle
-from compressor.export.onnx import write_onnx
+from compressor.export.trace import write_onnx
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig
 from pretrain.models import count_params, load_saved_classifier

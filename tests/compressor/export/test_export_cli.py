@@ -1,7 +1,7 @@
 """`compressor export` and `compressor evaluate` on exports.
 
 A user's run (a quantized export) and two bad inputs go through subprocesses, started
-together by one module fixture as in tests/compressor/test_cli.py; the other cases call the
+together by one module fixture as in tests/compressor/cli/test_cli.py; the other cases call the
 same `main` in-process, which skips seconds of imports per command.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import pretrain.models
-from compressor import export_command
 from compressor.bundle import ModelBundle
+from compressor.cli import export_command
 from compressor.cli import main
 from compressor.export.quantize import QuantizeConfig
 from compressor.passes import Context, apply_pass

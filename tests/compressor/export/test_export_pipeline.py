@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 
-from compressor import pipeline
 from compressor.evaluate import evaluate_path
-from compressor.recipe import parse_recipe
+from compressor.pipeline import run as pipeline_run
+from compressor.pipeline import run_recipe, stages
+from compressor.pipeline.recipe import parse_recipe
 
 ONNX_FIELDS = {"path", "accuracy", "size_bytes", "fusions", "fusion_fallback", "optimized", "precision",
                "parity_max_abs_diff", "agreement_with_fp32", "accuracy_change", "fp32_size_bytes"}
@@ -30,13 +31,13 @@ def refuse(*args, **kwargs):
 
 def run(raw, out):
     recipe, steps = parse_recipe(raw)
-    return pipeline.run_recipe(recipe, steps, out, show_progress=False)
+    return run_recipe(recipe, steps, out, show_progress=False)
 
 
 @pytest.fixture(scope="module")
 def done(tiny_bert_dir, tiny_csv, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "set_threads", lambda threads: None)
+        mp.setattr(pipeline_run, "set_threads", lambda threads: None)
         out = tmp_path_factory.mktemp("export-run") / "run"
         raw = raw_recipe(tiny_bert_dir, tiny_csv)
         return raw, out, run(raw, out)
@@ -73,8 +74,8 @@ def test_every_model_is_exported_and_reported(done):
 
 def test_rerun_reuses_the_exports(done, monkeypatch):
     raw, out, report = done
-    monkeypatch.setattr(pipeline, "set_threads", lambda threads: None)
-    monkeypatch.setattr(pipeline, "export_into", refuse)
+    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
+    monkeypatch.setattr(stages, "export_into", refuse)
     again = run(raw, out)
     assert [m["onnx"] for m in again["models"]] == [m["onnx"] for m in report["models"]]
 
@@ -83,10 +84,10 @@ def test_export_settings_change_rebuilds_only_the_exports(done, tmp_path, monkey
     raw, out, _ = done
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
-    monkeypatch.setattr(pipeline, "set_threads", lambda threads: None)
-    monkeypatch.setattr(pipeline, "apply_pass", refuse)
+    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
+    monkeypatch.setattr(stages, "apply_pass", refuse)
     # The gate's scoring of the test split is the only one: the stage reuses its predictions.
-    monkeypatch.setattr(pipeline, "predict_classes", refuse)
+    monkeypatch.setattr(stages, "predict_classes", refuse)
     report = run({**raw, "export": {**raw["export"], "optimize": False}}, copy)
     assert all(not m["onnx"]["optimized"] and m["onnx"]["fusions"] == {} for m in report["models"])
 
@@ -102,7 +103,7 @@ def test_export_stage_predictions_are_the_shipped_models(done, tiny_task):
 
 
 def test_summary_table_lists_every_export(done):
-    from compressor.report import exports_table
+    from compressor.report.render import exports_table
     _, _, report = done
     lines = exports_table(report).splitlines()
     assert len(lines) == 2 + 3

@@ -13,9 +13,12 @@ import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification
 
 from compressor.bundle import ModelBundle
-from compressor.evaluate import evaluate_path
+from compressor.evaluate import evaluate_path, onnx_logits_fn
+from compressor.export import gate as export_gate
 from compressor.export import onnx as export_onnx
-from compressor.export.onnx import ExportSettings, GateFailure, export_bundle, write_onnx
+from compressor.export.gate import GateFailure
+from compressor.export.onnx import ExportSettings, export_bundle
+from compressor.export.trace import write_onnx
 from pretrain.batching import encode
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, predict_logits
@@ -69,7 +72,7 @@ def test_sliced_heads_and_ffn_export_fuse_and_match(sliced_bundle, tiny_task, tm
     assert record["parity_max_abs_diff"] <= 1e-4
 
     torch_logits = predict_logits(model, encode(sliced_bundle.tokenizer, tiny_task.split("test")))
-    onnx_logits = export_onnx.onnx_logits_fn(tmp_path / "out" / "model.onnx")(
+    onnx_logits = onnx_logits_fn(tmp_path / "out" / "model.onnx")(
         encode(sliced_bundle.tokenizer, tiny_task.split("test")))
     np.testing.assert_allclose(onnx_logits, torch_logits, atol=1e-4)
 
@@ -87,14 +90,14 @@ def test_optimum_and_pipeline_load_the_export(sliced_bundle, tiny_task, tmp_path
 
     # Optimum feeds the same graph the gate checked: its logits are the session's.
     batch = bundle.tokenizer(texts[:1], return_tensors="pt")
-    expected = export_onnx.onnx_logits_fn(tmp_path / "out" / "model.onnx")(
+    expected = onnx_logits_fn(tmp_path / "out" / "model.onnx")(
         encode(bundle.tokenizer, tiny_task.split("test").head(1)))
     np.testing.assert_allclose(ort_model(**batch).logits.numpy(), expected, atol=1e-5)
 
 
 def test_parity_failure_writes_nothing_and_says_by_how_much(tiny_bundle, tiny_task, tmp_path, monkeypatch):
-    real = export_onnx.predict_logits
-    monkeypatch.setattr(export_onnx, "predict_logits", lambda model, data: real(model, data) + 1e-3)
+    real = export_gate.predict_logits
+    monkeypatch.setattr(export_gate, "predict_logits", lambda model, data: real(model, data) + 1e-3)
     with pytest.raises(GateFailure) as err:
         export_bundle(tiny_bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task)
     message = str(err.value)
@@ -145,7 +148,7 @@ def test_corrupted_onnx_is_a_user_error(tmp_path, tiny_bert_dir):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"this is not a protobuf")
     with pytest.raises(UserError, match="cannot load ONNX model"):
-        export_onnx.onnx_logits_fn(bad)
+        onnx_logits_fn(bad)
 
 
 def test_no_token_type_input_when_the_tokenizer_makes_none(tiny_bundle, tiny_task, tmp_path):
@@ -164,7 +167,7 @@ def test_a_model_with_few_positions_exports_evaluates_and_benchmarks_within_them
     evaluation, the export's parity gate and the benchmark inputs cut examples to fit
     (`usable_length`), instead of feeding 128 tokens past the position table."""
     from transformers import BertConfig, BertForSequenceClassification
-    from compressor.bench import input_batches
+    from compressor.bench.runners import input_batches
     from compressor.evaluate import load_predictor
     positions, labels = 16, tiny_task.label_names
     test = tiny_task.split("test")

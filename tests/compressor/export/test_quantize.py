@@ -9,9 +9,11 @@ import pytest
 from compressor.bundle import ModelBundle
 from compressor.cli import main
 from compressor.export import onnx as export_onnx
-from compressor.export.onnx import ExportSettings, GateFailure, export_bundle, write_onnx
+from compressor.export.gate import GateFailure
+from compressor.export.onnx import ExportSettings, export_bundle
+from compressor.export.trace import write_onnx
 from compressor.passes import Context, apply_pass, get_pass
-from compressor.recipe import parse_step
+from compressor.pipeline.recipe import parse_step
 from pretrain.batching import encode
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
@@ -123,7 +125,7 @@ def test_accuracy_gate_failure_writes_nothing(tiny_bundle, self_labelled, wrong_
 
 def test_cli_accuracy_gate_failure_is_one_line_exit_2(tiny_bert_dir, self_labelled, wrong_quantizer,
                                                       tmp_path, monkeypatch, capsys):
-    from compressor import export_command
+    from compressor.cli import export_command
     monkeypatch.setattr(export_command, "load_task", lambda spec, seed=0: self_labelled)
     monkeypatch.setattr(export_command, "set_threads", lambda threads: None)
     code = main(["export", "--model", str(tiny_bert_dir), "--out", str(tmp_path / "q"),

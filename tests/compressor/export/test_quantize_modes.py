@@ -11,7 +11,8 @@ import pytest
 
 from compressor.cli import main
 from compressor.evaluate import evaluate_path, load_predictor
-from compressor.export.onnx import ExportSettings, GateFailure, export_bundle
+from compressor.export.gate import GateFailure
+from compressor.export.onnx import ExportSettings, export_bundle
 from pretrain.errors import UserError
 
 LOOSE = ExportSettings(optimize=True, accuracy_tolerance=1.0)   # random tiny models: gate on mechanics

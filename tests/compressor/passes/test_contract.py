@@ -1,7 +1,8 @@
 """The pass contract, checked over every registered pass, plus each pass's own behaviour.
 
 A new pass is covered by `test_pass_contract` as soon as it is registered; it only needs an
-entry in EXAMPLE_CONFIGS (a config that runs quickly on the tiny 4-layer models).
+entry in EXAMPLE_CONFIGS (a config that runs quickly on the tiny 4-layer models), and, if it
+registers a family check, an entry in FAMILY_CHECKS.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import torch
 from pydantic import ValidationError
 
 from compressor.bundle import ModelBundle
-from compressor.passes import Context, apply_pass, get_pass, pass_names
+from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
+from compressor.passes import Context, apply_pass, check_pass_family, get_pass, pass_names
 from compressor.passes import training as training_passes
-from compressor.recipe import parse_step
+from compressor.pipeline.recipe import parse_step
 from pretrain.batching import encode
 from pretrain.errors import UserError
+from pretrain.families import FAMILIES, TRANSFORMER_FAMILIES
 from pretrain.finetune import predict_logits
 from pretrain.models import encoder_layers
 
@@ -29,6 +32,18 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "sensitivity": {"keep_fraction": 0.25, "samples": 32},
     "factorize-embedding": {"rank": 8},
 }
+
+# pass name -> (a config, the model families its registered check must refuse for it).
+NO_TRANSFORMER_LAYERS = frozenset(FAMILIES) - set(TRANSFORMER_FAMILIES)
+FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
+    "drop-layers": (EXAMPLE_CONFIGS["drop-layers"], NO_TRANSFORMER_LAYERS),
+    "sensitivity": (EXAMPLE_CONFIGS["sensitivity"], NO_TRANSFORMER_LAYERS),
+    "quantize": ({"mode": "inc"}, frozenset(f for f, record in FAMILIES.items() if not record.supports("inc"))),
+}
+
+# Every pass output must export behind the real gate: parity for fp32 graphs; a quantized
+# graph's accuracy is only checked to be measured (the tiny models are untrained).
+EXPORT_GATE = ExportSettings(optimize=True, accuracy_tolerance=1.0)
 
 # A bundle that already has a history, so that appending (not replacing) is checked.
 PRIOR_HISTORY = ({"pass": "finetune", "config": {"epochs": 2.0}},)
@@ -105,6 +120,34 @@ def test_pass_contract(name, bundle, tiny_task, tmp_path):
     if spec.preserves_function:
         np.testing.assert_allclose(logits, before_logits, atol=1e-4,
                                    err_msg=f"{name} declares preserves_function but changed the outputs")
+
+    # It exports to ONNX behind the gate (on the tiny BERT: one family keeps the suite short).
+    if out.model.config.model_type == "bert":
+        record = export_bundle(out, tmp_path / f"{name}-onnx", EXPORT_GATE, tiny_task)
+        assert (tmp_path / f"{name}-onnx" / ONNX_FILE).is_file() or record["format"] == "torch"
+        assert 0 <= record["accuracy"] <= 1 and record["eval_samples"] == len(test)
+
+
+@pytest.mark.parametrize("name", pass_names())
+def test_family_check_refuses_what_it_should(name):
+    """A pass's registered check refuses exactly the families it cannot apply to, in one line,
+    and accepts the others (what `compressor run` relies on to refuse a recipe up front)."""
+    spec = get_pass(name)
+    if spec.check_family is None:
+        assert name not in FAMILY_CHECKS, f"{name} has no family check but FAMILY_CHECKS lists it"
+        return
+    assert name in FAMILY_CHECKS, f"pass {name!r} registers a family check: add it to FAMILY_CHECKS in {__file__}"
+    raw, refused = FAMILY_CHECKS[name]
+    assert refused, f"FAMILY_CHECKS[{name!r}] names no family to refuse"
+    refusing = spec.config_type.model_validate(raw)
+    for family in FAMILIES:
+        if family in refused:
+            with pytest.raises(UserError) as err:
+                check_pass_family(name, refusing, family)
+            assert "\n" not in str(err.value) and repr(family) in str(err.value)
+        else:
+            check_pass_family(name, refusing, family)
+            check_pass_family(name, _config(name), family)
 
 
 # --- drop-layers ---

@@ -11,9 +11,10 @@ from onnx import numpy_helper
 from torch.nn.utils import parametrize
 
 from compressor.export.graph_map import linear_nodes
-from compressor.export.onnx import ExportSettings, export_bundle, write_onnx
+from compressor.export.onnx import ExportSettings, export_bundle
+from compressor.export.trace import write_onnx
+from compressor.modeling.fake_quant import fake_quantize, linear_layers, q8bert_fake_quant
 from compressor.passes import Context, apply_pass, get_pass
-from compressor.passes.fake_quant import fake_quantize, linear_layers, q8bert_fake_quant
 from pretrain.errors import UserError
 
 LOOSE = ExportSettings(optimize=True, accuracy_tolerance=1.0)

@@ -54,7 +54,7 @@ def bpe_tokenizer(corpus_texts) -> PreTrainedTokenizerFast:
                             trainers.BpeTrainer(vocab_size=600, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
                                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>", mask_token="<mask>")
+                                   unk_token="<unk>", mask_token="<mask>", cls_token="<s>", sep_token="</s>")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,127 @@
+"""Measuring a set of deployable models on hardware profiles.
+
+`measure_models` is the one measurement: any list of models on one profile. Every model is
+loaded once, then each batch size and sequence length is measured over all models together
+in interleaved rounds (timing.py), and each model's peak memory is read in a child process.
+A recipe's benchmark stage (`run_benchmarks`) calls it for each profile of the recipe; a
+search can call it with a candidate and a reference model.
+
+Peak memory is measured in a fresh child process per model (memory_probe.py): it loads the
+model, runs the batches, and reports its peak resident set size. That is the memory a
+process serving that model needs, runtime included, and unlike in-process readings it is
+not inflated by the models measured before it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from compressor.bench.environment import environment
+from compressor.bench.profiles import Profile, unavailable_reason
+from compressor.bench.runners import Deployable, Feed, input_batches, load_runner
+from compressor.bench.timing import TIE_THRESHOLD, ranking_with_ties, summarize, tied_pairs, time_interleaved
+from pretrain.batching import MAX_LENGTH
+from pretrain.data import Split
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one profile measured of a set of models."""
+
+    rows: list[dict]       # one per model and setting: latency statistics and peak memory
+    rankings: list[dict]   # one per setting: the models grouped by speed, ties kept together
+    calls: list[dict]      # every timed call, so that anyone can recompute the statistics
+
+
+def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
+                   log=print, max_length: int = MAX_LENGTH) -> dict:
+    """A recipe's benchmark: every model on each of `settings`' profiles.
+
+    {"profiles": [...measured], "skipped": [...], "measurements": [...], "rankings": [...],
+    "timings": [...every timed call], "environment": ...}. Inputs are cut at `max_length`
+    tokens (the teacher's `usable_length`: every variant has its positions)."""
+    measured, skipped, rows, rankings, calls = [], [], [], [], []
+    for profile in settings.profile_objects():
+        reason = unavailable_reason(profile)
+        if reason is not None:
+            skipped.append({"profile": profile.name, "reason": reason})
+            log(f"benchmark: profile {profile.name} skipped: {reason}")
+            continue
+        result = measure_models(models, profile, tokenizer, test, log=log, max_length=max_length)
+        rows += result.rows
+        rankings += result.rankings
+        calls += result.calls
+        measured.append(profile.model_dump(mode="json"))
+    return {"profiles": measured, "skipped": skipped, "measurements": rows, "rankings": rankings,
+            "timings": calls, "environment": environment()}
+
+
+def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: Split, *,
+                   log=print, max_length: int = MAX_LENGTH) -> Measurement:
+    """Time `models` together, interleaved, at each of the profile's settings; then their memory.
+
+    The profile must be available here (`unavailable_reason(profile) is None`). Batches are
+    the test split's texts, cut at `max_length` tokens.
+    """
+    models = [m.on(profile.name) for m in models]
+    runners = {m.name: load_runner(m, profile) for m in models}
+    settings = [(b, n) for b in profile.batch_sizes for n in profile.sequence_lengths]
+    batch_sets = [input_batches(tokenizer, test, b, n, max_length=max_length) for b, n in settings]
+    rows, rankings, calls = [], [], []
+    try:
+        for (batch_size, length), batches in zip(settings, batch_sets):
+            log(f"benchmark: {profile.name} batch {batch_size} sequence {length}: "
+                f"{len(models)} models, {profile.iterations} iterations each")
+            timings = time_interleaved(runners, batches, profile)
+            setting = {"profile": profile.name, "batch_size": batch_size, "sequence_length": length}
+            rows += [{"model": m.name, **setting, "kind": m.kind, "precision": m.precision,
+                      **summarize(list(timings.times[m.name]), timings.samples[m.name])}
+                     for m in models]
+            rankings.append({**setting, "tie_threshold": TIE_THRESHOLD, "groups": ranking_with_ties(timings),
+                             "ties": tied_pairs(timings)})
+            calls.append({**setting, "rounds": [[r.start, r.stop] for r in timings.rounds],
+                          "order_seed": timings.order_seed, "orders": timings.orders,
+                          "times_ms": {name: [round(float(t), 4) for t in times]
+                                       for name, times in timings.times.items()}})
+    finally:
+        runners.clear()
+        gc.collect()
+    # Memory after timing, one child process per model, so the children never share the
+    # cores with a latency measurement.
+    memory = {m.name: peak_rss_mb(m, profile, batch_sets) for m in models}
+    for row in rows:
+        row["peak_rss_mb"] = memory[row["model"]][settings.index((row["batch_size"], row["sequence_length"]))]
+    return Measurement(rows, rankings, calls)
+
+
+def peak_rss_mb(model: Deployable, profile: Profile, batch_sets: list[list[Feed]],
+                calls: int = 20) -> list[float | None]:
+    """Peak RSS of a fresh process serving `model`, one reading per set of batches.
+
+    The child loads the model once; before each set it resets the kernel's high-water mark
+    (so each reading is the peak while serving that batch size, model included) and runs
+    `calls` batches. Readings are None if the child fails.
+    """
+    with tempfile.TemporaryDirectory(prefix="compressor-mem-") as tmp:
+        inputs = []
+        for n, batches in enumerate(batch_sets):
+            inputs.append(str(Path(tmp) / f"set{n}.npz"))
+            np.savez(inputs[-1], **{f"{i}:{k}": v for i, b in enumerate(batches) for k, v in b.items()})
+        job = {"kind": model.kind, "path": str(model.path), "inputs": inputs, "calls": calls,
+               "threads": profile.thread_count(), "provider": profile.provider, "device": profile.device,
+               "graph_optimization": profile.graph_optimization}
+        try:
+            done = subprocess.run([sys.executable, "-m", "compressor.bench.memory_probe", json.dumps(job)],
+                                  capture_output=True, text=True, timeout=900)
+            readings = json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+            return [float(r) for r in readings]
+        except (subprocess.SubprocessError, ValueError, IndexError, KeyError, TypeError):
+            return [None] * len(batch_sets)

@@ -1,0 +1,186 @@
+"""Hardware profiles: where and how a model is measured (`profiles/*.yaml`).
+
+A profile names an ONNX Runtime execution provider and the conditions of a measurement:
+threads, batch sizes, sequence lengths (`real` test batches padded to each batch's longest
+member, or fixed lengths), warm-up and measured iterations, and the precisions the
+target suits. `requires` says what the hardware must offer; a profile whose hardware or
+provider is absent is *skipped with its reason*, never failed, so one recipe runs on a
+laptop and on a GPU server alike.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from types import UnionType
+from typing import Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pretrain.errors import UserError
+
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
+
+Precision = Literal["fp32", "fp16", "int8", "int4"]
+
+
+class Requirements(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    machine: list[str] = []           # platform.machine() values, e.g. [x86_64] or [aarch64, arm64]
+    cpu_flags: list[str] = []         # /proc/cpuinfo flags, e.g. [avx512f, avx512_vnni]
+    cuda: bool = False                # a CUDA device visible to torch
+
+
+class Profile(BaseModel):
+    """One deployment target. Fields are a contract: recipes and reports name them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str = ""
+    provider: str = "CPUExecutionProvider"                 # ONNX Runtime execution provider
+    device: Literal["cpu", "cuda"] = "cpu"                 # where PyTorch models run
+    threads: int | Literal["cores"] = "cores"              # intra-op threads (ORT and torch)
+    graph_optimization: Literal["disabled", "basic", "extended", "all"] = "all"
+    batch_sizes: list[int] = Field(default=[1, 8], min_length=1)
+    sequence_lengths: list[int | Literal["real"]] = Field(default=["real"], min_length=1)
+    warmup: int = Field(10, ge=0)                           # untimed iterations first
+    iterations: int = Field(100, ge=1)                      # timed iterations per measurement
+    precisions: list[Precision] = ["fp32", "int8"]          # what this target runs fast
+    requires: Requirements = Requirements()
+    # Optimum's AutoQuantizationConfig preset for the optimum-default-int8 baseline on this
+    # target; None: the preset for the CPU it runs on (compressor/bench/baselines.py).
+    optimum_preset: Literal["arm64", "avx2", "avx512", "avx512_vnni"] | None = None
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive_batches(cls, sizes: list[int]) -> list[int]:
+        if any(b < 1 for b in sizes):
+            raise ValueError(f"batch sizes must be >= 1 (got {sizes})")
+        return sizes
+
+    @field_validator("sequence_lengths")
+    @classmethod
+    def _positive_lengths(cls, lengths: list) -> list:
+        if any(isinstance(n, int) and n < 2 for n in lengths):
+            raise ValueError(f"fixed sequence lengths must be >= 2 (got {lengths})")
+        return lengths
+
+    def thread_count(self) -> int:
+        if self.threads == "cores":
+            return os.cpu_count() or 1
+        return int(self.threads)
+
+    def suits(self, precision: str) -> bool:
+        return precision_family(precision) in self.precisions
+
+
+def ort_session_options(threads: int, graph_optimization: str):
+    """ONNX Runtime session options for a profile's threads and graph optimization level.
+
+    Shared by the benchmark and the memory probe, so both run the graph ORT would run.
+    """
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = {
+        "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[graph_optimization]
+    return options
+
+
+def precision_family(precision: str) -> str:
+    """'dynamic-int8', 'static-int8', 'qat-int8' ... -> 'int8'; 'fp16' -> 'fp16'."""
+    for family in ("int8", "int4", "fp16"):
+        if family in precision:
+            return family
+    return "fp32"
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def load_profile(ref: str) -> Profile:
+    """A profile by name (profiles/NAME.yaml) or by path to a YAML file."""
+    path = Path(ref)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = PROFILE_DIR / f"{ref}.yaml"
+        if not path.is_file():
+            raise UserError(f"unknown profile {ref!r}; known profiles: {', '.join(profile_names())} "
+                            "(or a path to a profile .yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not a valid YAML profile: {str(err).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a mapping of profile fields (provider, threads, batch_sizes, ...)")
+    raw.setdefault("name", path.stem)
+    try:
+        return Profile.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(f"{path}: {describe_profile_error(err)}") from None
+
+
+TYPE_TAGS = {"int", "str", "float", "bool", "dict", "list"}
+
+
+def describe_profile_error(err: ValidationError) -> str:
+    """`threads: expected int | Literal['cores'] (got 'many')`: the field, its type, the value."""
+    first = err.errors()[0]
+    # Union branches appear in loc as type tags ("int", "literal['cores']"): not field names.
+    parts = [str(p) for p in first["loc"] if str(p) not in TYPE_TAGS and "[" not in str(p)]
+    given = first.get("input")
+    shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
+    field = Profile.model_fields.get(parts[0]) if parts else None
+    is_type_error = first["type"].endswith(("_type", "_parsing")) or first["type"] == "literal_error"
+    if field is not None and len(parts) == 1 and is_type_error:
+        return f"{parts[0]}: expected {type_name(field.annotation)}{shown}"
+    return f"{'.'.join(parts) or 'profile'}: {first['msg']}{shown}"
+
+
+def type_name(annotation) -> str:
+    """int | Literal['cores'] -> "int or 'cores'"; list[int] -> "list[int]"."""
+    args = get_args(annotation)
+    if get_origin(annotation) in (Union, UnionType):
+        return " or ".join(type_name(a) for a in args)
+    if get_origin(annotation) is Literal:
+        return " or ".join(repr(a) for a in args)
+    return getattr(annotation, "__name__", str(annotation)) if not args else str(annotation).replace("typing.", "")
+
+
+def unavailable_reason(profile: Profile) -> str | None:
+    """Why this machine cannot run the profile, or None when it can."""
+    req = profile.requires
+    machine = platform.machine()
+    if req.machine and machine not in req.machine:
+        return f"needs a machine of type {' or '.join(req.machine)}; this one is {machine}"
+    if req.cpu_flags:
+        from compressor.bench.environment import cpu_flags
+        missing = [f for f in req.cpu_flags if f not in cpu_flags()]
+        if missing:
+            return f"the CPU lacks {', '.join(missing)}"
+    if req.cuda or profile.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            if nvidia_gpu_present() and torch.version.cuda is None:
+                # The usual case on a GPU box set up by `make`: the venv holds the CPU builds.
+                return (f"an NVIDIA GPU is present but torch {torch.__version__} is a CPU build: "
+                        f"install a CUDA build of torch and onnxruntime-gpu to run this profile")
+            return "no CUDA device is visible"
+    import onnxruntime as ort
+    if profile.provider not in ort.get_available_providers():
+        return (f"ONNX Runtime here has no {profile.provider} "
+                f"(available: {', '.join(ort.get_available_providers())})")
+    return None
+
+
+def nvidia_gpu_present() -> bool:
+    """Whether the NVIDIA driver sees a GPU, whatever the Python packages can use."""
+    return Path("/proc/driver/nvidia/gpus").is_dir() and any(Path("/proc/driver/nvidia/gpus").iterdir())

@@ -1,0 +1,153 @@
+"""Interleaved timing of loaded models, its statistics, and tie-aware rankings.
+
+Fairness within one run: every model of a measurement sees the same batches (real test
+batches in test order, each padded to its longest member, or real texts cut/padded to a
+fixed length), and the models are measured in interleaved rounds (A B C, C A B, B C A, ...)
+so that drift in machine load lands on all of them alike instead of on whoever runs last.
+The order within each round is a fresh permutation drawn from a recorded seed, so no model
+always runs right after the same other one (whose cache and thread state it would inherit).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from compressor.bench.profiles import Profile
+from compressor.bench.runners import Feed, Runner
+
+ROUND_CALLS = 10              # timed calls per model per interleaved round
+ROUND_WARMUP = 2              # untimed calls per model at the start of every round
+TIE_THRESHOLD = 0.03          # per-call latency ratios within 3% of 1 rank as ties
+BOOTSTRAP_RESAMPLES = 400
+ORDER_SEED = 0                # seeds the per-round model order (recorded with the timings)
+
+
+def timed_calls(run: Callable[[object], object], inputs: list, start: int, calls: int) -> list[float]:
+    """The hot loop: `calls` calls cycling through `inputs` from `start`; milliseconds each."""
+    times = []
+    clock = time.perf_counter
+    for i in range(start, start + calls):
+        feed = inputs[i % len(inputs)]
+        t0 = clock()
+        run(feed)
+        times.append((clock() - t0) * 1e3)
+    return times
+
+
+def summarize(times_ms: list[float], samples: int) -> dict:
+    t = np.asarray(times_ms)
+    return {"p50_ms": float(np.percentile(t, 50)), "p90_ms": float(np.percentile(t, 90)),
+            "p99_ms": float(np.percentile(t, 99)), "mean_ms": float(t.mean()),
+            "throughput": samples / (t.sum() / 1e3), "iterations": len(t)}
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Every timed call of an interleaved measurement, aligned across models.
+
+    times[name][i] is call i of that model; call i of every model ran on the same batch,
+    within the same round (rounds[r] is a slice of call indices), so per-call ratios
+    between two models are paired measurements.
+    """
+
+    times: dict[str, np.ndarray]
+    samples: dict[str, int]
+    rounds: list[slice]
+    orders: list[list[str]] = field(default_factory=list)   # the order the models ran in, per round
+    order_seed: int = ORDER_SEED
+
+
+def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile,
+                     round_calls: int = ROUND_CALLS, order_seed: int = ORDER_SEED) -> Timings:
+    """Time every runner on the same batches in short interleaved rounds (A B C, C A B, ...).
+
+    Short rounds spread slow drift in machine load evenly over the models; the untimed
+    calls at the start of each round absorb the switch from the previous model (caches,
+    the other runtime's spinning threads). Each round runs the models in a random order
+    drawn from `order_seed`, so which model precedes which varies from round to round.
+    """
+    import torch
+    prepared = {name: [runner.prepare(b) for b in batches] for name, runner in runners.items()}
+    sizes = [len(next(iter(b.values()))) for b in batches]
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    rounds = [slice(start, min(start + round_calls, profile.iterations))
+              for start in range(0, profile.iterations, round_calls)]
+    rng = np.random.default_rng(order_seed)
+    orders = [[str(name) for name in rng.permutation(list(runners))] for _ in rounds]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(profile.thread_count())
+    try:
+        for name, runner in runners.items():
+            timed_calls(runner.run, prepared[name], 0, profile.warmup)
+        for span, order in zip(rounds, orders):
+            for name in order:
+                run = runners[name].run
+                timed_calls(run, prepared[name], span.start, ROUND_WARMUP)
+                times[name] += timed_calls(run, prepared[name], span.start, span.stop - span.start)
+    finally:
+        torch.set_num_threads(threads)
+    samples = sum(sizes[i % len(sizes)] for i in range(profile.iterations))
+    return Timings({name: np.asarray(t) for name, t in times.items()}, dict.fromkeys(runners, samples), rounds,
+                   orders, order_seed)
+
+
+def measure_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile) -> dict[str, dict]:
+    """Time every runner on the same batches, in interleaved rounds; stats per runner."""
+    timings = time_interleaved(runners, batches, profile)
+    return {name: summarize(list(t), timings.samples[name]) for name, t in timings.times.items()}
+
+
+def paired_ratio(timings: Timings, a: str, b: str, seed: int = 0) -> dict:
+    """a's latency over b's: the median per-call ratio on the same batches, a 95% interval
+    for it, and the ratio of their p50s.
+
+    The interval resamples whole rounds (a block bootstrap), so noise lasting a round widens
+    it as it should. Pairing calls removes the batch-to-batch variation (real batches differ
+    in length) that the p50s carry.
+    """
+    log_ratio = np.log(timings.times[a]) - np.log(timings.times[b])
+    blocks = [log_ratio[span] for span in timings.rounds]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(blocks), size=(BOOTSTRAP_RESAMPLES, len(blocks)))
+    medians = [np.median(np.concatenate([blocks[i] for i in pick])) for pick in picks]
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return {"ratio": float(np.exp(np.median(log_ratio))), "ci95": [float(np.exp(low)), float(np.exp(high))],
+            "p50_ratio": float(np.median(timings.times[a]) / np.median(timings.times[b]))}
+
+
+def tied(pair: dict) -> bool:
+    """Two models tie unless one is clearly faster: the per-call ratio is more than the
+    threshold away from 1, its interval excludes 1, and the p50s agree on the direction."""
+    low, high = pair["ci95"]
+    same_direction = (pair["ratio"] > 1) == (pair["p50_ratio"] > 1)
+    return abs(pair["ratio"] - 1) < TIE_THRESHOLD or low <= 1 <= high or not same_direction
+
+
+def tied_pairs(timings: Timings) -> list[list[str]]:
+    """Every pair of models that tie (so neither may be called faster than the other)."""
+    names = list(timings.times)
+    return [[a, b] for i, a in enumerate(names) for b in names[i + 1:]
+            if tied(paired_ratio(timings, a, b))]
+
+
+def ranking_with_ties(timings: Timings) -> list[dict]:
+    """Models by p50, fastest first, grouped: a model joins the current group while it ties
+    with the group's fastest member. Each group holds its members' ratios to its first
+    model, and its first model's ratio to the previous group's first (paired_ratio)."""
+    order = sorted(timings.times, key=lambda name: float(np.median(timings.times[name])))
+    groups: list[dict] = []
+    for name in order:
+        if groups:
+            pair = paired_ratio(timings, name, groups[-1]["models"][0])
+            if tied(pair):
+                groups[-1]["models"].append(name)
+                groups[-1]["ratios_to_first"].append(pair)
+                continue
+            groups.append({"models": [name], "ratios_to_first": [], "vs_previous_group": pair})
+        else:
+            groups.append({"models": [name], "ratios_to_first": [], "vs_previous_group": None})
+    return groups

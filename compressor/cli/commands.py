@@ -1,0 +1,386 @@
+"""The `compressor` command: finetune, evaluate, export, run, bench, tokenizer, pretrain, embeddings.
+
+Bad input ends with one line on stderr and exit code 2; nothing half-written is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Literal, get_args, get_origin
+
+from pydantic import BaseModel
+
+from pretrain.errors import UserError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; we want just the error, on one line."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return number
+
+
+def from_config(config: type[BaseModel], name: str, help: str = "", *, default: bool = True) -> dict:
+    """argparse keywords for a flag that sets field `name` of `config`, read from the field so
+    that the flag and the config never disagree: its choices when the field is a Literal, and
+    its default (`default=False`: the flag stays None, meaning "the config's default", which
+    the help then names)."""
+    field = config.model_fields[name]
+    keywords: dict = {"default": field.default} if default else {}
+    choices = literal_values(field.annotation)
+    if choices:
+        keywords["choices"] = list(choices)
+    if not default and field.default is not None:
+        help = f"{help} (default {field.default:g})" if isinstance(field.default, float) else \
+            f"{help} (default {field.default})"
+    if help:
+        keywords["help"] = help.strip()
+    return keywords
+
+
+def literal_values(annotation) -> tuple:
+    """The values of a Literal annotation (also inside `X | None`); () for any other type."""
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    return next((values for arg in get_args(annotation) if (values := literal_values(arg))), ())
+
+
+def default_rates() -> str:
+    """The strategies' default learning rates as --help shows them: "full 1e-4, adapters 1e-3, ..."."""
+    from pretrain.finetune import DEFAULT_LR
+    return ", ".join(f"{strategy} {f'{lr:.0e}'.replace('e-0', 'e-')}" for strategy, lr in DEFAULT_LR.items())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # The configs whose fields the flags read; importing them loads torch, so `main` silences
+    # the libraries first (their import-time notices would break the one-line errors).
+    from compressor.export.onnx import ExportSettings
+    from compressor.export.quantize import QuantizeConfig
+    from pretrain.finetune import FinetuneConfig
+    parser = OneLineParser(prog="compressor", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    ft = sub.add_parser("finetune", help="fine-tune a BERT-family model on a task")
+    ft.add_argument("--model", default="minilm", help="'minilm' (bundled) or an HF model dir")
+    ft.add_argument("--task", required=True, help="wordnet-supersense, wordnet-wsd, or a CSV/TSV/JSONL file")
+    ft.add_argument("--out", required=True, type=Path)
+    ft.add_argument("--epochs", type=float, **from_config(FinetuneConfig, "epochs"))
+    ft.add_argument("--batch-size", type=positive_int, **from_config(FinetuneConfig, "batch_size"))
+    ft.add_argument("--lr", type=float, default=None,
+                    help=f"learning rate (default: the strategy's; {default_rates()})")
+    ft.add_argument("--max-train-samples", type=positive_int)
+    ft.add_argument("--max-eval-samples", type=positive_int)
+    ft.add_argument("--seed", type=int, **from_config(FinetuneConfig, "seed"))
+    ft.add_argument("--embedding-updates", **from_config(
+        FinetuneConfig, "embedding_updates", "how the word-embedding matrix trains (sparse: only rows in the batch)"))
+    ft.add_argument("--strategy", **from_config(
+        FinetuneConfig, "strategy", "full: all weights; frozen: head only; scalar-mix: frozen encoder, learned "
+                                    "mix of all layers; adapters: Houlsby bottlenecks + LayerNorms + head"))
+    ft.add_argument("--adapter-size", type=positive_int,
+                    **from_config(FinetuneConfig, "adapter_size", "adapter bottleneck width"))
+    ft.add_argument("--adapter-init-std", type=float, **from_config(
+        FinetuneConfig, "adapter_init_std", "std of the adapters' initial weights (Houlsby's near-identity init)",
+        default=False))
+    ft.add_argument("--intermediate-task", help="two-stage: fine-tune on this task (name or file) first")
+    ft.add_argument("--tasks", help="multi-task: comma-separated tasks trained with --task, one head each")
+    ft.add_argument("--domain-corpus",
+                    help="first continue MLM pretraining on this text: 'wordnet' or a text file "
+                         "(blank lines between documents), as `pretrain --corpus`")
+    ft.add_argument("--domain-steps", type=positive_int,
+                    **from_config(FinetuneConfig, "domain_steps", "MLM steps on --domain-corpus", default=False))
+    ft.add_argument("--domain-lr", type=float,
+                    **from_config(FinetuneConfig, "domain_lr", "MLM learning rate on --domain-corpus", default=False))
+    ft.add_argument("--quiet", action="store_true", help="no progress bar")
+    ft.set_defaults(handler=cmd_finetune)
+
+    ev = sub.add_parser("evaluate", help="evaluate an HF or ONNX model dir; prints JSON")
+    ev.add_argument("--model", required=True)
+    ev.add_argument("--task", help="default: the task recorded with the model")
+    ev.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    ev.add_argument("--reference", help="another model: report the fraction of agreeing predictions")
+    ev.add_argument("--max-samples", type=positive_int)
+    ev.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
+    ev.set_defaults(handler=cmd_evaluate)
+
+    ex = sub.add_parser("export", help="export an HF model dir to a gated ONNX model dir")
+    ex.add_argument("--model", required=True, type=Path, help="an HF model dir (e.g. one a recipe wrote)")
+    ex.add_argument("--out", required=True, type=Path)
+    ex.add_argument("--optimize", action="store_true", help="ONNX Runtime transformer fusion")
+    ex.add_argument("--quantize", choices=["none", *literal_values(QuantizeConfig.model_fields["mode"].annotation)],
+                    help="default: what the model's quantize pass recorded, else none (fp32)")
+    ex.add_argument("--per-channel", action="store_const", const=True, help="per-channel int8 weight scales")
+    ex.add_argument("--reduce-range", action="store_const", const=True, help="7-bit int8 weights")
+    ex.add_argument("--weight-type", **from_config(QuantizeConfig, "weight_type", default=False))
+    ex.add_argument("--calibration",
+                    **from_config(QuantizeConfig, "calibration", "static-int8 ranges", default=False))
+    ex.add_argument("--format", **from_config(QuantizeConfig, "format", "static-int8 graph form", default=False))
+    ex.add_argument("--scope", **from_config(
+        QuantizeConfig, "scope", "static-int8: every fusable op (ops) or only the Linear layers and embedding "
+                                 "(linears)", default=False))
+    ex.add_argument("--calibration-samples", type=positive_int, **from_config(
+        QuantizeConfig, "calibration_samples", "static-int8/inc: train examples", default=False))
+    ex.add_argument("--block-size", type=positive_int,
+                    **from_config(QuantizeConfig, "block_size", "int4-weight-only: weights per scale", default=False))
+    ex.add_argument("--tolerable-loss", type=float, **from_config(
+        QuantizeConfig, "tolerable_loss", "inc: relative accuracy loss allowed", default=False))
+    ex.add_argument("--max-trials", type=positive_int,
+                    **from_config(QuantizeConfig, "max_trials", "inc: autotune trials", default=False))
+    ex.add_argument("--min-accuracy", type=float, help="absolute test-accuracy floor when quantized")
+    ex.add_argument("--task", help="default: the task recorded with the model")
+    ex.add_argument("--max-eval-samples", type=positive_int, help="test examples for the accuracy gate")
+    ex.add_argument("--parity-tolerance", type=float,
+                    **from_config(ExportSettings, "parity_tolerance", "max |logit diff| vs PyTorch"))
+    ex.add_argument("--accuracy-tolerance", type=float,
+                    **from_config(ExportSettings, "accuracy_tolerance", "max accuracy drop when quantized"))
+    ex.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
+    ex.set_defaults(handler=cmd_export)
+
+    run = sub.add_parser("run", help="run a recipe: teacher, variants, report.json")
+    run.add_argument("recipe", type=Path)
+    run.add_argument("--out", required=True, type=Path)
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--force", action="store_true", help="replace another recipe's results in --out")
+    run.add_argument("--rebenchmark", action="store_true",
+                     help="measure again even when the benchmark stage is cached")
+    run.set_defaults(handler=cmd_run)
+
+    be = sub.add_parser("bench", help="latency, throughput, memory and accuracy of one model on a profile")
+    be.add_argument("--model", required=True, help="an HF model dir, an ONNX export dir or a .onnx file")
+    be.add_argument("--profile", default="cpu", help="a profile name (profiles/NAME.yaml) or a profile file")
+    be.add_argument("--batch-sizes", type=int_list, help="e.g. 1,8 (default: the profile's)")
+    be.add_argument("--sequence-lengths", type=length_list, help="e.g. real,128 (default: the profile's)")
+    be.add_argument("--iterations", type=positive_int, help="timed iterations (default: the profile's)")
+    be.add_argument("--task", help="default: the task recorded with the model")
+    be.add_argument("--max-eval-samples", type=positive_int, help="test examples for accuracy and batches")
+    be.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
+    be.add_argument("--out", type=Path, help="also write the result JSON to this file")
+    be.set_defaults(handler=cmd_bench)
+    add_pretraining_commands(sub)
+    return parser
+
+
+def int_list(value: str) -> list[int]:
+    return [positive_int(v) for v in value.split(",") if v.strip()]
+
+
+def length_list(value: str) -> list[int | str]:
+    return [v.strip() if v.strip() == "real" else positive_int(v) for v in value.split(",") if v.strip()]
+
+
+def add_pretraining_commands(sub) -> None:
+    """tokenizer, pretrain, embeddings: the teacher side from raw text."""
+    tk = sub.add_parser("tokenizer", help="train a WordPiece or byte-level BPE tokenizer on a corpus")
+    tk.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
+    tk.add_argument("--kind", choices=["wordpiece", "bpe", "wordlevel"], default="wordpiece")
+    tk.add_argument("--vocab-size", type=positive_int, default=8192)
+    tk.add_argument("--min-frequency", type=positive_int, default=2)
+    tk.add_argument("--out", required=True, type=Path)
+    tk.set_defaults(handler=cmd_tokenizer)
+
+    pt = sub.add_parser("pretrain", help="pretrain a model from scratch with a named objective")
+    pt.add_argument("--objective", required=True, help="mlm, mlm-wwm, clm, nsp, sop, mlm+nsp, mlm+sop, ...")
+    pt.add_argument("--dae-noise", help="dae: noise functions to compose, each optionally =RATE: mask, delete, "
+                                        "infill (Poisson spans), permute, rotate; e.g. infilling,permutation "
+                                        "(default: BART's infill=0.3,permute)")
+    pt.add_argument("--mask-ratio", type=float, help="dae: rate of token masking / text infilling (fairseq's --mask)")
+    pt.add_argument("--objective-option", action="append", default=[], metavar="KEY[=VALUE]",
+                    help="an option of the objective (repeatable), e.g. poisson=3.5 for dae")
+    pt.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
+    pt.add_argument("--size", choices=["tiny", "small", "base"], default="small")
+    pt.add_argument("--steps", type=positive_int, required=True)
+    pt.add_argument("--out", required=True, type=Path)
+    pt.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")
+    pt.add_argument("--tokenizer", default="minilm", help="a tokenizer dir (compressor tokenizer) or 'minilm'")
+    pt.add_argument("--batch-size", type=positive_int, default=32)
+    pt.add_argument("--lr", type=float, default=5e-4)
+    pt.add_argument("--warmup-ratio", type=float, default=None,
+                    help="share of the steps over which the rate warms up linearly (default 0.06)")
+    pt.add_argument("--max-length", type=positive_int, default=128)
+    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--buffer-size", type=positive_int, default=10_000, help="chunks in the shuffle buffer")
+    pt.add_argument("--checkpoint-every", type=positive_int, default=200, help="steps between checkpoints")
+    pt.add_argument("--threads", type=positive_int, help="torch threads (default: all cores)")
+    pt.add_argument("--quiet", action="store_true", help="no progress bar")
+    pt.set_defaults(handler=cmd_pretrain)
+
+    em = sub.add_parser("embeddings", help="train skip-gram (word2vec) static word embeddings on a corpus")
+    em.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
+    em.add_argument("--dim", type=positive_int, default=100)
+    em.add_argument("--window", type=positive_int, default=5)
+    em.add_argument("--negatives", type=positive_int, default=5)
+    em.add_argument("--min-count", type=positive_int, default=5)
+    em.add_argument("--max-vocab", type=positive_int, default=50_000)
+    em.add_argument("--steps", type=positive_int, default=3000)
+    em.add_argument("--batch-size", type=positive_int, help="(centre, context) pairs per step (default 4096)")
+    em.add_argument("--lr", type=float, help="SGD step per pair, decaying linearly to 0 (default 0.1)")
+    em.add_argument("--seed", type=int, default=0)
+    em.add_argument("--out", required=True, type=Path)
+    em.add_argument("--quiet", action="store_true", help="no progress bar")
+    em.set_defaults(handler=cmd_embeddings)
+
+
+def cmd_embeddings(args: argparse.Namespace) -> int:
+    from compressor.cli.pretrain_command import embeddings_command
+    from pretrain.models import set_threads
+    set_threads(None)
+    settings = {"dim": args.dim, "window": args.window, "negatives": args.negatives, "min_count": args.min_count,
+                "max_vocab": args.max_vocab, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+                "seed": args.seed}
+    metrics = embeddings_command(args.corpus, args.out, settings, show_progress=not args.quiet)
+    print(json.dumps({k: v for k, v in metrics.items() if k != "environment"}, indent=2))
+    return 0
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from compressor.cli.pretrain_command import tokenizer_command
+    metrics = tokenizer_command(args.corpus, args.kind, args.vocab_size, args.out, args.min_frequency)
+    print(json.dumps({k: v for k, v in metrics.items() if k != "environment"}, indent=2))
+    return 0
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from compressor.cli.pretrain_command import pretrain_command
+    from pretrain.pretraining import make_config, objective_options
+    options = objective_options(args.objective, args.dae_noise, args.mask_ratio, tuple(args.objective_option))
+    cfg = make_config(objective=args.objective, objective_options=options, corpus=args.corpus, size=args.size,
+                      tokenizer=args.tokenizer,
+                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
+                      max_length=args.max_length,
+                      seed=args.seed, buffer_size=args.buffer_size)
+    metrics = pretrain_command(cfg, args.out, resume=args.resume, show_progress=not args.quiet,
+                               checkpoint_every=args.checkpoint_every, threads=args.threads)
+    print(json.dumps({k: v for k, v in metrics.items() if k not in ("environment", "loss_curve")}, indent=2))
+    return 0
+
+
+def task_arg(value: str) -> str | dict:
+    """A built-in task name, or a data file with the default columns text[, text_pair], label."""
+    return {"path": value} if Path(value).suffix.lower() in (".csv", ".tsv", ".jsonl", ".json") else value
+
+
+def corpus_arg(value: str | None) -> str | None:
+    """A corpus file is recorded by its absolute path (a built-in name stays a name)."""
+    if value is None or not Path(value).is_file():
+        return value
+    return str(Path(value).resolve())
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from compressor.cli.finetune_command import finetune_command
+    metrics = finetune_command(
+        model_ref=args.model, task_spec=task_arg(args.task), out=args.out,
+        overrides={"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+                   "max_train_samples": args.max_train_samples, "seed": args.seed,
+                   "embedding_updates": args.embedding_updates, "strategy": args.strategy,
+                   "adapter_size": args.adapter_size, "adapter_init_std": args.adapter_init_std,
+                   "intermediate_task": task_arg(args.intermediate_task) if args.intermediate_task else None,
+                   "tasks": tuple(task_arg(t.strip()) for t in args.tasks.split(",") if t.strip())
+                   if args.tasks else None,
+                   "domain_corpus": corpus_arg(args.domain_corpus), "domain_steps": args.domain_steps,
+                   "domain_lr": args.domain_lr},
+        max_eval_samples=args.max_eval_samples, show_progress=not args.quiet)
+    if metrics:       # empty on the other ranks of a torchrun
+        print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from compressor.evaluate import evaluate_path
+    from pretrain.models import set_threads
+    set_threads(None)
+    task = task_arg(args.task) if args.task else None
+    result = evaluate_path(args.model, task, args.split, args.max_samples, args.reference, args.seed)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from compressor.cli.export_command import export_command
+    record = export_command(
+        args.model, args.out, task_arg(args.task) if args.task else None,
+        settings={"optimize": args.optimize, "parity_tolerance": args.parity_tolerance,
+                  "accuracy_tolerance": args.accuracy_tolerance, "min_accuracy": args.min_accuracy},
+        quantize=args.quantize,
+        quantize_options={"per_channel": args.per_channel, "reduce_range": args.reduce_range,
+                          "weight_type": args.weight_type, "calibration": args.calibration,
+                          "format": args.format, "scope": args.scope,
+                          "calibration_samples": args.calibration_samples,
+                          "block_size": args.block_size, "tolerable_loss": args.tolerable_loss,
+                          "max_trials": args.max_trials},
+        max_eval_samples=args.max_eval_samples, seed=args.seed)
+    print(json.dumps(record, indent=2))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from compressor.pipeline import run_recipe
+    from compressor.pipeline.recipe import load_recipe
+    recipe, steps = load_recipe(args.recipe)
+    report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet,
+                        force=args.force, rebenchmark=args.rebenchmark)
+    from compressor.report.render import exports_table, markdown_table
+    print(markdown_table(report))
+    exports = exports_table(report)
+    if exports:
+        print(f"\n{exports}")
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}")
+    print(f"report: {args.out / 'report.json'} (also report.md, report.html)")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from compressor.cli.bench_command import bench_command
+    result = bench_command(args.model, args.profile, batch_sizes=args.batch_sizes,
+                           sequence_lengths=args.sequence_lengths, iterations=args.iterations,
+                           task_spec=task_arg(args.task) if args.task else None,
+                           max_eval_samples=args.max_eval_samples, seed=args.seed)
+    if args.out is not None:
+        from pretrain.atomic import write_json
+        write_json(args.out, result)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def quiet_libraries() -> None:
+    """Library chatter (hub hints, init notices) would bury our one-line messages."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")        # nothing is fetched from a hub, ever
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    # torchao (pulled in by neural-compressor-pt) logs missing CUDA kernels at import, and
+    # torch logs a deprecation for torchao's enums: neither concerns a CPU user.
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    import transformers
+    transformers.logging.set_verbosity_error()
+
+
+def main(argv: list[str] | None = None) -> int:
+    quiet_libraries()   # before the parser imports the configs (and with them torch)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # bad flags (already reported in one line) or --help
+        return int(exit_.code or 0)
+    try:
+        return args.handler(args)
+    except UserError as err:
+        if os.environ.get("RANK", "0") == "0":   # under torchrun every rank sees it: say it once
+            print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished stages are kept; rerun the same command to resume", file=sys.stderr)
+        return 130

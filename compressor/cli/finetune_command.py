@@ -1,0 +1,68 @@
+"""`compressor finetune`: fine-tune a checkpoint on a task and write an HF dir + metrics.json.
+
+Runs the same under `torchrun --nproc_per_node=N -m compressor finetune ...`: every process
+trains its share of each batch (pretrain/train.py), and only rank 0 evaluates and writes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from compressor.bench.environment import environment
+from compressor.bundle import ModelBundle
+from compressor.pipeline.recipe import describe_validation_error
+from pretrain import distributed
+from pretrain.atomic import atomic_dir, write_json
+from pretrain.data import load_task
+from pretrain.errors import UserError
+from pretrain.finetune import FinetuneConfig, evaluate, finetune
+from pretrain.models import check_model_ref, load_classifier, set_threads
+
+
+def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides: dict,
+                     max_eval_samples: int | None = None, show_progress: bool = True) -> dict:
+    # Validate everything before the first byte is written.
+    try:
+        cfg = FinetuneConfig(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err)) from None
+    model_path = check_model_ref(model_ref)
+    processes = distributed.launched_size()
+    if processes > cfg.batch_size:
+        raise UserError(f"--nproc_per_node={processes} is larger than the batch size {cfg.batch_size}: "
+                        f"every process needs examples of each batch; expected at most {cfg.batch_size}")
+    task = load_task(task_spec, seed=cfg.seed)
+    train_examples = len(task.split("train").head(cfg.max_train_samples))
+    if processes > train_examples:
+        raise UserError(f"--nproc_per_node={processes} is larger than the {train_examples} training examples; "
+                        f"expected at most {train_examples}")
+    place = distributed.world()
+    # Under torchrun this machine's processes share its cores: split them, not oversubscribe.
+    set_threads(max(1, (os.cpu_count() or 1) // distributed.local_size()) if place.distributed else None)
+
+    model, tokenizer = load_classifier(model_ref, task.label_names, seed=cfg.seed)
+    result = finetune(model, tokenizer, task, cfg, show_progress=show_progress and place.is_main,
+                      mlm_head_from=model_path)
+    if not place.is_main:
+        distributed.shutdown()
+        return {}
+    train = result.train
+    test_metrics, _ = evaluate(model, tokenizer, task.split("test").head(max_eval_samples))
+    metrics = {"task": task.name, "split": "test", **test_metrics,
+               "strategy": cfg.strategy, "lr": cfg.lr, "trainable_params": result.trainable_params,
+               "total_params": result.total_params, "trainable_percent": round(result.trainable_percent, 3),
+               "train_seconds": round(train.seconds, 2), "train_samples": train.samples,
+               "samples_per_second": round(train.samples_per_second, 2), "steps": train.steps,
+               "final_loss": train.final_loss, "stages": result.stages, "domain_mlm": result.domain,
+               "processes": place.size,
+               "model": model_ref, "config": cfg.model_dump(mode="json"), "environment": environment()}
+    bundle = ModelBundle(model=model, tokenizer=tokenizer, task=task.spec,
+                         history=({"pass": "finetune", "config": cfg.model_dump(mode="json")},))
+    with atomic_dir(out) as tmp:
+        bundle.save_into(tmp)
+        write_json(tmp / "metrics.json", metrics)
+    distributed.shutdown()
+    return metrics

@@ -1,0 +1,84 @@
+"""`compressor tokenizer` and `compressor pretrain`: validate, train, write atomically."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from compressor.bench.environment import environment
+from compressor.pipeline.recipe import describe_validation_error
+from pretrain import distributed
+from pretrain.atomic import atomic_dir, write_json
+from pretrain.errors import UserError
+from pretrain.models import set_threads
+from pretrain.pretraining import (SETTINGS_FILE, PretrainConfig, check_resume, checkpoint_dir, prepare,
+                                  run_pretraining)
+from pretrain.train import StepCallback
+
+
+def tokenizer_command(corpus: str, kind: str, vocab_size: int, out: Path, min_frequency: int = 2) -> dict:
+    from pretrain.data.tokenizers import (METRICS_FILE, TokenizerConfig, check_vocab_size, save_tokenizer,
+                                          tokenizer_metrics, train_tokenizer)
+    try:
+        cfg = TokenizerConfig(kind=kind, vocab_size=vocab_size, min_frequency=min_frequency)
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err)) from None
+    check_vocab_size(cfg)
+    tokenizer = train_tokenizer(corpus, cfg)
+    metrics = {**tokenizer_metrics(corpus, cfg, tokenizer), "environment": environment()}
+    with atomic_dir(Path(out)) as tmp:
+        save_tokenizer(tokenizer, tmp)
+        write_json(tmp / METRICS_FILE, metrics)
+    return metrics
+
+
+def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_progress: bool = True,
+                     checkpoint_every: int = 200, threads: int | None = None,
+                     callbacks: tuple[StepCallback, ...] = ()) -> dict:
+    """Pretrain and write `out` (HF model dir + metrics.json); checkpoints in `<out>.checkpoint`."""
+    out = Path(out)
+    ckpt = checkpoint_dir(out)
+    check_resume(cfg, ckpt, resume)
+    objective, tokenizer = prepare(cfg)
+    set_threads(threads)
+    place = distributed.world()
+    if place.is_main:
+        ckpt.mkdir(parents=True, exist_ok=True)
+        write_json(ckpt / SETTINGS_FILE, cfg.model_dump(mode="json"))
+    model, metrics = run_pretraining(cfg, objective, tokenizer, ckpt, show_progress=show_progress,
+                                     checkpoint_every=checkpoint_every, callbacks=callbacks)
+    metrics["environment"] = environment()
+    if place.is_main:
+        with atomic_dir(out) as tmp:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            tokenizer.save_pretrained(str(tmp))
+            write_json(tmp / "metrics.json", metrics)
+        shutil.rmtree(ckpt, ignore_errors=True)   # the output is safely written: nothing to resume
+    distributed.shutdown()
+    return metrics
+
+
+def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bool = True) -> dict:
+    """Skip-gram embeddings: embeddings.npy + vocab.txt + metrics.json (with probe neighbours)."""
+    from pretrain.static_embeddings import (EmbeddingConfig, geometry, nearest_neighbours, save_embeddings,
+                                            train_embeddings)
+    try:
+        cfg = EmbeddingConfig(**{k: v for k, v in settings.items() if v is not None})
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err)) from None
+    vocab, matrix, result = train_embeddings(corpus, cfg, show_progress=show_progress)
+    metrics = {"corpus": corpus, "vocab_size": len(vocab), "dim": cfg.dim, "steps": result.steps,
+               "initial_loss": result.initial_loss, "final_loss": result.final_loss,
+               "train_seconds": round(result.seconds, 2), "config": cfg.model_dump(),
+               "geometry": geometry([w for w, _ in vocab], matrix),
+               "nearest_neighbours": nearest_neighbours([w for w, _ in vocab], matrix),
+               # Diagnostic: the same after removing the mean vector (the common direction
+               # SGNS vectors share; Mu & Viswanath 2018), to see whether it dominates.
+               "nearest_neighbours_mean_removed": nearest_neighbours([w for w, _ in vocab], matrix - matrix.mean(0)),
+               "environment": environment()}
+    with atomic_dir(Path(out)) as tmp:
+        save_embeddings(tmp, vocab, matrix)
+        write_json(tmp / "metrics.json", metrics)
+    return metrics

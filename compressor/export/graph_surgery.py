@@ -1,0 +1,145 @@
+"""Edits of ONNX graphs around quantization: what ORT's quantizers need before they run, and
+what their output needs so that int8 reaches only the nodes it should.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+
+def has_op(path: Path, op_type: str) -> bool:
+    import onnx
+    return any(n.op_type == op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def gathered_tables(graph: Path, gathers: tuple[str, ...]) -> list[str]:
+    import onnx
+    if not gathers:
+        return []
+    wanted = set(gathers)
+    return [n.input[0] for n in onnx.load(str(graph), load_external_data=False).graph.node if n.name in wanted]
+
+
+def unshare_initializers(path: Path, quantized: set[str]) -> None:
+    """Give a quantized node its own copy of a constant that other nodes read too.
+
+    The exporter stores identical constants once (e.g. the all-zero biases of a fresh
+    model), so a Linear's bias may also be a LayerNorm's; quantizing it for the Linear
+    must not hand the LayerNorm an int32-rounded copy. A table that only quantized Gathers
+    read stays shared (BART's encoder and decoder look up one embedding table): it is
+    quantized once, with one scale, whichever Gather reads it.
+    """
+    import onnx
+    model = onnx.load(str(path))
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in set(node.input):
+            if name in initializers:
+                readers.setdefault(name, []).append(node)
+    changed = False
+    for name, nodes in readers.items():
+        if all(n.op_type == "Gather" and n.input[0] == name and n.name in quantized for n in nodes):
+            continue
+        if len(nodes) > 1 and any(n.name in quantized for n in nodes):
+            for node in (n for n in nodes if n.name in quantized):
+                copy = onnx.TensorProto()
+                copy.CopyFrom(initializers[name])
+                copy.name = f"{name}/{node.name}"
+                graph.initializer.append(copy)
+                node.input[:] = [copy.name if i == name else i for i in node.input]
+                changed = True
+    if changed:
+        onnx.save(model, str(path))
+
+
+def keep_float_elsewhere(path: Path, quantized: set[str]) -> None:
+    """Rewrite a QDQ graph so that int8 reaches only the `quantized` nodes.
+
+    ORT's quantizer gives a tensor one Q/DQ pair that every consumer reads: the residual
+    branch beside a Linear's input would read the rounded values too. Those consumers get
+    the float tensor back. A Gather of a quantized table is turned round to gather the int8
+    rows and dequantize only those (ORT would otherwise dequantize the whole 30522-row
+    table on every run), which is exact for a per-tensor scale. Q/DQ nodes nobody reads
+    any more are dropped.
+    """
+    import onnx
+    from onnx import helper
+    model = onnx.load(str(path))
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    initializers = {t.name for t in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        dq = producer.get(node.input[0]) if node.op_type == "Gather" else None
+        if node.name in quantized and dq is not None and dq.op_type == "DequantizeLinear" \
+                and dq.input[0] in initializers and is_scalar(graph, dq.input[1]):
+            rows = f"{node.output[0]}_int8_rows"
+            nodes.append(helper.make_node("DequantizeLinear", [rows, *dq.input[1:]], [node.output[0]],
+                                          name=f"{node.name}_DequantizeRows"))
+            node.input[0], node.output[0] = dq.input[0], rows
+    del graph.node[:]
+    graph.node.extend(nodes)
+    producer = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        if node.name in quantized or node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        for i, name in enumerate(node.input):
+            dq = producer.get(name)
+            q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+            if q is not None and q.op_type == "QuantizeLinear":
+                node.input[i] = q.input[0]   # the float tensor the pair was made from
+    drop_unread_qdq(graph)
+    onnx.save(model, str(path))
+
+
+def is_scalar(graph, name: str) -> bool:
+    return any(t.name == name and len(t.dims) == 0 for t in graph.initializer)
+
+
+def drop_unread_qdq(graph) -> None:
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = {name for node in graph.node for name in node.input} | outputs
+        unread = [n for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                  and not any(o in read for o in n.output)]
+        if not unread:
+            break
+        for node in unread:
+            graph.node.remove(node)
+    used = {name for node in graph.node for name in node.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+def with_shapes(source: Path, target: Path) -> None:
+    """Annotate every tensor with its type: the static quantizer skips tensors of unknown type.
+
+    ORT's symbolic shape inference understands the fused contrib ops (Attention,
+    EmbedLayerNormalization); on graphs where it gives up, ONNX's own inference covers the
+    standard ops.
+    """
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    source, target = Path(source).resolve(), Path(target).resolve()
+    # When symbolic inference gives up, ORT saves its partial model as
+    # ./sym_shape_infer_temp.onnx (+ a 90 MB external-data file): run it from the target's
+    # (temporary) dir so that nothing lands in the user's working dir.
+    with contextlib.chdir(target.parent):
+        try:
+            quant_pre_process(str(source), str(target), skip_optimization=True)
+        except Exception:  # "Incomplete symbolic shape inference" and friends
+            try:
+                # Unfused embeddings stop it at the position Add ("sequence" vs a Slice's
+                # length) unless it may merge the two symbolic dims.
+                quant_pre_process(str(source), str(target), skip_optimization=True, auto_merge=True)
+            except Exception:
+                quant_pre_process(str(source), str(target), skip_optimization=True, skip_symbolic_shape=True)
+
+
+def graph_inputs(path: Path) -> set[str]:
+    import onnx
+    return {i.name for i in onnx.load(str(path), load_external_data=False).graph.input}

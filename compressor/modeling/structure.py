@@ -1,0 +1,107 @@
+"""Structural model surgery (head pruning, FFN slicing, layer sharing), and the record that
+makes it survive a save. No pass calls it yet; the tests exercise it on the tiny models.
+
+- `prune_heads(model, {layer: [head, ...]})`: Transformers' own head pruning (recorded by
+  Transformers in `config.pruned_heads`, rebuilt by `from_pretrained`).
+- `set_intermediate_size(model, layer, keep)`: slice one layer's FFN to the listed neurons.
+- `tie_layers(model, groups)`: layers of a group share the first one's parameters.
+
+The last two change what the config implies, so they keep a record in the config
+(`compressor_structure`, format in pretrain/structured.py) and `update_record` points
+`config.auto_map` at the modeling file `save_structure_code` copies beside the weights. The
+record always describes the model as it is: it is derived from the model, not maintained
+by hand.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from pretrain import structured
+from pretrain.errors import UserError
+from pretrain.families import FAMILIES, Family
+from pretrain.models import encoder_layers
+
+AUTO_CLASS = "AutoModelForSequenceClassification"
+
+
+def family_for(model: PreTrainedModel, capability: str) -> Family:
+    family = FAMILIES.get(model.config.model_type)
+    if family is None or family.layers is None:
+        raise UserError(f"{capability}: model family {model.config.model_type!r} has no Transformer layers")
+    family.check(capability, f"{capability} is not available for model family {family.name!r}")
+    return family
+
+
+def prune_heads(model: PreTrainedModel, heads: dict[int, list[int]]) -> None:
+    """Remove attention heads in place: {layer index: [head indices]}."""
+    family_for(model, "prune-heads")
+    model.prune_heads({int(layer): list(hs) for layer, hs in heads.items()})
+
+
+def set_intermediate_size(model: PreTrainedModel, layer: int, keep: Sequence[int]) -> None:
+    """Keep only the FFN neurons `keep` (indices into the layer's current width) of one layer."""
+    family = family_for(model, "prune-ffn")
+    layers = encoder_layers(model)
+    width = structured.submodule(layers[layer], family.ffn.inner).out_features
+    if not keep or len(set(keep)) != len(keep) or not all(0 <= i < width for i in keep):
+        raise UserError(f"layer {layer}: FFN neurons to keep must be distinct indices in [0, {width}); got {list(keep)}")
+    structured.keep_ffn_neurons(layers[layer], (family.ffn.inner, family.ffn.outer), torch.tensor(sorted(keep)))
+    update_record(model)
+
+
+def tie_layers(model: PreTrainedModel, groups: Sequence[Sequence[int]]) -> None:
+    """Make each group's layers share the first layer's parameters (cross-layer sharing)."""
+    family = family_for(model, "share-layers")
+    count = len(encoder_layers(model))
+    flat = [i for group in groups for i in group]
+    if len(set(flat)) != len(flat) or not all(0 <= i < count for i in flat) or any(len(g) < 2 for g in groups):
+        raise UserError(f"layer groups to share must be disjoint groups of 2 or more layer indices "
+                        f"in [0, {count}); got {[list(g) for g in groups]}")
+    existing = structured.shared_groups(model, family.layers)
+    merged = [list(g) for g in existing] + [sorted(g) for g in groups]
+    structured.share_layers(model, family.layers, merged)
+    update_record(model)
+
+
+def record_for(model: PreTrainedModel) -> dict | None:
+    """The model's structure record, or None when its config already implies its structure."""
+    family = FAMILIES.get(model.config.model_type)
+    if family is None or family.layers is None:
+        return None
+    record = structured.describe(model, family.layers, (family.ffn.inner, family.ffn.outer))
+    configured = getattr(model.config, family.intermediate_field)
+    if all(w == configured for w in record["intermediate_sizes"]) and not record["shared_layers"]:
+        return None
+    return record
+
+
+def update_record(model: PreTrainedModel) -> None:
+    """Write (or remove) the record and the auto_map entry that loads it."""
+    config = model.config
+    record = record_for(model)
+    auto_map = dict(getattr(config, "auto_map", None) or {})
+    if record is None:
+        if hasattr(config, structured.RECORD_FIELD):
+            delattr(config, structured.RECORD_FIELD)
+        if auto_map.get(AUTO_CLASS, "").startswith(structured.MODULE_NAME + "."):
+            del auto_map[AUTO_CLASS]
+    else:
+        setattr(config, structured.RECORD_FIELD, record)
+        base = type(model).__name__.removeprefix("Structured")
+        auto_map[AUTO_CLASS] = f"{structured.MODULE_NAME}.Structured{base}"
+    if auto_map:
+        config.auto_map = auto_map
+    elif "auto_map" in vars(config):
+        del config.auto_map
+
+
+def save_structure_code(model: PreTrainedModel, directory: Path) -> None:
+    """Copy the modeling file into a saved dir whose config records a structure."""
+    if structured.record_of(model.config) is not None:
+        shutil.copyfile(structured.__file__, Path(directory) / f"{structured.MODULE_NAME}.py")

@@ -1,0 +1,89 @@
+"""The pipeline from Python: the same stages, cache and report as a YAML recipe.
+
+    from compressor import Pipeline
+    from compressor.export.quantize import QuantizeConfig
+    from compressor.passes.layers import DropLayers
+    from pretrain.finetune import FinetuneConfig
+
+    pipe = Pipeline("my-run", teacher="minilm", task="wordnet-supersense",
+                    finetune=FinetuneConfig(epochs=2, max_train_samples=50000))
+    pipe.variant("three-layers", DropLayers(keep=(0, 2, 4)), FinetuneConfig(epochs=1))
+    pipe.variant("int8", QuantizeConfig(mode="dynamic-int8", per_channel=True))
+    pipe.export(optimize=True).benchmark(profiles=["cpu"], batch_sizes=[1, 8])
+    report = pipe.run("runs/my-run")
+
+A pass is its config object; the registry knows which pass each config type belongs to
+(a `(name, config)` pair picks one explicitly). `pipe.to_yaml()` writes the equivalent
+recipe, so a script can hand its pipeline to a colleague who prefers YAML.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from compressor.passes import pass_name_of
+from compressor.pipeline.recipe import parse_recipe
+
+
+class Pipeline:
+    """A recipe built in code. Methods return the pipeline, so calls chain."""
+
+    def __init__(self, name: str, *, task: str | dict, teacher: str = "minilm",
+                 finetune: BaseModel | dict | None = None, seed: int = 0,
+                 max_eval_samples: int | None = None, max_train_samples: int | None = None) -> None:
+        self._raw: dict[str, Any] = {
+            "name": name, "seed": seed,
+            "teacher": {"model": str(teacher), "task": task, "finetune": as_dict(finetune)},
+            "data": {"max_eval_samples": max_eval_samples, "max_train_samples": max_train_samples},
+            "variants": {}}
+
+    def variant(self, name: str, *passes: BaseModel | tuple[str, BaseModel | dict]) -> "Pipeline":
+        """Add a variant: the teacher with these passes applied in order (none: the teacher)."""
+        steps = []
+        for p in passes:
+            pass_name, config = p if isinstance(p, tuple) else (pass_name_of(p), p)
+            steps.append({pass_name: as_dict(config)})
+        self._raw["variants"][name] = steps
+        return self
+
+    def export(self, settings: BaseModel | None = None, **fields: Any) -> "Pipeline":
+        """ONNX export of every model (ExportSettings, or its fields as keywords)."""
+        self._raw["export"] = as_dict(settings) if settings is not None else {"onnx": True, **fields}
+        return self
+
+    def benchmark(self, settings: BaseModel | None = None, **fields: Any) -> "Pipeline":
+        """Measure every model on hardware profiles (BenchmarkSettings, or its fields as keywords)."""
+        self._raw["benchmark"] = as_dict(settings) if settings is not None else fields
+        return self
+
+    def to_dict(self) -> dict:
+        raw = {k: v for k, v in self._raw.items() if v is not None}
+        raw["teacher"] = {k: v for k, v in raw["teacher"].items() if v is not None}
+        raw["data"] = {k: v for k, v in raw["data"].items() if v is not None}
+        return raw
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def validate(self):
+        """The validated recipe and its steps (raises UserError like a bad YAML recipe)."""
+        return parse_recipe(self.to_dict(), source=f"pipeline {self._raw['name']!r}")
+
+    def run(self, out_dir: str | Path, *, force: bool = False, rebenchmark: bool = False,
+            show_progress: bool = True) -> dict:
+        """Run every stage into out_dir (cached and resumable, like `compressor run`); the report."""
+        from compressor.pipeline import run_recipe
+        recipe, steps = self.validate()
+        return run_recipe(recipe, steps, Path(out_dir), show_progress=show_progress, force=force,
+                          rebenchmark=rebenchmark)
+
+
+def as_dict(config: BaseModel | dict | None) -> dict | None:
+    """Only the fields a user set: defaults stay defaults (as in a hand-written recipe)."""
+    if config is None or isinstance(config, dict):
+        return config
+    return config.model_dump(mode="json", exclude_unset=True)

@@ -1,0 +1,114 @@
+"""The baselines and the benchmark stage of a run.
+
+Baselines are built from the teacher stage (compressor/bench/baselines.py says what each
+one is); the benchmark stage hands every deployable model to the measurement
+(compressor/bench/measure.py) and caches its result as a whole.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from compressor.bench.baselines import (BUILDERS, OPTIMUM, baseline_kind, model_file, optimum_preset,
+                                        preset_for_this_cpu, preset_settings)
+from compressor.bench.measure import run_benchmarks
+from compressor.bench.profiles import unavailable_reason
+from compressor.bench.runners import Deployable
+from compressor.bundle import ModelBundle, weights_size
+from compressor.export.onnx import ONNX_FILE
+from compressor.pipeline.cache import cached, content_key, fingerprint_file, key_fields
+from compressor.pipeline.recipe import BASELINES_DIR, BENCHMARK_DIR, Recipe
+from compressor.pipeline.stages import Stage, test_predictions
+from pretrain.atomic import write_json
+from pretrain.batching import usable_length
+from pretrain.data import TaskData
+from pretrain.metrics import classification_metrics
+
+
+def optimum_presets(settings) -> dict[str, str]:
+    """The Optimum preset of every profile this machine measures, by profile name."""
+    return {profile.name: optimum_preset(profile) for profile in settings.profile_objects()
+            if unavailable_reason(profile) is None}
+
+
+def baseline_stage(name: str, teacher: Stage, recipe: Recipe, task: TaskData, out_dir: Path,
+                   presets: dict[str, str]) -> dict:
+    """Build (or reuse) one baseline from the teacher; its record with test metrics.
+
+    `presets` maps each measured profile to its Optimum preset. The Optimum baseline is
+    built once per distinct preset; its record is the first measured profile's build (the
+    CPU's preset when no profile is measured here), and `optimum` tells which preset each
+    profile is measured against.
+    """
+    kind, precision = baseline_kind(name)
+    if name == "pytorch-eager-fp32":   # the teacher itself: nothing to build or re-evaluate
+        return {"name": name, "path": str(teacher.path), "file": str(teacher.path), "kind": kind,
+                "precision": precision, "metrics": teacher.metrics,
+                "predictions": teacher.predictions.tolist(), "size_bytes": weights_size(teacher.path),
+                "params": teacher.params}
+    if name != OPTIMUM:
+        return {"name": name, "kind": kind, "precision": precision, "params": teacher.params,
+                **built_baseline(name, None, teacher, recipe, task, out_dir)}
+    wanted = list(dict.fromkeys(presets.values())) or [preset_for_this_cpu()]
+    builds = {preset: built_baseline(name, preset, teacher, recipe, task, out_dir) for preset in wanted}
+    primary = builds[wanted[0]]
+    optimum = {"preset": wanted[0], "settings": preset_settings(wanted[0]), "profiles": presets,
+               "builds": {preset: {"path": b["path"], "accuracy": b["metrics"]["accuracy"],
+                                   "macro_f1": b["metrics"]["macro_f1"], "size_bytes": b["size_bytes"],
+                                   "settings": preset_settings(preset)} for preset, b in builds.items()}}
+    return {"name": name, "kind": kind, "precision": precision, "params": teacher.params, **primary,
+            "optimum": optimum, "profile_files": {p: builds[preset]["file"] for p, preset in presets.items()}}
+
+
+def built_baseline(name: str, preset: str | None, teacher: Stage, recipe: Recipe, task: TaskData,
+                   out_dir: Path) -> dict:
+    """One built baseline dir (per Optimum preset for the Optimum baseline), cached by key."""
+    path = out_dir / BASELINES_DIR / (name if preset is None else f"{name}-{preset}")
+    key = content_key({"baseline": name, "input": teacher.key, "eval": recipe.data.max_eval_samples,
+                       "optimum": preset_settings(preset) if preset else None})
+
+    def write(tmp: Path) -> dict:
+        BUILDERS[name](teacher.path, tmp, preset)
+        predictions = test_predictions(tmp, task, recipe)
+        labels = np.asarray(task.split("test").head(recipe.data.max_eval_samples).labels)
+        return {"metrics": classification_metrics(labels, predictions), "predictions": predictions.tolist(),
+                "size_bytes": model_file(name, tmp).stat().st_size}
+    record = cached(path, key, write)
+    return {"path": str(path), "file": str(model_file(name, path)), **record}
+
+
+def baseline_deployable(baseline: dict) -> Deployable:
+    on_profiles = tuple((profile, Path(file)) for profile, file in baseline.get("profile_files", {}).items())
+    return Deployable(baseline["name"], baseline["kind"], Path(baseline["file"]), baseline["precision"],
+                      on_profiles)
+
+
+def variant_deployable(stage: Stage, export: dict | None) -> Deployable:
+    if export is None:
+        return Deployable(stage.name, "torch", stage.path, "fp32")
+    if export.get("format") == "torch":       # torch-dynamic-int8: a PyTorch deployment dir
+        return Deployable(stage.name, "torch", Path(export["path"]), export["precision"])
+    return Deployable(stage.name, "onnx", Path(export["path"]) / ONNX_FILE, export["precision"])
+
+
+def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, task: TaskData,
+                    out_dir: Path, rebenchmark: bool) -> dict:
+    """Measure every deployable model on every profile in one run (cached as a whole)."""
+    settings = recipe.benchmark
+    key = content_key({"models": [[m.name, m.kind, m.precision, fingerprint_file(m.path),
+                                   [[p, fingerprint_file(f)] for p, f in m.on_profiles]] for m in models],
+                       "benchmark": key_fields(settings), "eval": recipe.data.max_eval_samples,
+                       "profiles": settings.resolved_profiles()})
+    path = out_dir / BENCHMARK_DIR
+    test = task.split("test").head(recipe.data.max_eval_samples)
+    teacher_bundle = ModelBundle.load(teacher.path)
+
+    def write(tmp: Path) -> dict:
+        results = run_benchmarks(models, settings, teacher_bundle.tokenizer, test,
+                                 max_length=usable_length(teacher_bundle.model))
+        write_json(tmp / "benchmark.json", results)
+        return results
+    record = cached(path, key, write, force=rebenchmark)
+    return {k: v for k, v in record.items() if k != "key"}

@@ -1,0 +1,93 @@
+"""The stage cache: a stage's dir is reused while its content key is unchanged.
+
+A key hashes what a stage's output depends on: its input's key, its config (the fields
+that differ from their defaults), the test-sample limit and the tool's version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable
+
+from compressor import __version__
+from compressor.pipeline.outdir import disk_errors, read_json
+from pretrain.atomic import atomic_dir, write_json
+from pretrain.data import TaskData
+
+STAGE_FILE = "stage.json"
+
+
+def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = False) -> dict:
+    """The record of the stage at `path` if its key matches (and not `force`); else build it atomically.
+
+    `write(tmp_dir)` fills a temporary dir and returns the record, which is saved as
+    stage.json beside what it wrote; the dir then replaces `path` in one rename.
+    """
+    record = read_json(path / STAGE_FILE)
+    if record.get("key") == key and not force:
+        return record
+    with disk_errors(path.parent), atomic_dir(path) as tmp:
+        record = {"key": key, **write(tmp)}
+        write_json(tmp / STAGE_FILE, record)
+    return record
+
+
+def key_fields(config) -> dict:
+    """A config as it enters a cache key: the fields that differ from their defaults.
+
+    Config schemas only ever gain fields, with defaults that keep the old behaviour; leaving
+    defaults out keeps such an addition from invalidating every cached stage (a 20-minute
+    teacher fine-tuning among them). A default that depends on other fields (a fine-tuning
+    strategy's learning rate: `derived_defaults()`) is left out likewise when the config
+    holds it, so `lr: 1e-4` written out and the full strategy's default give one key.
+    """
+    fields = config.model_dump(mode="json", exclude_defaults=True)
+    derived = config.derived_defaults() if hasattr(config, "derived_defaults") else {}
+    return {k: v for k, v in fields.items() if k not in derived or v != derived[k]}
+
+
+def content_key(parts: dict) -> str:
+    payload = json.dumps({"code": code_version(), **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def code_version() -> str:
+    """The tool's version: part of every cache key.
+
+    A release that changes what a stage computes bumps the version, which invalidates
+    cached stages. (Hashing the source itself would throw away a 20-minute teacher
+    fine-tuning for every unrelated edit.)
+    """
+    return __version__
+
+
+def fingerprint(path: Path) -> str:
+    """Content hash of a model dir's config and weights."""
+    digest = hashlib.sha256()
+    for file in sorted(path.iterdir()):
+        if file.is_file() and file.suffix in (".json", ".safetensors", ".bin", ".txt"):
+            digest.update(file.name.encode())
+            digest.update(file_digest(file).encode())
+    return digest.hexdigest()[:20]
+
+
+def fingerprint_file(path: Path) -> str:
+    return fingerprint(path) if path.is_dir() else file_digest(path)
+
+
+def file_digest(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:20]
+
+
+def task_fingerprint(task: TaskData) -> str:
+    digest = hashlib.sha256(json.dumps([task.name, task.label_names], default=str).encode())
+    for split_name in sorted(task.splits):
+        split = task.splits[split_name]
+        digest.update(json.dumps([split.texts, split.text_pairs, split.labels]).encode())
+    return digest.hexdigest()[:20]

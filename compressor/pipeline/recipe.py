@@ -1,0 +1,205 @@
+"""The recipe: YAML in, validated typed objects out.
+
+The format is a contract (README "Recipe format"): fields are added, never changed.
+Validation happens before anything is written, and every error names the field's path:
+`variants.three-layers[0].drop-layers.keep: Input should be a valid tuple (got 'all')`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from compressor.bench.baselines import BASELINES
+from compressor.export.onnx import ExportSettings
+from compressor.passes import get_pass
+from pretrain.errors import UserError
+from pretrain.finetune import FinetuneConfig
+
+VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+EXPORT_SUFFIX = "-onnx"            # stage `x` exports to DIR/x-onnx/
+TORCH_INT8_SUFFIX = "-torch-int8"  # ... or to DIR/x-torch-int8/ when it is a torch-dynamic-int8 deployment
+RUN_FILE = "run.json"              # which recipe owns an output dir
+BASELINES_DIR = "baselines"        # DIR/baselines/<name>/
+BENCHMARK_DIR = "benchmark"        # DIR/benchmark/benchmark.json
+PREFIXES_DIR = "prefixes"          # DIR/prefixes/<key>/: shared variant prefixes
+WORK_DIR = ".work"                 # DIR/.work/<key>/: a running pass's checkpoints (hidden: no
+                                   # variant name can start with a dot, so none clashes with it)
+RESERVED_NAMES = {"teacher", "report.json", "report.md", "report.html", "pareto.png", RUN_FILE,
+                  BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR}
+
+
+def export_dir_name(stage_name: str, quantize_mode: str | None = None) -> str:
+    """Where stage `stage_name` is deployed: an ONNX dir, or a PyTorch int8 dir (model.int8.pt)."""
+    suffix = TORCH_INT8_SUFFIX if quantize_mode == "torch-dynamic-int8" else EXPORT_SUFFIX
+    return f"{stage_name}{suffix}"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TeacherSpec(Strict):
+    model: str = "minilm"                        # "minilm" (bundled) or a path to an HF model dir
+    task: str | dict[str, Any]                   # built-in task name or {path, text, label, ...}
+    finetune: FinetuneConfig | None = None       # omitted: use the model as it is
+
+
+class DataLimits(Strict):
+    max_eval_samples: int | None = Field(None, ge=1)    # test examples used for accuracy
+    max_train_samples: int | None = Field(None, ge=1)   # default cap for passes that train
+
+
+class BenchmarkSettings(Strict):
+    """The recipe's `benchmark:` section: where and against what the models are measured."""
+
+    profiles: list[str] = Field(default=["cpu"], min_length=1)     # names in profiles/ or YAML paths
+    batch_sizes: list[int] | None = None            # default: each profile's own
+    sequence_lengths: list[int | Literal["real"]] | None = None   # default: each profile's own
+    iterations: int | None = Field(None, ge=1)      # default: each profile's own
+    baselines: list[Literal[BASELINES]] = list(BASELINES)   # type: ignore[valid-type]
+
+    @field_validator("profiles")
+    @classmethod
+    def _known_profiles(cls, profiles: list[str]) -> list[str]:
+        from compressor.bench.profiles import load_profile
+        for ref in profiles:
+            try:
+                load_profile(ref)
+            except UserError as err:    # unknown name or a bad profile file
+                raise ValueError(str(err)) from None
+        return profiles
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is not None and (not sizes or min(sizes) < 1):
+            raise ValueError(f"batch sizes must be a non-empty list of integers >= 1 (got {sizes})")
+        return sizes
+
+    def profile_objects(self) -> list:
+        """The profiles with this section's overrides applied."""
+        from compressor.bench.profiles import load_profile
+        overrides = {k: v for k, v in (("batch_sizes", self.batch_sizes),
+                                         ("sequence_lengths", self.sequence_lengths),
+                                         ("iterations", self.iterations)) if v is not None}
+        return [load_profile(ref).model_copy(update=overrides) for ref in self.profiles]
+
+    def resolved_profiles(self) -> list[dict]:
+        return [p.model_dump(mode="json") for p in self.profile_objects()]
+
+
+class Step(Strict):
+    """One pass application: the registered name and its validated config."""
+
+    name: str
+    config: BaseModel
+
+
+class Recipe(Strict):
+    name: str
+    seed: int = 0
+    teacher: TeacherSpec
+    data: DataLimits = DataLimits()
+    variants: dict[str, list[dict[str, Any] | str]] | None = None
+    passes: list[dict[str, Any] | str] | None = None     # shorthand: one variant named "main"
+    export: ExportSettings | None = None                  # omitted: no export
+    benchmark: BenchmarkSettings | None = None            # omitted: no benchmark
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, variants: dict | None) -> dict | None:
+        for name in variants or {}:
+            if not VARIANT_NAME.match(name) or name in RESERVED_NAMES:
+                raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-' "
+                                 f"and not one of {sorted(RESERVED_NAMES)}")
+        return variants
+
+    @field_validator("export")
+    @classmethod
+    def _export_dirs_free(cls, export: ExportSettings | None, info: ValidationInfo) -> ExportSettings | None:
+        if export is None or not export.onnx:
+            return export
+        # `variants` and `passes` are declared before `export`, so they are validated by now.
+        names = {"teacher", *(info.data.get("variants") or {}),
+                 *(["main"] if info.data.get("passes") is not None else [])}
+        clashes = sorted((name + suffix, name) for name in names for suffix in (EXPORT_SUFFIX, TORCH_INT8_SUFFIX)
+                         if name + suffix in names)
+        if clashes:
+            raise ValueError(f"variant name {clashes[0][0]!r} is where {clashes[0][1]!r} may be "
+                             f"exported; rename it (export dirs are <name>{EXPORT_SUFFIX}, or "
+                             f"<name>{TORCH_INT8_SUFFIX} for torch-dynamic-int8)")
+        return export
+
+    def variant_steps(self) -> dict[str, list[Step]]:
+        raw = dict(self.variants or {})
+        if self.passes is not None:
+            raw.setdefault("main", self.passes)
+        return {name: [parse_step(item, f"variants.{name}[{i}]") for i, item in enumerate(steps)]
+                for name, steps in raw.items()}
+
+
+def parse_step(item: dict[str, Any] | str, where: str) -> Step:
+    """`{drop-layers: {keep: [0, 2]}}` or a bare `finetune` -> Step with a typed config."""
+    if isinstance(item, str):
+        item = {item: {}}
+    if len(item) != 1:
+        raise UserError(f"{where}: a pass is a mapping with one key, the pass name "
+                        f"(e.g. {{drop-layers: {{keep: [0, 2, 4]}}}}), got keys {list(item)}")
+    (name, config), = item.items()
+    try:
+        spec = get_pass(name)
+    except UserError as err:
+        raise UserError(f"{where}: {err}") from None
+    try:
+        return Step(name=name, config=spec.config_type.model_validate(config or {}))
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err, f"{where}.{name}")) from None
+
+
+def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """The first pydantic error as one line: path, what was expected, what was given."""
+    first = err.errors()[0]
+    # Union branches show up in loc as type tags ("dict[str,any]"); they are not field names.
+    path = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-") and "[" not in str(p))
+    full = ".".join(p for p in (prefix, path) if p)
+    given = first.get("input")
+    shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
+    more = f" [and {err.error_count() - 1} more]" if err.error_count() > 1 else ""
+    return f"{full or 'recipe'}: {first['msg']}{shown}{more}"
+
+
+def load_recipe(path: str | Path) -> tuple[Recipe, dict[str, list[Step]]]:
+    """Parse and validate a recipe file; raise UserError with a one-line message."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"recipe {path} not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    return parse_recipe(raw, source=str(path))
+
+
+def parse_recipe(raw: Any, source: str = "recipe") -> tuple[Recipe, dict[str, list[Step]]]:
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: expected a mapping with name, teacher and variants or passes")
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(f"{source}: {describe_validation_error(err)}") from None
+    try:
+        steps = recipe.variant_steps()
+    except UserError as err:
+        raise UserError(f"{source}: {err}") from None
+    if not steps:
+        raise UserError(f"{source}: no variants: add `variants:` or `passes:` (an empty list is the teacher itself)")
+    return recipe, steps

@@ -1,0 +1,99 @@
+"""report.json from the finished stages: one entry per model, scored against the teacher.
+
+The Pareto fronts and warnings come from compressor/report/analysis.py; report.md and
+report.html are rendered from the finished JSON (compressor/report/render.py).
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from compressor.bench.environment import environment
+from compressor.bundle import weights_size
+from compressor.pipeline.recipe import Recipe
+from compressor.pipeline.stages import Stage
+from compressor.report.analysis import pareto_fronts, runtime_warnings
+from pretrain.metrics import agreement
+
+
+def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports: dict[str, dict] | None = None,
+                 baselines: list[dict] | None = None, benchmark: dict | None = None) -> dict:
+    exports, baselines = exports or {}, baselines or []
+    latency = latency_by_model(benchmark)
+    teacher_acc = teacher.metrics["accuracy"]
+
+    def scored(entry: dict, predictions: np.ndarray) -> dict:
+        entry["retention"] = entry["accuracy"] / teacher_acc if teacher_acc else None
+        entry["agreement"] = agreement(np.asarray(predictions), teacher.predictions)
+        entry["latency"] = latency.get(entry["name"], [])
+        return entry
+
+    models = [scored(variant_entry(stage, exports.get(stage.name)), deployed_predictions(stage, exports))
+              for stage in variants]
+    models += [scored(baseline_entry(b), np.asarray(b["predictions"])) for b in baselines]
+    report = {
+        "recipe": recipe.model_dump(mode="json"),
+        "environment": environment(),
+        "teacher": {"path": str(teacher.path), "accuracy": teacher_acc,
+                    "macro_f1": teacher.metrics["macro_f1"], "eval_samples": teacher.metrics["samples"],
+                    "params": teacher.params, "size_bytes": weights_size(teacher.path),
+                    **onnx_entry(exports, "teacher")},
+        "models": models,
+    }
+    if benchmark is not None:
+        report["benchmark"] = {"profiles": benchmark["profiles"], "skipped": benchmark["skipped"],
+                               "rankings": benchmark.get("rankings", [])}
+        report["pareto"] = pareto_fronts(models)
+        report["warnings"] = runtime_warnings(report)
+    return report
+
+
+def variant_entry(stage: Stage, export: dict | None) -> dict:
+    """A variant as deployed: its ONNX export when there is one, else its HF dir.
+
+    `path`, `kind`, `precision`, `accuracy` and `size_bytes` describe the deployed artifact;
+    `model_dir`, `torch_accuracy` and `torch_size_bytes` the PyTorch model it came from.
+    """
+    torch_size = weights_size(stage.path)
+    entry = {"name": stage.name, "baseline": False, "model_dir": str(stage.path),
+             "params": stage.params, "passes": stage.history,
+             "torch_accuracy": stage.metrics["accuracy"], "torch_size_bytes": torch_size}
+    if export is None:
+        entry.update(path=str(stage.path), kind="torch", precision="fp32",
+                     accuracy=stage.metrics["accuracy"], macro_f1=stage.metrics["macro_f1"],
+                     size_bytes=torch_size)
+    else:
+        entry.update(path=export["path"], kind="torch" if export.get("format") == "torch" else "onnx",
+                     precision=export["precision"],
+                     accuracy=export["accuracy"], macro_f1=export["macro_f1"],
+                     size_bytes=export["size_bytes"],
+                     onnx={k: v for k, v in export.items() if k != "predictions"})
+    return entry
+
+
+def deployed_predictions(stage: Stage, exports: dict[str, dict]) -> np.ndarray:
+    export = exports.get(stage.name)
+    return np.asarray(export["predictions"]) if export is not None else stage.predictions
+
+
+def baseline_entry(b: dict) -> dict:
+    return {"name": b["name"], "baseline": True, "path": b["path"], "kind": b["kind"],
+            "precision": b["precision"], "accuracy": b["metrics"]["accuracy"],
+            "macro_f1": b["metrics"]["macro_f1"], "params": b["params"], "size_bytes": b["size_bytes"],
+            "passes": [], **({"optimum": b["optimum"]} if "optimum" in b else {})}
+
+
+def latency_by_model(benchmark: dict | None) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for row in (benchmark or {}).get("measurements", []):
+        out.setdefault(row["model"], []).append({k: v for k, v in row.items() if k != "model"})
+    return out
+
+
+def onnx_entry(exports: dict[str, dict], name: str) -> dict:
+    """{"onnx": export record} for a model that was exported; nothing when export is off."""
+    if name not in exports:
+        return {}
+    return {"onnx": {k: v for k, v in exports[name].items() if k != "predictions"}}
+

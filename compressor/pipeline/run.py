@@ -1,0 +1,82 @@
+"""run_recipe: a validated recipe -> its stages, in order -> report.json and the human reports."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from compressor.bench.baselines import OPTIMUM, check_baselines
+from compressor.passes import check_pass_family
+from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
+                                                  optimum_presets, variant_deployable)
+from compressor.pipeline.outdir import WriteError, claim_out_dir, disk_errors
+from compressor.pipeline.paths import resolve_path, resolve_step_paths, resolve_task_paths
+from compressor.pipeline.recipe import Recipe, Step
+from compressor.pipeline.report_data import build_report
+from compressor.pipeline.stages import Stage, export_stage, pass_context, teacher_stage, variant_stage
+from compressor.report.render import write_human_reports
+from pretrain.atomic import write_json
+from pretrain.data import load_task
+from pretrain.errors import UserError
+from pretrain.models import BUNDLED_MODELS, check_model_ref, read_model_type, set_threads
+
+
+def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
+               base_dir: Path = Path("."), show_progress: bool = True, force: bool = False,
+               rebenchmark: bool = False) -> dict:
+    """Run every stage of a validated recipe into out_dir and return the report."""
+    set_threads(None)
+    teacher_ref = resolve_path(recipe.teacher.model, base_dir, keep=BUNDLED_MODELS)
+    teacher_path = check_model_ref(teacher_ref)
+    family = read_model_type(teacher_path)
+    presets: dict[str, str] = {}
+    if recipe.benchmark is not None:
+        check_baselines(recipe.benchmark.baselines, family)
+        if OPTIMUM in recipe.benchmark.baselines:
+            presets = optimum_presets(recipe.benchmark)     # a preset this CPU cannot run stops here
+    check_steps_fit(steps, family)
+    task = load_task(resolve_task_paths(recipe.teacher.task, base_dir), seed=recipe.seed)
+    steps = {name: [resolve_step_paths(step, base_dir) for step in variant_steps]
+             for name, variant_steps in steps.items()}
+    created = claim_out_dir(out_dir, recipe, force)
+    try:
+        teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)
+        ctx = pass_context(recipe, task, teacher, show_progress)
+        variants: list[Stage] = []
+        for name, variant_steps in steps.items():
+            variants.append(variant_stage(name, variant_steps, teacher, variants, recipe, task, out_dir, ctx))
+        exports = {}
+        if recipe.export is not None and recipe.export.onnx:
+            exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir)
+                       for stage in [teacher, *variants]}
+        baselines, benchmark = [], None
+        if recipe.benchmark is not None:
+            baselines = [baseline_stage(name, teacher, recipe, task, out_dir, presets)
+                         for name in recipe.benchmark.baselines]
+            deployables = [baseline_deployable(b) for b in baselines] + \
+                [variant_deployable(stage, exports.get(stage.name)) for stage in variants]
+            benchmark = benchmark_stage(deployables, teacher, recipe, task, out_dir, rebenchmark)
+    except WriteError:
+        raise   # finished stages are complete and cached: keep them for the rerun
+    except UserError:
+        # Bad input found late (e.g. a layer index out of range for this model) leaves
+        # nothing behind in a dir this run created. An interrupted run keeps its finished
+        # stages so that rerunning resumes after them.
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    report = build_report(recipe, teacher, variants, exports, baselines, benchmark)
+    with disk_errors(out_dir):
+        write_json(out_dir / "report.json", report)
+        write_human_reports(report, out_dir)
+    return report
+
+
+def check_steps_fit(steps: dict[str, list[Step]], family: str) -> None:
+    """Refuse, before any stage runs, a pass that cannot apply to the teacher's family."""
+    for name, variant_steps in steps.items():
+        for i, step in enumerate(variant_steps):
+            try:
+                check_pass_family(step.name, step.config, family)
+            except UserError as err:
+                raise UserError(f"variants.{name}[{i}]: {err}") from None

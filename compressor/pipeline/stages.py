@@ -1,0 +1,166 @@
+"""The model stages of a run: the teacher, each variant, and each model's ONNX export.
+
+Variants that begin with the same passes share them: after a pass that trains, the
+intermediate model is kept under DIR/prefixes/<key>/ and a later variant with the same
+prefix starts from it instead of training again.
+
+Passes get a Context with the teacher stage's model (loaded only if a pass asks for it) and,
+per step, a work dir DIR/.work/<key>/ for checkpoints (same key as the step's prefix, so a
+rerun resumes there); the work dirs of a variant go once its stage is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from compressor.bundle import ModelBundle, read_provenance
+from compressor.evaluate import load_predictor, predict_classes
+from compressor.export.onnx import ExportSettings, export_into
+from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
+from compressor.pipeline.cache import STAGE_FILE, cached, content_key, fingerprint, key_fields, task_fingerprint
+from compressor.pipeline.outdir import read_json
+from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
+from pretrain.data import TaskData
+from pretrain.finetune import evaluate, finetune, with_run_defaults
+from pretrain.models import load_classifier
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A finished model stage: where it lives, its cache key and its test metrics."""
+
+    name: str
+    path: Path
+    key: str
+    metrics: dict[str, Any]
+    predictions: np.ndarray
+    params: int
+    history: list[dict]
+
+
+def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir: Path,
+                  show_progress: bool) -> Stage:
+    finetune_cfg = recipe.teacher.finetune
+    if finetune_cfg is not None:
+        # data.max_train_samples caps the passes, not the teacher: its fine-tuning sets its own.
+        finetune_cfg = with_run_defaults(finetune_cfg, recipe.seed, max_train_samples=None)
+    key = content_key({"model": fingerprint(path), "task": task_fingerprint(task),
+                       "finetune": key_fields(finetune_cfg) if finetune_cfg else None,
+                       "eval": recipe.data.max_eval_samples})
+
+    def build() -> ModelBundle:
+        model, tokenizer = load_classifier(ref, task.label_names, seed=recipe.seed)
+        if finetune_cfg is not None:
+            finetune(model, tokenizer, task, finetune_cfg, desc="teacher finetune", show_progress=show_progress)
+        return ModelBundle(model=model, tokenizer=tokenizer, task=task.spec)
+    return model_stage("teacher", key, build, task, recipe, out_dir)
+
+
+def pass_context(recipe: Recipe, task: TaskData, teacher: Stage, show_progress: bool) -> Context:
+    """What every variant's passes share; the teacher loads only if a pass asks for it."""
+    return Context(task=task, seed=recipe.seed, max_train_samples=recipe.data.max_train_samples,
+                   show_progress=show_progress, teacher_source=LazyTeacher.from_dir(teacher.path))
+
+
+def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[Stage], recipe: Recipe,
+                  task: TaskData, out_dir: Path, ctx: Context) -> Stage:
+    def key_of(prefix: list[Step]) -> str:
+        return content_key({"input": teacher.key, "seed": recipe.seed,
+                            "max_train_samples": recipe.data.max_train_samples,
+                            "steps": [[s.name, key_fields(s.config)] for s in prefix]})
+
+    def build() -> ModelBundle:
+        known = {stage.key: stage.path for stage in earlier}
+        done, start = longest_finished_prefix(steps, key_of, known, out_dir)
+        bundle = ModelBundle.load(start or teacher.path)
+        for i in range(done, len(steps)):
+            # Keyed like the prefix it produces: a rerun of this step finds its checkpoints.
+            step_ctx = dataclasses.replace(ctx, work_dir=out_dir / WORK_DIR / key_of(steps[:i + 1]))
+            bundle = apply_pass(bundle, steps[i].name, steps[i].config, step_ctx)
+            if get_pass(steps[i].name).trains and i + 1 < len(steps):
+                keep_prefix(bundle, out_dir / PREFIXES_DIR / key_of(steps[:i + 1]), out_dir)
+        return bundle
+    stage = model_stage(name, key_of(steps), build, task, recipe, out_dir)
+    remove_work_dirs(out_dir, [key_of(steps[:n]) for n in range(1, len(steps) + 1)])
+    return stage
+
+
+def remove_work_dirs(out_dir: Path, keys: list[str]) -> None:
+    """Checkpoints of steps whose output is now written (a kept prefix or the stage itself)."""
+    for key in keys:
+        shutil.rmtree(out_dir / WORK_DIR / key, ignore_errors=True)
+    with contextlib.suppress(OSError):   # still holding another variant's work, or never made
+        (out_dir / WORK_DIR).rmdir()
+
+
+def longest_finished_prefix(steps: list[Step], key_of: Callable[[list[Step]], str],
+                            known: dict[str, Path], out_dir: Path) -> tuple[int, Path | None]:
+    """(number of steps already done, dir of that model) for the longest finished prefix."""
+    for n in range(len(steps), 0, -1):
+        key = key_of(steps[:n])
+        if key in known:
+            return n, known[key]
+        kept = out_dir / PREFIXES_DIR / key
+        if read_json(kept / STAGE_FILE).get("key") == key:
+            return n, kept
+    return 0, None
+
+
+def keep_prefix(bundle: ModelBundle, path: Path, out_dir: Path) -> None:
+    def write(tmp: Path) -> dict:
+        bundle.save_into(tmp)
+        return {"history": list(bundle.history)}
+    cached(path, path.name, write)
+
+
+def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: TaskData, recipe: Recipe,
+                out_dir: Path) -> Stage:
+    """Reuse out_dir/name if its key matches; otherwise build, evaluate and write it."""
+    def write(tmp: Path) -> dict:
+        bundle = build()
+        test = task.split("test").head(recipe.data.max_eval_samples)
+        metrics, predictions = evaluate(bundle.model, bundle.tokenizer, test)
+        bundle.save_into(tmp)
+        return {"metrics": metrics, "params": bundle.params, "history": list(bundle.history),
+                "predictions": predictions.tolist()}
+    record = cached(out_dir / name, key, write)
+    return Stage(name, out_dir / name, key, record["metrics"], np.asarray(record["predictions"]),
+                 record["params"], record["history"])
+
+
+def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: TaskData,
+                 out_dir: Path) -> dict:
+    """Export a finished stage to DIR/<name>-onnx/ (DIR/<name>-torch-int8/ for torch-dynamic-int8),
+    gated; the record plus test predictions.
+
+    The key covers the stage's own key (its weights, passes and deploy settings), the export
+    settings and the test-sample limit the gate evaluates on.
+    """
+    path = out_dir / export_dir_name(stage.name, quantize_mode(stage.path))
+    key = content_key({"input": stage.key, "export": key_fields(settings),
+                       "eval": recipe.data.max_eval_samples})
+
+    def write(tmp: Path) -> dict:
+        exported = export_into(tmp, ModelBundle.load(stage.path), settings, task, recipe.data.max_eval_samples,
+                               final_path=path)
+        # The gate already scored the shipped model on these test examples: reuse its predictions.
+        return {"export": exported.record, "predictions": exported.predictions.tolist()}
+    record = cached(path, key, write)
+    return {"path": str(path), **record["export"], "predictions": record["predictions"]}
+
+
+def quantize_mode(model_dir: Path) -> str | None:
+    """The quantize mode a stage's passes recorded (compressor.json deploy), if any."""
+    return (read_provenance(model_dir).get("deploy", {}).get("quantize") or {}).get("mode")
+
+
+def test_predictions(model_path: Path, task: TaskData, recipe: Recipe) -> np.ndarray:
+    """Class predictions of a saved model (HF or ONNX dir) on the recipe's test examples."""
+    return predict_classes(load_predictor(model_path), task.split("test").head(recipe.data.max_eval_samples), task)

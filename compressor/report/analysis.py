@@ -1,0 +1,105 @@
+"""What report.json's numbers say: Pareto fronts, runtime warnings, latency lookups.
+
+Plain functions of report.json's model entries (no rendering, no files), so a search over
+models can rank and filter candidates with the same rules the report uses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from compressor.bench.profiles import precision_family
+
+
+def measurement_keys(models: list[dict]) -> list[tuple]:
+    """(profile, batch_size, sequence_length) of every measurement, in first-seen order."""
+    keys: list[tuple] = []
+    for m in models:
+        for row in m.get("latency", []):
+            key = (row["profile"], row["batch_size"], row["sequence_length"])
+            if key not in keys:
+                keys.append(key)
+    return keys
+
+
+def latency_row(model: dict, key: tuple) -> dict | None:
+    for row in model.get("latency", []):
+        if (row["profile"], row["batch_size"], row["sequence_length"]) == key:
+            return row
+    return None
+
+
+def pareto_fronts(models: list[dict]) -> list[dict]:
+    """Per measurement, the models no other model beats on both accuracy and p50 latency."""
+    fronts = []
+    for key in measurement_keys(models):
+        points = [(m["name"], m["accuracy"], row["p50_ms"]) for m in models
+                  if (row := latency_row(m, key)) is not None]
+        front = [name for name, acc, lat in points
+                 if not any(a >= acc and t <= lat and (a > acc or t < lat) for _, a, t in points)]
+        fronts.append({"profile": key[0], "batch_size": key[1], "sequence_length": key[2],
+                       "models": sorted(front, key=lambda n: next(t for m, _, t in points if m == n))})
+    return fronts
+
+
+def encoder_params(model_dir: str | None, params: int) -> int | None:
+    """Parameters outside the embedding tables: what the per-token compute scales with."""
+    if not model_dir:
+        return None
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    hidden = config.get("hidden_size") or config.get("dim")
+    rows = sum(config.get(k) or 0 for k in ("vocab_size", "max_position_embeddings", "type_vocab_size"))
+    return params - rows * hidden if hidden else None
+
+
+def runtime_warnings(report: dict) -> list[str]:
+    """Where a pass saved compute or bytes that the runtime did not turn into speed."""
+    models = report["models"]
+    profiles = {p["name"]: p for p in report.get("benchmark", {}).get("profiles", [])}
+    teacher_encoder = encoder_params(report["teacher"]["path"], report["teacher"]["params"])
+    reference = next((m for m in models if m["name"] == "onnxruntime-fp32"), None)
+    warnings = []
+    for m in models:
+        if m.get("baseline"):
+            continue
+        for name in sorted({row["profile"] for row in m.get("latency", [])}):
+            suited = profiles.get(name, {}).get("precisions", [])
+            if suited and precision_family(m["precision"]) not in suited:
+                warnings.append(f"{m['name']} is {m['precision']}, which profile {name} does not run fast "
+                                f"(it suits {', '.join(suited)}): expect no speed-up from the precision there")
+        if reference is None:
+            continue
+        encoder = encoder_params(m.get("model_dir"), m["params"])
+        for key in measurement_keys([m]):
+            row, ref = latency_row(m, key), latency_row(reference, key)
+            if ref is None:
+                continue
+            speedup = ref["p50_ms"] / row["p50_ms"]
+            where = f"on {key[0]} at batch {key[1]}"
+            if encoder and teacher_encoder and teacher_encoder / encoder >= 1.25:
+                expected = teacher_encoder / encoder
+                if speedup < 1 + 0.5 * (expected - 1):
+                    warnings.append(
+                        f"{m['name']} removed {1 - encoder / teacher_encoder:.0%} of the encoder's parameters "
+                        f"(up to {expected:.1f}x less compute) but runs only {speedup:.2f}x as fast as "
+                        f"onnxruntime-fp32 {where}")
+            if m["size_bytes"] <= 0.6 * reference["size_bytes"] and speedup < 1.1:
+                warnings.append(
+                    f"{m['name']} is {1 - m['size_bytes'] / reference['size_bytes']:.0%} smaller than "
+                    f"onnxruntime-fp32 but only {speedup:.2f}x as fast {where}: the runtime does not turn "
+                    f"the saved bytes into speed{slow_int8_cause(m)}")
+    return warnings
+
+
+def slow_int8_cause(model: dict) -> str:
+    """Why a static-int8 graph of `scope: ops` is slow on ORT's CPU provider, when it is one."""
+    quantization = (model.get("onnx") or {}).get("quantization") or {}
+    if quantization.get("mode") != "static-int8" or quantization.get("scope", "ops") != "ops":
+        return ""
+    return ("; static-int8 with scope: ops puts int8 on fused Attention and EmbedLayerNormalization, "
+            "which have no integer kernel there, so ORT dequantizes their weights (the whole word-"
+            "embedding table included) on every run: use scope: linears for speed")

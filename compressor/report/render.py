@@ -1,0 +1,276 @@
+"""report.md, report.html and pareto.png: renderings of a finished report.json.
+
+Everything here derives from the JSON (built by compressor/pipeline/report_data.py), so
+the human reports can be regenerated from a report.json alone (`write_human_reports`).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+from compressor.report.analysis import latency_row, measurement_keys
+from pretrain.atomic import atomic_file
+
+Table = tuple[list[str], list[list[str]]]
+
+
+# -- tables ----------------------------------------------------------------------------
+
+def baselines_of(report: dict) -> list[dict]:
+    return [m for m in report["models"] if m.get("baseline")]
+
+
+def summary_table(report: dict) -> Table:
+    """Every model and baseline: accuracy, retention, size, and size ratios vs each baseline."""
+    teacher = report["teacher"]
+    bases = baselines_of(report)
+    head = ["model", "kind", "precision", "accuracy", "retention", "agreement with teacher", "params", "MB"]
+    head += [f"size vs {b['name']}" for b in bases]
+    rows = [["teacher (PyTorch)", "torch", "fp32", f"{teacher['accuracy']:.4f}", "1.000", "1.000",
+             f"{teacher['params']:,}", f"{teacher['size_bytes'] / 1e6:.1f}"] +
+            [ratio(teacher["size_bytes"], b["size_bytes"]) for b in bases]]
+    for m in report["models"]:
+        rows.append([m["name"] + (" (baseline)" if m.get("baseline") else ""), m.get("kind", "torch"),
+                     m.get("precision", "fp32"), f"{m['accuracy']:.4f}", fmt(m.get("retention"), 3),
+                     fmt(m.get("agreement"), 3), f"{m['params']:,}", f"{m['size_bytes'] / 1e6:.1f}"] +
+                    [ratio(m["size_bytes"], b["size_bytes"]) for b in bases])
+    return head, rows
+
+
+def latency_table(report: dict, key: tuple) -> Table:
+    """One measurement (profile, batch, length): latency percentiles, throughput, memory, speedups."""
+    bases = [b for b in baselines_of(report) if latency_row(b, key)]
+    front = next((f["models"] for f in report.get("pareto", [])
+                  if (f["profile"], f["batch_size"], f["sequence_length"]) == key), [])
+    head = ["model", "accuracy", "p50 ms", "p90 ms", "p99 ms", "samples/s", "peak RSS MB"]
+    head += [f"speedup vs {b['name']}" for b in bases] + ["Pareto"]
+    rows = []
+    for m in sorted(report["models"], key=lambda m: (latency_row(m, key) or {}).get("p50_ms", float("inf"))):
+        row = latency_row(m, key)
+        if row is None:
+            continue
+        rows.append([m["name"], f"{m['accuracy']:.4f}", f"{row['p50_ms']:.2f}", f"{row['p90_ms']:.2f}",
+                     f"{row['p99_ms']:.2f}", f"{row['throughput']:.0f}", fmt(row.get("peak_rss_mb"), 0)] +
+                    [f"{latency_row(b, key)['p50_ms'] / row['p50_ms']:.2f}x" for b in bases] +
+                    ["yes" if m["name"] in front else ""])
+    return head, rows
+
+
+def markdown_table(report: dict) -> str:
+    """The summary table in Markdown (printed by `compressor run`)."""
+    return render_markdown(summary_table(report))
+
+
+def exports_table(report: dict) -> str:
+    """One row per ONNX export (empty when the recipe exported nothing)."""
+    entries = [("teacher", report["teacher"])] + [(m["name"], m) for m in report["models"]]
+    rows = [(name, entry["onnx"]) for name, entry in entries if "onnx" in entry]
+    if not rows:
+        return ""
+    head = ["export", "precision", "fused", "accuracy", "change vs fp32", "agreement with fp32",
+            "max logit diff", "MB"]
+    # A torch-dynamic-int8 deployment has no fused graph and no parity record of its own.
+    body = [[name, onnx["precision"], "yes" if onnx.get("optimized") else "no", f"{onnx['accuracy']:.4f}",
+             f"{onnx['accuracy_change'] * 100:+.2f} pt", fmt(onnx.get("agreement_with_fp32"), 3),
+             fmt(onnx.get("parity_max_abs_diff"), 1, "e"), f"{onnx['size_bytes'] / 1e6:.1f}"] for name, onnx in rows]
+    return render_markdown((head, body))
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def fmt(value: float | None, digits: int = 4, style: str = "f") -> str:
+    return "-" if value is None else f"{value:.{digits}{style}}"
+
+
+def render_markdown(table: Table) -> str:
+    head, rows = table
+    align = ["---"] + ["---:" if any(c[:1].isdigit() or c[:1] in "+-" for c in col) else "---"
+                       for col in list(zip(*rows))[1:]] if rows else ["---"] * len(head)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render_html_table(table: Table) -> str:
+    head, rows = table
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# -- the chart -------------------------------------------------------------------------
+
+def pareto_png(report: dict) -> bytes | None:
+    """Accuracy vs p50 latency, one panel per measurement; marker area ~ file size."""
+    keys = measurement_keys(report["models"])
+    if not keys:
+        return None
+    import matplotlib
+    import matplotlib.ticker
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 5), squeeze=False)
+    biggest = max(m["size_bytes"] for m in report["models"]) or 1
+    fronts = {(f["profile"], f["batch_size"], f["sequence_length"]): f["models"] for f in report.get("pareto", [])}
+    for ax, key in zip(axes[0], keys):
+        measured = sorted((m for m in report["models"] if latency_row(m, key)),
+                          key=lambda m: latency_row(m, key)["p50_ms"])
+        for i, m in enumerate(measured):
+            row = latency_row(m, key)
+            ax.scatter(row["p50_ms"], m["accuracy"], s=40 + 600 * m["size_bytes"] / biggest, alpha=0.6,
+                       marker="s" if m.get("baseline") else "o",
+                       color="tab:gray" if m.get("baseline") else "tab:blue", edgecolors="black")
+            # Alternate label offsets so neighbours with near-equal latency stay readable.
+            ax.annotate(m["name"], (row["p50_ms"], m["accuracy"]), fontsize=8,
+                        xytext=(6, 6 if i % 2 == 0 else -12), textcoords="offset points")
+        front = [(latency_row(m, key)["p50_ms"], m["accuracy"]) for name in fronts.get(key, [])
+                 for m in report["models"] if m["name"] == name]
+        if front:
+            xs, ys = zip(*sorted(front))
+            ax.step(xs, ys, where="post", color="tab:red", linewidth=1, label="Pareto front")
+            ax.legend(loc="lower right", fontsize=8)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.set_xlabel("p50 latency (ms, log scale)")
+        ax.set_ylabel("test accuracy")
+        ax.set_title(f"{key[0]}, batch {key[1]}, sequence {key[2]}")
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+# -- report.md / report.html -------------------------------------------------------------
+
+def environment_lines(env: dict) -> list[str]:
+    cpu = env.get("cpu", {})
+    packages = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v)
+    return [f"date: {env.get('date')}",
+            f"CPU: {cpu.get('model')} ({cpu.get('cores')} cores, {cpu.get('machine')}; "
+            f"flags: {', '.join(cpu.get('flags', [])) or 'none of interest'})",
+            f"threads: torch {env.get('torch_threads')}; Python {env.get('python')}; {env.get('platform')}",
+            f"packages: {packages}"]
+
+
+def sections(report: dict) -> list[tuple[str, str, object]]:
+    """(kind, title, content) in report order; kind is 'table', 'lines' or 'chart'."""
+    out: list[tuple[str, str, object]] = [("table", "Models", summary_table(report))]
+    if baselines_of(report):
+        out.append(("lines", "Baselines: how each was built", baseline_lines(report)))
+    exports = [("teacher", report["teacher"])] + [(m["name"], m) for m in report["models"]]
+    if any("onnx" in e for _, e in exports):
+        out.append(("markdown", "ONNX exports (parity and accuracy gate)", exports_table(report)))
+    for key in measurement_keys(report["models"]):
+        out.append(("table", f"Latency: profile {key[0]}, batch {key[1]}, sequence {key[2]}",
+                    latency_table(report, key)))
+    if report.get("benchmark", {}).get("rankings"):
+        out.append(("lines", "Ranking by latency (fastest first; '=' joins models that tie within the noise)",
+                    ranking_lines(report["benchmark"])))
+    if report.get("pareto"):
+        out.append(("chart", "Accuracy vs latency (marker area: file size; squares: baselines)", None))
+    skipped = report.get("benchmark", {}).get("skipped", [])
+    if skipped:
+        out.append(("lines", "Skipped profiles", [f"{s['profile']}: {s['reason']}" for s in skipped]))
+    if report.get("warnings"):
+        out.append(("lines", "Warnings", report["warnings"]))
+    out.append(("lines", "Environment", environment_lines(report["environment"])))
+    return out
+
+
+BASELINE_RECIPES = {
+    "pytorch-eager-fp32": "the teacher in PyTorch eager mode, fp32, as fine-tuning wrote it",
+    "onnxruntime-fp32": "the teacher exported to ONNX as is (no offline fusion), fp32, in ONNX Runtime",
+    "optimum-default-int8": "Optimum's CPU recipe: ORTModelForSequenceClassification export, ORTOptimizer O2, "
+                            "ORTQuantizer with the AutoQuantizationConfig preset for the CPU (dynamic, the "
+                            "preset's own defaults)",
+}
+
+
+def baseline_lines(report: dict) -> list[str]:
+    """What each baseline is, and for Optimum's which preset each profile measured."""
+    lines = []
+    for b in baselines_of(report):
+        line = f"{b['name']}: {BASELINE_RECIPES.get(b['name'], b['name'])}"
+        optimum = b.get("optimum")
+        if optimum:
+            for preset, build in optimum["builds"].items():
+                s = build["settings"]
+                profiles = [p for p, q in optimum["profiles"].items() if q == preset]
+                line += (f"; preset {preset} (activations {s['activations_dtype']}, weights {s['weights_dtype']}, "
+                         f"{'per-channel' if s['per_channel'] else 'per-tensor'}, reduce_range {s['reduce_range']}, "
+                         f"operators {', '.join(s['operators_to_quantize'])})"
+                         + (f" on profile {', '.join(profiles)}" if profiles else ""))
+        lines.append(line)
+    return lines
+
+
+def ranking_lines(benchmark: dict) -> list[str]:
+    """One line per measurement: groups joined by '<', tied models by '='."""
+    lines = []
+    for r in benchmark["rankings"]:
+        groups = []
+        for g in r["groups"]:
+            step = f" ({g['vs_previous_group']['ratio']:.2f}x)" if g.get("vs_previous_group") else ""
+            groups.append(" = ".join(g["models"]) + step)
+        lines.append(f"{r['profile']} batch {r['batch_size']} sequence {r['sequence_length']}: "
+                     + " < ".join(groups))
+    return lines
+
+
+def render_report_md(report: dict, chart_file: str | None) -> str:
+    parts = [f"# Report: {report['recipe']['name']}", ""]
+    for kind, title, content in sections(report):
+        parts += [f"## {title}", ""]
+        if kind == "table":
+            parts.append(render_markdown(content))
+        elif kind == "markdown":
+            parts.append(content)
+        elif kind == "chart":
+            parts.append(f"![Pareto chart]({chart_file})" if chart_file else "(no chart)")
+        else:
+            parts += [f"- {line}" for line in content]
+        parts.append("")
+    return "\n".join(parts)
+
+
+STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;"
+         "margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+         "th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%}")
+
+
+def render_report_html(report: dict, chart: bytes | None) -> str:
+    """Self-contained: styles and the chart are inline, nothing is fetched."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Report: "
+             f"{html.escape(report['recipe']['name'])}</title><style>{STYLE}</style></head><body>",
+             f"<h1>Report: {html.escape(report['recipe']['name'])}</h1>"]
+    for kind, title, content in sections(report):
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        if kind == "table":
+            parts.append(render_html_table(content))
+        elif kind == "markdown":
+            lines = [line for line in content.splitlines() if not line.startswith("|-")]
+            rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+            parts.append(render_html_table((rows[0], rows[1:])))
+        elif kind == "chart" and chart:
+            parts.append(f"<img alt='Pareto chart' src='data:image/png;base64,{base64.b64encode(chart).decode()}'>")
+        elif kind == "lines":
+            parts.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in content) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_human_reports(report: dict, out_dir: Path) -> None:
+    """report.md, report.html and pareto.png (when there are measurements), each atomically."""
+    chart = pareto_png(report)
+    if chart is not None:
+        atomic_file(out_dir / "pareto.png", chart)
+    atomic_file(out_dir / "report.md", render_report_md(report, "pareto.png" if chart else None).encode())
+    atomic_file(out_dir / "report.html", render_report_html(report, chart).encode())

@@ -1,0 +1,69 @@
+"""Write-then-rename helpers: nothing half-written is ever visible under an output dir.
+
+Used by both sides: the training loop's checkpoints and everything the compressor writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterator
+
+
+@contextlib.contextmanager
+def atomic_dir(target: Path) -> Iterator[Path]:
+    """Yield a temporary sibling dir; on success it replaces `target` in one rename."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; outputs are for sharing
+    try:
+        yield tmp
+        if target.exists():
+            # rename() cannot replace a non-empty dir: move the old one aside first.
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file in the same dir, then rename over `path`."""
+    atomic_file(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
+
+
+def atomic_file(path: Path, content: bytes) -> None:
+    """Write bytes to a temporary file in the same dir, then rename over `path`."""
+    atomic_write(path, lambda f: f.write(content))
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """`write(f)` fills a temporary file in the same dir, which then replaces `path` in one
+    rename: a kill never leaves half a file (e.g. `lambda f: torch.save(state, f)`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

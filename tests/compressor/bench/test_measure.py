@@ -1,0 +1,25 @@
+"""measure_models: any list of deployable models timed together on one profile."""
+
+from __future__ import annotations
+
+from compressor.bench import measure
+from compressor.bench.profiles import load_profile
+from compressor.bench.runners import Deployable
+
+
+def test_any_models_are_measured_together_with_rankings(tiny_bert_dir, tiny_task, tokenizer, monkeypatch):
+    """A candidate timed beside a reference (what a latency search does): a row per model and
+    setting, one ranking per setting naming both, and every timed call kept."""
+    monkeypatch.setattr(measure, "peak_rss_mb", lambda model, profile, batch_sets: [None] * len(batch_sets))
+    profile = load_profile("cpu").model_copy(update={"batch_sizes": [1, 4], "sequence_lengths": ["real"],
+                                                     "iterations": 4, "warmup": 1, "threads": 1})
+    models = [Deployable("reference", "torch", tiny_bert_dir, "fp32"),
+              Deployable("candidate", "torch", tiny_bert_dir, "fp32")]
+    result = measure.measure_models(models, profile, tokenizer, tiny_task.split("test"), log=lambda message: None)
+    assert [(row["model"], row["batch_size"]) for row in result.rows] == [
+        ("reference", 1), ("candidate", 1), ("reference", 4), ("candidate", 4)]
+    assert all(row["iterations"] == 4 and row["p50_ms"] > 0 and row["profile"] == "cpu" for row in result.rows)
+    assert [r["batch_size"] for r in result.rankings] == [1, 4]
+    for ranking in result.rankings:
+        assert sorted(name for group in ranking["groups"] for name in group["models"]) == ["candidate", "reference"]
+    assert all(set(call["times_ms"]) == {"reference", "candidate"} for call in result.calls)

@@ -1,0 +1,26 @@
+"""Why a profile is skipped: the reason names what is missing on this machine."""
+
+from __future__ import annotations
+
+import torch
+
+from compressor.bench import profiles
+from compressor.bench.profiles import load_profile, unavailable_reason
+
+
+def test_the_cpu_profile_runs_here():
+    assert unavailable_reason(load_profile("cpu")) is None
+
+
+def test_a_gpu_profile_without_a_gpu_says_no_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(profiles, "nvidia_gpu_present", lambda: False)
+    assert unavailable_reason(load_profile("gpu-cuda-fp16")) == "no CUDA device is visible"
+
+
+def test_a_gpu_with_cpu_builds_of_the_packages_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(profiles, "nvidia_gpu_present", lambda: True)
+    reason = unavailable_reason(load_profile("gpu-tensorrt-int8"))
+    assert "GPU is present" in reason and "CPU build" in reason and "onnxruntime-gpu" in reason

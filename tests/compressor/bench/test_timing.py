@@ -1,0 +1,93 @@
+"""Interleaved timing and the tie-aware ranking of compressor/bench/timing.py."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from compressor.bench.profiles import load_profile
+from compressor.bench.runners import Runner
+from compressor.bench.timing import (ROUND_WARMUP, Timings, paired_ratio, ranking_with_ties, tied, tied_pairs,
+                                     time_interleaved)
+
+
+def synthetic(medians: dict[str, float], noise: float, calls: int = 200, round_calls: int = 10) -> Timings:
+    """Per-call times: a shared per-batch cost times each model's factor times noise."""
+    rng = np.random.default_rng(1)
+    batch_cost = rng.uniform(1.0, 3.0, size=calls)          # real batches differ in length
+    times = {name: m * batch_cost * np.exp(rng.normal(0, noise, size=calls)) for name, m in medians.items()}
+    rounds = [slice(s, s + round_calls) for s in range(0, calls, round_calls)]
+    return Timings(times, dict.fromkeys(medians, calls), rounds)
+
+
+def test_paired_ratio_removes_batch_to_batch_variation():
+    timings = synthetic({"a": 2.0, "b": 1.0}, noise=0.02)
+    pair = paired_ratio(timings, "a", "b")
+    # The batch costs vary 3x, but paired per call the ratio is tight around 2.
+    assert abs(pair["ratio"] - 2.0) < 0.02
+    low, high = pair["ci95"]
+    assert low < pair["ratio"] < high and high / low < 1.03
+
+
+def test_ranking_groups_near_ties_and_orders_clear_differences():
+    timings = synthetic({"slow": 3.0, "fast": 1.0, "fast-twin": 1.01, "middle": 2.0}, noise=0.05)
+    groups = ranking_with_ties(timings)
+    assert [sorted(g["models"]) for g in groups] == [["fast", "fast-twin"], ["middle"], ["slow"]]
+    assert groups[0]["vs_previous_group"] is None
+    assert 1.9 < groups[1]["vs_previous_group"]["ratio"] < 2.1   # middle vs fast
+    assert len(groups[0]["ratios_to_first"]) == 1
+    assert tied_pairs(timings) == [["fast", "fast-twin"]]
+
+
+def test_noisy_measurements_of_a_small_difference_tie():
+    # 8% apart but with 40% per-call noise over few calls: the interval holds 1, so a tie.
+    timings = synthetic({"a": 1.0, "b": 1.08}, noise=0.4, calls=40)
+    assert len(ranking_with_ties(timings)) == 1
+
+
+def test_models_tie_when_per_call_ratio_and_p50s_disagree_on_the_direction():
+    pair = {"ratio": 0.8, "ci95": [0.7, 0.9], "p50_ratio": 1.05}
+    assert tied(pair)
+    assert not tied({**pair, "p50_ratio": 0.85})
+
+
+def test_time_interleaved_aligns_calls_across_models():
+    profile = load_profile("cpu").model_copy(update={"warmup": 1, "iterations": 25})
+    seen = {"quick": [], "sleepy": []}
+
+    def runner(name, seconds):
+        return Runner(prepare=lambda feed: feed, run=lambda feed: (seen[name].append(int(feed["id"][0])),
+                                                                   time.sleep(seconds)))
+    batches = [{"id": np.array([i])} for i in range(7)]
+    timings = time_interleaved({"quick": runner("quick", 0.0), "sleepy": runner("sleepy", 0.004)},
+                               batches, profile, round_calls=10)
+    assert [len(t) for t in timings.times.values()] == [25, 25]
+    assert [(s.start, s.stop) for s in timings.rounds] == [(0, 10), (10, 20), (20, 25)]
+    assert seen["quick"] == seen["sleepy"]   # the same batches in the same order, warm-ups included
+    assert timings.samples == {"quick": 25, "sleepy": 25}
+    assert [g["models"] for g in ranking_with_ties(timings)] == [["quick"], ["sleepy"]]
+
+
+def test_each_round_runs_the_models_in_a_recorded_random_order():
+    profile = load_profile("cpu").model_copy(update={"warmup": 0, "iterations": 60})
+    ran: list[str] = []
+
+    def runner(name):
+        return Runner(prepare=lambda feed: feed, run=lambda feed: ran.append(name))
+    names = ["a", "b", "c", "d"]
+    timings = time_interleaved({n: runner(n) for n in names}, [{"id": np.array([0])}], profile,
+                               round_calls=3, order_seed=7)
+    assert len(timings.orders) == len(timings.rounds) == 20 and timings.order_seed == 7
+    assert all(sorted(order) == names for order in timings.orders)
+    # The recorded orders are the orders that ran (warm-up and timed calls of each model in turn).
+    per_round = len(names) * (ROUND_WARMUP + 3)
+    ran_orders = [list(dict.fromkeys(ran[i:i + per_round])) for i in range(0, len(ran), per_round)]
+    assert ran_orders == timings.orders
+    # No model always follows the same one, and every model sometimes runs first.
+    predecessors = {n: {o[o.index(n) - 1] for o in timings.orders if o.index(n) > 0} for n in names}
+    assert all(len(p) > 1 for p in predecessors.values())
+    assert {o[0] for o in timings.orders} == set(names)
+    again = time_interleaved({n: runner(n) for n in names}, [{"id": np.array([0])}], profile,
+                             round_calls=3, order_seed=7)
+    assert again.orders == timings.orders       # the seed reproduces the order

@@ -1,0 +1,322 @@
+"""The `compressor` command, run as a user runs it: `python -m compressor ...` in a subprocess.
+
+Each subprocess spends seconds importing torch and transformers, so every command of this
+module is started once, by one module fixture, a few at a time in parallel; the tests then
+check the results. Bad input must end with exit code 2, exactly one line on stderr starting
+with "error:", no traceback, and no output dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from compressor.cli import finetune_command as finetune_module
+from compressor.cli import main
+from compressor.evaluate import evaluate_path
+from pretrain.errors import UserError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+ONNX_INPUTS = ("input_ids", "attention_mask", "token_type_ids")   # BertModel.forward's order
+
+
+@dataclass
+class Result:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def __str__(self) -> str:
+        return f"$ compressor {' '.join(self.argv)}\nexit {self.returncode}\n--- stderr\n{self.stderr[-3000:]}"
+
+
+def run_cli(argv: list[str], cwd: Path) -> Result:
+    # Several commands share two cores here: keep idle OpenMP threads from spinning.
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.run([sys.executable, "-m", "compressor", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return Result(argv, proc.returncode, proc.stdout, proc.stderr)
+
+
+def export_onnx(model_dir: Path, onnx_dir: Path) -> None:
+    """model.onnx (opset 17, dynamic batch and sequence) + config.json + tokenizer files."""
+    onnx_dir.mkdir()
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
+    example = {name: torch.ones((2, 7), dtype=torch.long) for name in ONNX_INPUTS}
+    example["token_type_ids"].zero_()
+    axes = {name: {0: "batch", 1: "sequence"} for name in ONNX_INPUTS} | {"logits": {0: "batch"}}
+    with warnings.catch_warnings():   # the TorchScript exporter's deprecation and tracer notices
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, tuple(example[n] for n in ONNX_INPUTS), str(onnx_dir / "model.onnx"),
+                          input_names=list(ONNX_INPUTS), output_names=["logits"], dynamic_axes=axes,
+                          opset_version=17, dynamo=False)
+    for name in ("config.json", *TOKENIZER_FILES):
+        shutil.copy(model_dir / name, onnx_dir / name)
+
+
+def write_recipe(path: Path, model_dir: Path, variants: str, teacher_extra: str = "") -> Path:
+    path.write_text(f"name: cli\nteacher:\n  model: {model_dir}\n  task: {{path: data.csv}}\n{teacher_extra}"
+                    f"variants:\n{variants}", encoding="utf-8")
+    return path
+
+
+# name -> how to check the one-line error message (besides the common checks).
+BAD_INPUT = {
+    "missing-model": lambda msg: "not found" in msg and "no-such-model" in msg,
+    "unsupported-family": lambda msg: "'gpt2'" in msg and "bert" in msg and "distilbert" in msg,
+    "unknown-task": lambda msg: "no-such-task" in msg and "wordnet-supersense" in msg and "wordnet-wsd" in msg,
+    "unknown-pass": lambda msg: "prune-everything" in msg and "drop-layers" in msg and "finetune" in msg,
+    "wrong-field-type": lambda msg: "teacher.finetune.epochs" in msg and "'two'" in msg and "number" in msg,
+    "missing-label-column": lambda msg: "nolabel.csv" in msg and "'label'" in msg and "category" in msg,
+    "unknown-flag": lambda msg: "--bogus-flag" in msg,
+    "unknown-profile": lambda msg: "'tpu'" in msg and "cpu" in msg and "gpu-cuda-fp16" in msg,
+    "unknown-strategy": lambda msg: "'lora'" in msg and all(
+        name in msg for name in ("'full'", "'frozen'", "'scalar-mix'", "'adapters'")),
+    "intermediate-clash": lambda msg: "'clash'" in msg and "labels clash" in msg and "noun.animal" in msg,
+    "missing-domain-corpus": lambda msg: "no-such-corpus.txt" in msg and "wordnet" in msg,
+    "domain-steps-without-corpus": lambda msg: "domain_steps" in msg and "domain_corpus" in msg,
+}
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
+    root = tmp_path_factory.mktemp("cli")
+    recipes = root / "recipes"
+    recipes.mkdir()
+    shutil.copy(tiny_csv, recipes / "data.csv")       # recipes name their data relative to themselves
+    nolabel = root / "nolabel.csv"
+    nolabel.write_text(tiny_csv.read_text().replace("text,label", "text,category", 1))
+    clash = root / "clash.csv"        # labels sharing one name (not all) with the target's
+    clash.write_text("text,label\n" + "".join(f"{i},{'noun.animal' if i % 2 else 'other'}\n" for i in range(40)))
+    existing = root / "existing"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("precious")
+
+    tiny, csv = str(tiny_bert_dir), str(tiny_csv)
+    quick = ["--epochs", "1", "--batch-size", "16", "--lr", "1e-3", "--quiet"]
+    jobs = {
+        "finetune": ["finetune", "--model", tiny, "--task", csv, "--out", str(root / "ft"), *quick],
+        "finetune-default-lr": ["finetune", "--model", tiny, "--task", csv, "--out", str(root / "ft-frozen"),
+                                "--strategy", "frozen", "--epochs", "1", "--batch-size", "16", "--quiet"],
+        "run": ["run", str(write_recipe(recipes / "good.yaml", tiny_bert_dir,
+                                        "  same: []\n  two-layers:\n    - drop-layers: {keep: [0, 1]}\n"
+                                        "    - finetune: {epochs: 1, batch_size: 16}\n")),
+                "--out", str(root / "run-out"), "--quiet"],
+        "missing-model": ["finetune", "--model", str(root / "no-such-model"), "--task", csv],
+        "unsupported-family": ["finetune", "--model", str(gpt2_dir), "--task", csv],
+        "unknown-task": ["finetune", "--model", tiny, "--task", "no-such-task"],
+        "unknown-pass": ["run", str(write_recipe(recipes / "bad-pass.yaml", tiny_bert_dir,
+                                                 "  v:\n    - prune-everything: {}\n"))],
+        "wrong-field-type": ["run", str(write_recipe(recipes / "bad-type.yaml", tiny_bert_dir, "  v: []\n",
+                                                     "  finetune: {epochs: two}\n"))],
+        "missing-label-column": ["finetune", "--model", tiny, "--task", str(nolabel)],
+        "unknown-flag": ["finetune", "--model", tiny, "--task", csv, "--bogus-flag"],
+        "unknown-profile": ["bench", "--model", tiny, "--task", csv, "--profile", "tpu"],
+        "unknown-strategy": ["finetune", "--model", tiny, "--task", csv, "--strategy", "lora"],
+        "intermediate-clash": ["finetune", "--model", tiny, "--task", csv, "--intermediate-task", str(clash)],
+        "missing-domain-corpus": ["finetune", "--model", tiny, "--task", csv,
+                                  "--domain-corpus", str(root / "no-such-corpus.txt")],
+        "domain-steps-without-corpus": ["finetune", "--model", tiny, "--task", csv, "--domain-steps", "5"],
+        "existing-out": ["finetune", "--model", tiny, "--task", "no-such-task", "--out", str(existing)],
+    }
+    for name in BAD_INPUT:
+        jobs[name] += ["--out", str(root / f"out-{name}")]
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(run_cli, argv, root) for name, argv in jobs.items()}
+        finetuned = futures["finetune"].result()
+        if finetuned.returncode == 0:
+            export_onnx(root / "ft", root / "onnx")
+            futures["evaluate"] = pool.submit(
+                run_cli, ["evaluate", "--model", str(root / "ft"), "--reference", str(root / "ft")], root)
+            futures["evaluate-onnx"] = pool.submit(
+                run_cli, ["evaluate", "--model", str(root / "onnx"), "--task", csv,
+                          "--reference", str(root / "ft")], root)
+            futures["bench"] = pool.submit(
+                run_cli, ["bench", "--model", str(root / "onnx"), "--task", csv, "--profile", "cpu",
+                          "--batch-sizes", "1,4", "--iterations", "5"], root)
+        results = {name: f.result() for name, f in futures.items()}
+    return root, results
+
+
+def ok(cli, name) -> Result:
+    root, results = cli
+    if name not in results:
+        pytest.fail(f"not run: {results['finetune']}")
+    result = results[name]
+    assert result.returncode == 0, str(result)
+    return result
+
+
+def test_finetune_writes_an_hf_dir_with_metrics(cli, tiny_task):
+    root, _ = cli
+    result = ok(cli, "finetune")
+    out = root / "ft"
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "metrics.json", "compressor.json", "tokenizer.json",
+            "tokenizer_config.json", "vocab.txt"} <= names
+    assert not [n for n in names if n.startswith(".")]
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {str(i): name for i, name in enumerate(tiny_task.label_names)}
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["task"] == "tiny" and metrics["split"] == "test"
+    assert 0 <= metrics["accuracy"] <= 1 and 0 <= metrics["macro_f1"] <= 1
+    assert metrics["samples"] == len(tiny_task.split("test"))
+    assert metrics["train_seconds"] > 0
+    assert metrics["train_samples"] == len(tiny_task.split("train"))
+    assert metrics["strategy"] == "full" and metrics["processes"] == 1
+    assert metrics["trainable_params"] == metrics["total_params"] > 0
+    assert json.loads(result.stdout) == metrics              # what it printed is what it wrote
+    assert metrics["lr"] == metrics["config"]["lr"] == 1e-3  # --lr 1e-3 given: it wins over full's 1e-4
+
+
+def test_finetune_without_lr_records_the_strategys_default(cli):
+    from pretrain.finetune import DEFAULT_LR
+    root, _ = cli
+    ok(cli, "finetune-default-lr")
+    metrics = json.loads((root / "ft-frozen" / "metrics.json").read_text())
+    assert metrics["strategy"] == "frozen"
+    assert metrics["lr"] == metrics["config"]["lr"] == DEFAULT_LR["frozen"] != 1e-4
+
+
+def test_lr_flag_defaults_to_none_and_help_lists_the_strategy_defaults():
+    from compressor.cli.commands import build_parser, default_rates
+    from pretrain.finetune import DEFAULT_LR
+    args = build_parser().parse_args(["finetune", "--task", "t", "--out", "o", "--strategy", "adapters"])
+    assert args.lr is None                                   # the config picks the strategy's rate
+    shown = dict(pair.split() for pair in default_rates().split(", "))
+    assert {strategy: float(lr) for strategy, lr in shown.items()} == DEFAULT_LR
+    assert default_rates().startswith("full 1e-4, adapters 1e-3")
+
+
+def test_flags_take_defaults_and_choices_from_the_configs():
+    from compressor.cli.commands import build_parser
+    from compressor.export.onnx import ExportSettings
+    from compressor.export.quantize import QuantizeConfig
+    from pretrain.finetune import FinetuneConfig
+    parser = build_parser()
+    ft = parser.parse_args(["finetune", "--task", "t", "--out", "o"])
+    config = FinetuneConfig()
+    assert (ft.epochs, ft.batch_size, ft.seed, ft.strategy, ft.embedding_updates, ft.adapter_size) == (
+        config.epochs, config.batch_size, config.seed, config.strategy, config.embedding_updates,
+        config.adapter_size)
+    assert (ft.adapter_init_std, ft.domain_steps, ft.domain_lr) == (None, None, None)   # the config's defaults
+    ex = parser.parse_args(["export", "--model", "m", "--out", "o"])
+    assert (ex.parity_tolerance, ex.accuracy_tolerance) == (ExportSettings().parity_tolerance,
+                                                            ExportSettings().accuracy_tolerance)
+    assert ex.quantize is None and ex.calibration is None and ex.scope is None
+    for mode in ("none", "dynamic-int8", "static-int8", "inc", "torch-dynamic-int8", "fp16", "int4-weight-only"):
+        assert parser.parse_args(["export", "--model", "m", "--out", "o", "--quantize", mode]).quantize == mode
+    for flag, field in (("--calibration", "calibration"), ("--format", "format"), ("--scope", "scope"),
+                        ("--weight-type", "weight_type")):
+        value = QuantizeConfig.model_fields[field].default
+        assert getattr(parser.parse_args(["export", "--model", "m", "--out", "o", flag, value]), field) == value
+
+
+def test_evaluate_prints_metrics_and_agreement(cli):
+    root, results = cli
+    result = json.loads(ok(cli, "evaluate").stdout)
+    metrics = json.loads((root / "ft" / "metrics.json").read_text())
+    assert result["kind"] == "torch" and result["task"] == "tiny" and result["split"] == "test"
+    assert result["accuracy"] == pytest.approx(metrics["accuracy"])
+    assert result["macro_f1"] == pytest.approx(metrics["macro_f1"])
+    assert result["agreement"] == 1.0
+    assert ok(cli, "evaluate").stderr.strip() == ""
+
+
+def test_evaluate_onnx_dir_matches_torch(cli):
+    torch_result = json.loads(ok(cli, "evaluate").stdout)
+    onnx_result = json.loads(ok(cli, "evaluate-onnx").stdout)
+    assert onnx_result["kind"] == "onnx"
+    assert onnx_result["samples"] == torch_result["samples"]
+    assert onnx_result["accuracy"] == torch_result["accuracy"]
+    assert onnx_result["macro_f1"] == pytest.approx(torch_result["macro_f1"])
+    assert onnx_result["agreement"] == 1.0
+
+
+def test_run_recipe(cli):
+    root, _ = cli
+    result = ok(cli, "run")
+    out = root / "run-out"
+    report = json.loads((out / "report.json").read_text())
+    assert [m["name"] for m in report["models"]] == ["same", "two-layers"]
+    assert report["models"][0]["agreement"] == 1.0
+    assert report["models"][1]["params"] < report["teacher"]["params"]
+    for name in ("teacher", "same", "two-layers"):
+        assert (out / name / "model.safetensors").is_file()
+    # A summary table (its layout may change) naming every stage, then where the report is.
+    lines = result.stdout.splitlines()
+    assert all(any(name in line for line in lines[:-1]) for name in ("teacher", "same", "two-layers"))
+    assert lines[-1] == f"report: {out / 'report.json'} (also report.md, report.html)"
+
+
+def test_bench_prints_latency_memory_and_accuracy(cli):
+    result = json.loads(ok(cli, "bench").stdout)
+    assert result["kind"] == "onnx" and result["profile"]["name"] == "cpu" and result["samples"] == 30
+    assert 0 <= result["accuracy"] <= 1 and result["size_bytes"] > 0
+    assert [(row["batch_size"], row["sequence_length"]) for row in result["latency"]] == [(1, "real"), (4, "real")]
+    for row in result["latency"]:
+        assert row["iterations"] == 5 and 0 < row["p50_ms"] <= row["p99_ms"] and row["peak_rss_mb"] > 10
+    assert result["environment"]["cpu"]["cores"] >= 1
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUT))
+def test_bad_input_is_one_error_line_exit_2(cli, name):
+    root, results = cli
+    result = results[name]
+    assert result.returncode == 2, str(result)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), f"stderr is not exactly one line:\n{result.stderr}"
+    assert lines[0].startswith("error:")
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert BAD_INPUT[name](lines[0]), lines[0]
+    assert not (root / f"out-{name}").exists()
+
+
+def test_failing_finetune_leaves_an_existing_out_dir_alone(cli):
+    root, results = cli
+    result = results["existing-out"]
+    assert result.returncode == 2 and result.stderr.startswith("error: unknown task"), str(result)
+    assert [p.name for p in (root / "existing").iterdir()] == ["keep.txt"]
+    assert (root / "existing" / "keep.txt").read_text() == "precious"
+    assert not [p for p in root.iterdir() if p.name.startswith(".existing")]
+
+
+# --- in-process checks of edge cases (no subprocess: nothing is imported again) ---
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_evaluate_rejects_non_positive_max_samples(cli, capsys, value):
+    root, _ = cli
+    ok(cli, "finetune")
+    code = main(["evaluate", "--model", str(root / "ft"), "--max-samples", value])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.startswith("error:")
+
+
+def test_recorded_relative_task_path_still_works_from_another_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(tiny_csv, work / "data.csv")
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(finetune_module, "set_threads", lambda threads: None)
+    finetune_module.finetune_command(str(tiny_bert_dir), {"path": "data.csv"}, tmp_path / "ft",
+                                     {"epochs": 0.1, "batch_size": 16}, show_progress=False)
+    monkeypatch.chdir(tmp_path)
+    try:
+        result = evaluate_path(str(tmp_path / "ft"), None)
+    except UserError as err:
+        pytest.fail(f"evaluate from another dir failed: {err}")
+    assert result["samples"] == 30

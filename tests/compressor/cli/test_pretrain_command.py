@@ -1,0 +1,216 @@
+"""`compressor pretrain` / `compressor tokenizer`: outputs, exact resume, teacher validity, bad input.
+
+Runs use SIZES["tiny"] on a 300-document slice of the WordNet corpus for a few steps: the
+real stream, objectives, loop and checkpointing, at test scale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from compressor.cli.pretrain_command import pretrain_command
+from compressor.pipeline.recipe import parse_recipe
+from pretrain.errors import UserError
+from pretrain.models import check_model_ref, load_classifier
+from pretrain.objectives.dae import NoiseConfig
+from pretrain.pretraining import (SETTINGS_FILE, check_resume, checkpoint_dir, make_config, objective_options,
+                                  prepare)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def corpus(wordnet_corpus_file) -> str:
+    return wordnet_corpus_file(300)
+
+
+def config(corpus: str, objective: str = "mlm", **overrides):
+    settings = dict(objective=objective, corpus=corpus, size="tiny", steps=6, batch_size=8,
+                    max_length=32, buffer_size=64, seed=0)
+    return make_config(**settings | overrides)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+# mlm: one BERT, masks drawn per step; rtd: a generator and a discriminator, replacements
+# sampled with torch's RNG (which the checkpoint must carry).
+@pytest.mark.parametrize("objective", ["mlm", "rtd"])
+def test_interrupted_run_resumes_to_the_same_weights(corpus, tmp_path, objective):
+    cfg = config(corpus, objective)
+    whole = tmp_path / "whole"
+    pretrain_command(cfg, whole, show_progress=False, checkpoint_every=2, threads=1)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_step_5(log):
+        if log.step == 5:
+            raise Interrupt
+    cut = tmp_path / "cut"
+    with pytest.raises(Interrupt):
+        pretrain_command(cfg, cut, show_progress=False, checkpoint_every=2, threads=1,
+                         callbacks=(stop_at_step_5,))
+    assert not cut.exists() and (checkpoint_dir(cut) / "checkpoint.pt").is_file()
+    with pytest.raises(UserError, match="pass --resume"):        # never silently restarted
+        pretrain_command(cfg, cut, show_progress=False, checkpoint_every=2, threads=1)
+    metrics = pretrain_command(cfg, cut, resume=True, show_progress=False, checkpoint_every=2, threads=1)
+    assert metrics["steps"] == 6 and not checkpoint_dir(cut).exists()
+    a, b = weights(whole), weights(cut)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("objective", ["mlm", "mlm-wwm", "clm", "nsp", "sop", "mlm+nsp", "mlm+sop", "span", "unilm"])
+def test_pretrained_model_is_a_valid_teacher(corpus, tmp_path, objective, tiny_task):
+    out = tmp_path / objective
+    metrics = pretrain_command(config(corpus, objective, steps=3), out, show_progress=False, threads=1)
+    for key in ("objective", "initial_loss", "final_loss", "tokens_per_second", "steps"):
+        assert key in metrics
+    assert metrics["objective"] == objective and metrics["steps"] == 3 and metrics["tokens_per_second"] > 0
+    assert json.loads((out / "metrics.json").read_text())["final_loss"] == pytest.approx(metrics["final_loss"])
+    check_model_ref(str(out))
+    model, tokenizer = load_classifier(str(out), tiny_task.label_names)
+    trained = weights(out)
+    encoder_key = "bert.encoder.layer.0.attention.self.query.weight"
+    torch.testing.assert_close(model.state_dict()[encoder_key], trained[encoder_key])
+    batch = tokenizer(["a dog: a domesticated carnivore"], return_tensors="pt")
+    assert model(**batch).logits.shape == (1, len(tiny_task.label_names))
+
+
+def test_loss_goes_down_with_training(corpus, tmp_path):
+    metrics = pretrain_command(config(corpus, steps=40, batch_size=16, lr=3e-3), tmp_path / "m",
+                               show_progress=False, threads=1)
+    assert metrics["final_loss"] < metrics["initial_loss"] - 0.5
+
+
+def test_resume_with_other_settings_is_refused_and_keeps_the_checkpoint(corpus, tmp_path):
+    out = tmp_path / "run"
+    ckpt = checkpoint_dir(out)
+
+    def interrupt(log):
+        if log.step == 3:                 # after the checkpoint of step 2
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        pretrain_command(config(corpus), out, show_progress=False, checkpoint_every=2, threads=1,
+                         callbacks=(interrupt,))
+    before = (ckpt / "checkpoint.pt").read_bytes()
+    with pytest.raises(UserError, match="other settings .*lr"):
+        pretrain_command(config(corpus, lr=1e-3), out, resume=True, show_progress=False, threads=1)
+    assert (ckpt / "checkpoint.pt").read_bytes() == before and not out.exists()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"objective": "nope"}, "unknown objective"),
+    ({"max_length": 1024}, "512 positions"),
+    ({"size": "huge"}, "unknown size"),
+    ({"objective": "nsp", "batch_size": 1}, "batch size of at least 2"),
+])
+def test_bad_settings_fail_before_writing(corpus, tmp_path, settings, message):
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=message):
+        pretrain_command(config(corpus, **settings), out, show_progress=False, threads=1)
+    assert not out.exists() and not checkpoint_dir(out).exists()
+
+
+def test_empty_corpus_fails_before_writing(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n\n")
+    with pytest.raises(UserError, match="no usable text"):
+        pretrain_command(config(str(empty)), tmp_path / "out", show_progress=False, threads=1)
+    assert not (tmp_path / "out").exists() and not checkpoint_dir(tmp_path / "out").exists()
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "compressor", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_tokenizer_and_pretrain_bad_input(corpus, tmp_path):
+    tok = tmp_path / "tok"
+    ok = cli("tokenizer", "--corpus", corpus, "--kind", "bpe", "--vocab-size", "400", "--out", str(tok))
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tok / "tokenizer_metrics.json").read_text())["unk_token_rate"] == 0.0
+    bad = cli("pretrain", "--objective", "mlm", "--corpus", str(tmp_path / "missing.txt"),
+              "--steps", "2", "--tokenizer", str(tok), "--out", str(tmp_path / "p"))
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and len(bad.stderr.splitlines()) == 1
+    assert not (tmp_path / "p").exists()
+    bad = cli("pretrain", "--objective", "mlm", "--corpus", corpus, "--steps", "2", "--tokenizer", str(tok),
+              "--warmup-ratio", "1.5", "--out", str(tmp_path / "p"))
+    assert bad.returncode == 2 and "warmup_ratio" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    assert not (tmp_path / "p").exists()
+
+
+def test_dae_noise_options_reach_the_objective_metrics_and_model(corpus, tmp_path):
+    options = objective_options("dae", "infilling,rotation", 0.4, ("poisson=3.5",))
+    cfg = config(corpus, "dae", steps=2, objective_options=options)
+    assert cfg.objective_options == "infill=0.4,rotate=1.0,poisson=3.5"      # canonical
+    objective, _ = prepare(cfg)
+    assert objective.noise == NoiseConfig(infill=0.4, rotate=1.0, poisson=3.5)
+    metrics = pretrain_command(cfg, tmp_path / "dae", show_progress=False, threads=1)
+    assert metrics["objective_options"] == cfg.objective_options
+    recorded = json.loads((tmp_path / "dae" / "config.json").read_text())["pretraining"]
+    assert recorded["objective_options"] == cfg.objective_options
+
+
+def test_equal_options_spelled_differently_resume_alike(corpus, tmp_path):
+    ckpt = tmp_path / "run.checkpoint"
+    ckpt.mkdir()
+    first = config(corpus, "dae", objective_options=objective_options("dae", "permutation,infilling", 0.3))
+    (ckpt / SETTINGS_FILE).write_text(json.dumps(first.model_dump(mode="json")))
+    check_resume(config(corpus, "dae", objective_options="infill=0.3,permute=1"), ckpt, resume=True)
+    with pytest.raises(UserError, match="objective_options"):
+        check_resume(config(corpus, "dae", objective_options="infill=0.4,permute"), ckpt, resume=True)
+
+
+def test_cli_dae_noise_errors_are_one_line(corpus, tmp_path):
+    bad = cli("pretrain", "--objective", "dae", "--dae-noise", "infilling,shuffle", "--corpus", corpus,
+              "--steps", "2", "--out", str(tmp_path / "p"))
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
+    assert bad.stderr.startswith("error:") and "infill (text infilling)" in bad.stderr   # lists the functions
+    assert not (tmp_path / "p").exists() and not checkpoint_dir(tmp_path / "p").exists()
+    with pytest.raises(UserError, match="configure --objective dae"):
+        objective_options("mlm", mask_ratio=0.3)
+
+
+@pytest.mark.parametrize("objective", ["rtd", "span"])
+def test_deliverable_reloads_as_a_classifier_with_every_trained_weight(corpus, tmp_path, objective, tiny_task,
+                                                                       monkeypatch):
+    """What `compressor finetune` loads is exactly what pretraining trained: every tensor of
+    the encoder (embeddings shared with ELECTRA's generator, or tied to SpanBERT's MLM and
+    SBO softmaxes, included) and the same hidden states. Only the classification head (and
+    BERT's pooler, which MLM-style objectives never train) is new."""
+    import compressor.cli.pretrain_command as command
+    delivered = {}
+
+    def keep_deliverable(*args, **kwargs):
+        model, metrics = run_pretraining(*args, **kwargs)
+        delivered["model"] = model
+        return model, metrics
+    run_pretraining = command.run_pretraining
+    monkeypatch.setattr(command, "run_pretraining", keep_deliverable)
+    out = tmp_path / objective
+    pretrain_command(config(corpus, objective, steps=3), out, show_progress=False, threads=1)
+    trained = delivered["model"].base_model
+    model, tokenizer = load_classifier(str(out), tiny_task.label_names)
+    loaded = model.base_model.state_dict()
+    expected = trained.state_dict()
+    assert {k for k in loaded if not k.startswith("pooler.")} == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(loaded[name], tensor, rtol=0, atol=0, msg=name)
+    batch = tokenizer(["a dog: a domesticated carnivore", "to run fast"], padding=True, return_tensors="pt")
+    batch.pop("token_type_ids", None)
+    with torch.no_grad():
+        torch.testing.assert_close(model.base_model.eval()(**batch).last_hidden_state,
+                                   trained.eval()(**batch).last_hidden_state, rtol=0, atol=0)

@@ -1,0 +1,67 @@
+"""The Python API builds the same recipe as YAML and runs the same pipeline."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from compressor import Pipeline
+from compressor.export.quantize import QuantizeConfig
+from compressor.passes.layers import DropLayers
+from compressor.pipeline import run as pipeline_run
+from compressor.pipeline import run_recipe, stages
+from compressor.pipeline.recipe import parse_recipe
+from pretrain.errors import UserError
+from pretrain.finetune import FinetuneConfig
+
+
+def build(model_dir, csv_path) -> Pipeline:
+    pipe = Pipeline("api", teacher=str(model_dir), task={"path": str(csv_path)},
+                    finetune=FinetuneConfig(epochs=1, batch_size=16), max_train_samples=200)
+    return (pipe.variant("same")
+                .variant("two-layers", DropLayers(keep=(0, 2)), FinetuneConfig(epochs=1, batch_size=16))
+                .variant("int8", ("quantize", {"mode": "dynamic-int8"})))
+
+
+def test_pipeline_is_the_recipe_it_prints(tiny_bert_dir, tiny_csv):
+    pipe = build(tiny_bert_dir, tiny_csv)
+    raw = yaml.safe_load(pipe.to_yaml())
+    assert raw["variants"] == {"same": [], "two-layers": [{"drop-layers": {"keep": [0, 2]}},
+                                                         {"finetune": {"epochs": 1.0, "batch_size": 16}}],
+                               "int8": [{"quantize": {"mode": "dynamic-int8"}}]}
+    assert raw["teacher"]["finetune"] == {"epochs": 1.0, "batch_size": 16}
+    recipe, steps = parse_recipe(raw)
+    assert recipe == pipe.validate()[0]
+    assert [s.name for s in steps["two-layers"]] == ["drop-layers", "finetune"]
+
+
+def test_pipeline_runs_like_a_recipe(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
+    pipe = build(tiny_bert_dir, tiny_csv)
+    report = pipe.run(tmp_path / "out", show_progress=False)
+    assert [m["name"] for m in report["models"]] == ["same", "two-layers", "int8"]
+    assert report["models"][1]["params"] < report["teacher"]["params"]
+    # The same pipeline as YAML reuses every stage the script built.
+    recipe, steps = parse_recipe(yaml.safe_load(pipe.to_yaml()))
+    monkeypatch.setattr(stages, "apply_pass", lambda *a, **k: pytest.fail("a stage was rebuilt"))
+    again = run_recipe(recipe, steps, tmp_path / "out", show_progress=False)
+    assert [m["accuracy"] for m in again["models"]] == [m["accuracy"] for m in report["models"]]
+
+
+def test_an_object_that_is_not_a_pass_config_is_refused(tiny_bert_dir, tiny_csv):
+    with pytest.raises(UserError, match=r"ExportSettings is not a pass config; pass configs: .*DropLayers \(drop-layers\)"):
+        from compressor.export.onnx import ExportSettings
+        build(tiny_bert_dir, tiny_csv).variant("bad", ExportSettings())
+
+
+def test_a_bad_field_fails_like_a_bad_recipe(tiny_bert_dir, tiny_csv):
+    pipe = build(tiny_bert_dir, tiny_csv).benchmark(profiles=["tpu"])
+    with pytest.raises(UserError, match="pipeline 'api': benchmark.profiles: .*unknown profile 'tpu'"):
+        pipe.validate()
+    # The configs themselves validate on construction, before any pipeline sees them...
+    with pytest.raises(ValidationError, match="block_size applies to quantize mode int4-weight-only, not dynamic-int8"):
+        QuantizeConfig(mode="dynamic-int8", block_size=64)
+    # ...and a valid one enters the recipe as the fields it was given, under its pass's name.
+    pipe = build(tiny_bert_dir, tiny_csv).variant("int8", QuantizeConfig(mode="dynamic-int8", per_channel=True))
+    assert pipe.to_dict()["variants"]["int8"] == [{"quantize": {"mode": "dynamic-int8", "per_channel": True}}]

@@ -1,0 +1,171 @@
+"""The benchmark stage of a recipe: baselines, latency entries, Pareto front, human reports, caching."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from compressor.bench import measure
+from compressor.bench.baselines import preset_for_this_cpu
+from compressor.pipeline import run as pipeline_run
+from compressor.pipeline import run_recipe
+from compressor.pipeline.recipe import parse_recipe
+from pretrain.errors import UserError
+
+LATENCY_FIELDS = {"profile", "batch_size", "sequence_length", "p50_ms", "p90_ms", "p99_ms", "throughput",
+                  "peak_rss_mb", "kind", "precision"}
+
+
+def raw_recipe(model_dir, csv_path, name="tiny-bench") -> dict:
+    return {"name": name, "seed": 0,
+            "teacher": {"model": str(model_dir), "task": {"path": str(csv_path)}},
+            "variants": {"same": [], "two-layers-int8": [{"drop-layers": {"keep": [0, 2]}},
+                                                         {"quantize": {"mode": "dynamic-int8"}}]},
+            "export": {"onnx": True, "optimize": True, "accuracy_tolerance": 1.0},
+            "benchmark": {"profiles": ["cpu", "gpu-cuda-fp16"], "batch_sizes": [1, 4], "iterations": 10}}
+
+
+def run(raw, out, **kwargs):
+    recipe, steps = parse_recipe(raw)
+    return run_recipe(recipe, steps, out, show_progress=False, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def done(tiny_bert_dir, tiny_csv, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline_run, "set_threads", lambda threads: None)
+        out = tmp_path_factory.mktemp("bench-run") / "run"
+        raw = raw_recipe(tiny_bert_dir, tiny_csv)
+        return raw, out, run(raw, out)
+
+
+def test_every_model_and_baseline_is_measured_in_one_run(done):
+    _, out, report = done
+    models = {m["name"]: m for m in report["models"]}
+    assert list(models) == ["same", "two-layers-int8", "pytorch-eager-fp32", "onnxruntime-fp32",
+                            "optimum-default-int8"]
+    for name, m in models.items():
+        assert m["baseline"] == (name in ("pytorch-eager-fp32", "onnxruntime-fp32", "optimum-default-int8"))
+        assert [(r["profile"], r["batch_size"]) for r in m["latency"]] == [("cpu", 1), ("cpu", 4)]
+        for row in m["latency"]:
+            assert LATENCY_FIELDS <= set(row) and row["sequence_length"] == "real"
+            assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
+            assert row["throughput"] > 0 and row["peak_rss_mb"] > 10
+        assert 0 <= m["accuracy"] <= 1
+    assert models["pytorch-eager-fp32"]["kind"] == "torch"
+    assert models["pytorch-eager-fp32"]["accuracy"] == report["teacher"]["accuracy"]
+    assert models["onnxruntime-fp32"]["agreement"] == 1.0          # the same function, exported
+    assert models["optimum-default-int8"]["precision"] == "dynamic-int8"
+    assert models["optimum-default-int8"]["size_bytes"] < models["onnxruntime-fp32"]["size_bytes"]
+    preset = models["optimum-default-int8"]["optimum"]["preset"]
+    assert preset == preset_for_this_cpu()
+    assert models["optimum-default-int8"]["optimum"]["profiles"] == {"cpu": preset}   # the GPU profile is skipped
+    assert (out / "baselines" / f"optimum-default-int8-{preset}" / "model_optimized_quantized.onnx").is_file()
+
+
+def test_absent_hardware_is_skipped_with_its_reason(done):
+    _, _, report = done
+    assert report["benchmark"]["skipped"] == [{"profile": "gpu-cuda-fp16", "reason": "no CUDA device is visible"}]
+    assert [p["name"] for p in report["benchmark"]["profiles"]] == ["cpu"]
+
+
+def test_each_measurement_has_a_ranking_of_every_model(done):
+    out, report = done[1], done[2]
+    rankings = report["benchmark"]["rankings"]
+    assert [(r["profile"], r["batch_size"]) for r in rankings] == [("cpu", 1), ("cpu", 4)]
+    names = sorted(m["name"] for m in report["models"])
+    for r in rankings:
+        assert sorted(n for g in r["groups"] for n in g["models"]) == names
+        p50 = {m["name"]: next(x["p50_ms"] for x in m["latency"] if x["batch_size"] == r["batch_size"])
+               for m in report["models"]}
+        firsts = [p50[g["models"][0]] for g in r["groups"]]
+        assert firsts == sorted(firsts)
+    assert "## Ranking by latency" in (out / "report.md").read_text()
+    timings = json.loads((out / "benchmark" / "benchmark.json").read_text())["timings"]
+    assert [t["batch_size"] for t in timings] == [1, 4]
+    for t in timings:   # every timed call is kept, so the statistics can be recomputed
+        assert sorted(t["times_ms"]) == names
+        assert {len(v) for v in t["times_ms"].values()} == {t["rounds"][-1][1]}
+
+
+def test_pareto_front_is_the_undominated_set(done):
+    _, _, report = done
+    assert [(f["profile"], f["batch_size"]) for f in report["pareto"]] == [("cpu", 1), ("cpu", 4)]
+    for front in report["pareto"]:
+        points = {m["name"]: (m["accuracy"], next(r["p50_ms"] for r in m["latency"]
+                                                  if r["batch_size"] == front["batch_size"]))
+                  for m in report["models"]}
+        fastest = min(points, key=lambda n: points[n][1])
+        assert fastest in front["models"]
+        for name, (acc, lat) in points.items():
+            dominated = any(a >= acc and t <= lat and (a, t) != (acc, lat) for a, t in points.values())
+            assert (name in front["models"]) == (not dominated)
+
+
+def test_human_reports_are_written_and_self_contained(done):
+    _, out, report = done
+    md = (out / "report.md").read_text()
+    page = (out / "report.html").read_text()
+    assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for text in (md, page):
+        for name in ("two-layers-int8", "optimum-default-int8", "speedup vs pytorch-eager-fp32",
+                     "gpu-cuda-fp16: no CUDA device is visible", report["environment"]["cpu"]["model"]):
+            assert name in text
+    assert "data:image/png;base64," in page
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+
+
+def test_rerun_reuses_the_measurements_unless_asked(done, tmp_path, monkeypatch):
+    import shutil
+    raw, out, report = done
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
+    monkeypatch.setattr(measure, "time_interleaved",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured again")))
+    again = run(raw, copy)
+    assert [m["latency"] for m in again["models"]] == [m["latency"] for m in report["models"]]
+    from compressor.bench.timing import Timings
+    calls = []
+
+    def counted(runners, batches, profile):
+        calls.append(1)
+        return Timings({name: np.array([1.0, 2.0]) for name in runners},
+                       dict.fromkeys(runners, 2 * len(batches[0]["input_ids"])), [slice(0, 1), slice(1, 2)])
+    monkeypatch.setattr(measure, "time_interleaved", counted)
+    for expected in (2, 4):   # every rebenchmark measures (2 batch sizes), also right after another
+        run(raw, copy, rebenchmark=True)
+        assert len(calls) == expected
+
+
+def test_an_out_dir_of_another_recipe_is_refused_unless_forced(done, tiny_bert_dir, tiny_csv, tmp_path):
+    import shutil
+    _, out, _ = done
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    other = raw_recipe(tiny_bert_dir, tiny_csv, name="other")
+    other.pop("benchmark")
+    with pytest.raises(UserError, match="holds results of recipe 'tiny-bench'.*--force"):
+        run(other, copy)
+    assert json.loads((copy / "run.json").read_text())["recipe"] == "tiny-bench"   # nothing touched
+    report = run(other, copy, force=True)
+    assert report["recipe"]["name"] == "other"
+    assert not (copy / "baselines").exists() and not (copy / "benchmark").exists()
+
+
+def test_unknown_profile_lists_the_known_ones(tiny_bert_dir, tiny_csv):
+    raw = raw_recipe(tiny_bert_dir, tiny_csv)
+    raw["benchmark"]["profiles"] = ["tpu"]
+    with pytest.raises(UserError, match=r"benchmark.profiles: .*unknown profile 'tpu'; known profiles: arm64, cpu"):
+        parse_recipe(raw)
+
+
+def test_a_profile_file_with_a_wrong_field_names_it(tiny_bert_dir, tiny_csv, tmp_path):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("provider: CPUExecutionProvider\nthreads: many\n")
+    raw = raw_recipe(tiny_bert_dir, tiny_csv)
+    raw["benchmark"]["profiles"] = [str(bad)]
+    with pytest.raises(UserError, match=r"mine.yaml: threads: expected int or 'cores' \(got 'many'\)"):
+        parse_recipe(raw)

@@ -1,0 +1,201 @@
+"""Recipe parsing and validation: every error is one UserError line naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compressor.passes import pass_names
+from compressor.pipeline.recipe import Recipe, load_recipe, parse_recipe
+from pretrain.errors import UserError
+from pretrain.finetune import FinetuneConfig
+
+DEMO = Path(__file__).resolve().parents[3] / "recipes" / "demo.yaml"
+
+TEACHER = "teacher:\n  model: minilm\n  task: wordnet-supersense\n"
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_of(tmp_path, text: str) -> str:
+    with pytest.raises(UserError) as err:
+        load_recipe(write(tmp_path, text))
+    message = str(err.value)
+    assert message and "\n" not in message, f"not one line: {message!r}"
+    return message
+
+
+def test_demo_recipe_parses():
+    recipe, steps = load_recipe(DEMO)
+    assert isinstance(recipe, Recipe) and recipe.name == "demo"
+    assert recipe.teacher.model == "minilm" and recipe.teacher.task == "wordnet-supersense"
+    assert isinstance(recipe.teacher.finetune, FinetuneConfig)
+    assert recipe.teacher.finetune.epochs == 2 and recipe.teacher.finetune.max_train_samples == 50000
+    assert recipe.data.max_eval_samples == 5000
+    assert {"teacher-as-is", "three-layers", "int8", "three-layers-int8"} <= set(steps)
+    assert recipe.export is not None and recipe.export.onnx
+    assert steps["teacher-as-is"] == []
+    drop, finetune = steps["three-layers"]
+    assert (drop.name, drop.config.keep) == ("drop-layers", (0, 2, 4))
+    assert (finetune.name, finetune.config.epochs) == ("finetune", 1)
+    assert "epochs" in finetune.config.model_fields_set and "lr" not in finetune.config.model_fields_set
+
+
+def test_passes_shorthand_is_variant_main(tmp_path):
+    recipe, steps = load_recipe(write(tmp_path, "name: r\n" + TEACHER +
+                                      "passes:\n  - drop-layers: {keep: [0, 1]}\n  - finetune\n"))
+    assert list(steps) == ["main"]
+    assert [s.name for s in steps["main"]] == ["drop-layers", "finetune"]
+    assert steps["main"][1].config == FinetuneConfig()        # a bare name means default config
+    assert recipe.seed == 0 and recipe.data.max_train_samples is None
+
+
+def test_empty_variant_is_the_teacher_itself(tmp_path):
+    _, steps = load_recipe(write(tmp_path, "name: r\n" + TEACHER + "variants:\n  same: []\n"))
+    assert steps == {"same": []}
+
+
+def test_task_may_be_a_data_file_spec(tmp_path):
+    recipe, _ = load_recipe(write(tmp_path, "name: r\nteacher:\n  task: {path: d.csv, text: sentence}\n"
+                                            "passes: []\n"))
+    assert recipe.teacher.task == {"path": "d.csv", "text": "sentence"}
+    assert recipe.teacher.model == "minilm"                   # the default teacher
+
+
+def test_wrong_type_names_field_and_expected_type(tmp_path):
+    message = error_of(tmp_path, "name: r\nteacher:\n  task: wordnet-supersense\n  finetune: {epochs: two}\n"
+                                 "passes: []\n")
+    assert "teacher.finetune.epochs" in message
+    assert "valid number" in message and "'two'" in message
+    assert str(tmp_path / "recipe.yaml") in message
+
+
+def test_wrong_type_inside_a_pass_config(tmp_path):
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  small:\n    - drop-layers: {keep: all}\n")
+    assert "variants.small[0].drop-layers.keep" in message and "valid tuple" in message
+
+
+def test_unknown_field_inside_a_pass_config(tmp_path):
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "passes:\n  - finetune: {epoch: 1}\n")
+    assert "variants.main[0].finetune.epoch" in message and "Extra inputs" in message
+
+
+def test_unknown_pass_lists_known_passes(tmp_path):
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  v:\n    - prune-everything: {}\n")
+    assert "unknown pass 'prune-everything'" in message
+    assert all(name in message for name in pass_names())
+
+
+def test_unknown_pass_names_its_field_path(tmp_path):
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  v:\n    - finetune\n    - prune-everything\n")
+    assert "variants.v[1]" in message
+
+
+def test_unknown_top_level_field(tmp_path):
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "passes: []\nexprot: {onnx: true}\n")
+    assert "exprot" in message and "Extra inputs are not permitted" in message
+
+
+def test_export_section(tmp_path):
+    recipe, _ = load_recipe(write(tmp_path, "name: r\n" + TEACHER + "passes: []\nexport: {onnx: true}\n"))
+    assert recipe.export.onnx and recipe.export.optimize and recipe.export.parity_tolerance == 1e-4
+    assert load_recipe(write(tmp_path, "name: r\n" + TEACHER + "passes: []\n"))[0].export is None
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "passes: []\nexport: {accuracy_tolerance: 2}\n")
+    assert "export.accuracy_tolerance" in message
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants: {a: [], a-onnx: []}\nexport: {onnx: true}\n")
+    assert "'a-onnx' is where 'a' may be exported" in message
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants: {a: [], a-torch-int8: []}\nexport: {onnx: true}\n")
+    assert "'a-torch-int8' is where 'a' may be exported" in message
+
+
+def test_export_dir_names_say_what_the_dir_holds():
+    from compressor.pipeline.recipe import export_dir_name
+    assert export_dir_name("int8") == "int8-onnx"
+    assert export_dir_name("int8", "dynamic-int8") == "int8-onnx"
+    assert export_dir_name("int8", "torch-dynamic-int8") == "int8-torch-int8"
+
+
+def test_missing_required_field(tmp_path):
+    message = error_of(tmp_path, "name: r\npasses: []\n")
+    assert "teacher" in message and "required" in message
+
+
+@pytest.mark.parametrize("name", ["bad name", "-dash-first", "teacher", "report.json", "a/b"])
+def test_bad_variant_name(tmp_path, name):
+    message = error_of(tmp_path, "name: r\n" + TEACHER + f"variants:\n  '{name}': []\n")
+    assert "variants" in message and repr(name) in message
+    assert "letters, digits" in message
+
+
+def test_step_mapping_with_two_keys(tmp_path):
+    message = error_of(tmp_path, "name: r\n" + TEACHER +
+                       "variants:\n  v:\n    - {drop-layers: {keep: [0]}, finetune: {epochs: 1}}\n")
+    assert "variants.v[0]" in message and "one key" in message
+    assert "drop-layers" in message and "finetune" in message
+
+
+def test_no_variants_at_all(tmp_path):
+    message = error_of(tmp_path, "name: r\n" + TEACHER)
+    assert "variants" in message and "passes" in message
+
+
+@pytest.mark.parametrize("text, line", [
+    ("name: r\n" + TEACHER + "variants:\n  v: [drop-layers\n  w: []\n", 7),   # unclosed list
+    ("name: r\nseed: 0\nteacher: {model: minilm\n", 4),                       # unclosed mapping at the end
+    ("name: r\n  bad: indent\n", 2),
+])
+def test_invalid_yaml_gives_the_line(tmp_path, text, line):
+    message = error_of(tmp_path, text)
+    assert f"not valid YAML at line {line}:" in message
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", ""])
+def test_non_mapping_recipe(tmp_path, text):
+    message = error_of(tmp_path, text)
+    assert "expected a mapping" in message
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_parse_recipe_from_a_dict():
+    recipe, steps = parse_recipe({"name": "r", "seed": 3, "teacher": {"task": "wordnet-wsd"},
+                                  "data": {"max_eval_samples": 10},
+                                  "variants": {"a": ["finetune"], "b": [{"drop-layers": {"keep": [1]}}]}})
+    assert recipe.seed == 3 and recipe.data.max_eval_samples == 10
+    assert [s.name for s in steps["a"]] == ["finetune"] and steps["b"][0].config.keep == (1,)
+
+
+def test_finetune_lr_defaults_to_the_strategys_and_an_explicit_lr_wins(tmp_path):
+    recipe, steps = load_recipe(write(tmp_path, "name: r\nteacher:\n  model: minilm\n  task: wordnet-supersense\n"
+                                      "  finetune: {strategy: adapters}\n"
+                                      "variants:\n  a:\n    - finetune: {strategy: frozen}\n"
+                                      "    - finetune: {strategy: frozen, lr: 3.0e-4}\n    - qat: {}\n"))
+    assert recipe.teacher.finetune.lr == 1e-3
+    assert [s.config.lr for s in steps["a"]] == [FinetuneConfig(strategy="frozen").lr, 3e-4, 2e-5]
+
+
+def test_cache_key_of_an_explicit_lr_equal_to_the_default_is_the_defaults():
+    from compressor.pipeline.cache import key_fields
+    assert key_fields(FinetuneConfig(lr=1e-4)) == key_fields(FinetuneConfig())
+    assert key_fields(FinetuneConfig(strategy="adapters", lr=1e-3)) == key_fields(FinetuneConfig(strategy="adapters"))
+    # the rate is in the key, so a run at another rate is another stage
+    assert key_fields(FinetuneConfig(lr=2e-4)) != key_fields(FinetuneConfig())
+    assert key_fields(FinetuneConfig(strategy="adapters", lr=1e-4))["lr"] == 1e-4
+
+
+def test_cache_keys_leave_out_a_rate_at_its_strategy_default():
+    """Keys written before the per-strategy defaults (lr 1e-4 was the field default) stay valid."""
+    from compressor.passes.quantization import QATConfig
+    from compressor.pipeline.cache import key_fields
+    assert "lr" not in key_fields(FinetuneConfig(lr=1e-4)) and "lr" not in key_fields(FinetuneConfig())
+    assert "lr" not in key_fields(QATConfig(epochs=1)) and "lr" not in key_fields(QATConfig(lr=2e-5))
+    assert key_fields(QATConfig(lr=1e-4))["lr"] == 1e-4
+    assert key_fields(FinetuneConfig(strategy="frozen"))["strategy"] == "frozen"

@@ -1,0 +1,363 @@
+"""run_recipe end to end on the tiny BERT and the tiny CSV task: stages, report, caching."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from compressor.bundle import ModelBundle
+from compressor.evaluate import evaluate_path
+from compressor.passes import registry
+from compressor.passes.registry import PassConfig
+from compressor.pipeline import cache, outdir, paths, run_recipe, stages
+from compressor.pipeline import run as pipeline_run
+from compressor.pipeline.recipe import parse_recipe
+from pretrain.errors import UserError
+
+VARIANTS = {"same": [], "two-layers": [{"drop-layers": {"keep": [0, 1]}}, {"finetune": {"epochs": 1}}]}
+
+
+def raw_recipe(model_dir, csv_path, variants=VARIANTS) -> dict:
+    return {"name": "tiny", "seed": 0,
+            "teacher": {"model": str(model_dir), "task": {"path": str(csv_path)},
+                        "finetune": {"epochs": 1, "batch_size": 16, "lr": 1e-3}},
+            "data": {"max_train_samples": 200},
+            "variants": copy.deepcopy(variants)}
+
+
+def run(raw: dict, out_dir):
+    recipe, steps = parse_recipe(raw)
+    return run_recipe(recipe, steps, out_dir, show_progress=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def keep_one_thread():
+    """run_recipe sets torch to every core; on a shared machine one thread is faster for tiny models."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline_run, "set_threads", lambda threads: None)
+        yield
+
+
+@pytest.fixture(scope="module")
+def done(tiny_bert_dir, tiny_csv, tmp_path_factory):
+    """One finished run: (raw recipe, out dir, returned report)."""
+    out = tmp_path_factory.mktemp("pipeline") / "run"
+    raw = raw_recipe(tiny_bert_dir, tiny_csv)
+    return raw, out, run(raw, out)
+
+
+@pytest.fixture
+def rerun_dir(done, tmp_path):
+    """A copy of the finished run's out dir, for tests that run again into it."""
+    copy_dir = tmp_path / "run"
+    shutil.copytree(done[1], copy_dir)
+    return copy_dir
+
+
+def stamps(out_dir) -> dict[str, int]:
+    """mtime of every stage's stage.json and weights: a rebuilt stage rewrites both."""
+    return {str(p.relative_to(out_dir)): p.stat().st_mtime_ns
+            for p in sorted(out_dir.glob("*/*")) if p.name in ("stage.json", "model.safetensors")}
+
+
+def forbid_building(monkeypatch, *, teacher: bool = True, passes: bool = True):
+    def fail(*args, **kwargs):
+        raise AssertionError("a cached stage was rebuilt")
+    if teacher:
+        monkeypatch.setattr(stages, "load_classifier", fail)
+        monkeypatch.setattr(stages, "finetune", fail)
+    if passes:
+        monkeypatch.setattr(stages, "apply_pass", fail)
+
+
+def test_writes_teacher_variants_and_report(done):
+    _, out, report = done
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md", "run.json",
+                                                     "same", "teacher", "two-layers"]
+    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
+    for name in ("teacher", "same", "two-layers"):
+        stage_dir = out / name
+        assert (stage_dir / "stage.json").is_file() and (stage_dir / "compressor.json").is_file()
+        model = AutoModelForSequenceClassification.from_pretrained(str(stage_dir))   # plain HF dirs
+        AutoTokenizer.from_pretrained(str(stage_dir))
+        assert model.config.id2label == {0: "adj.all", 1: "noun.animal", 2: "noun.person", 3: "noun.plant"}
+    layers = {name: AutoModelForSequenceClassification.from_pretrained(str(out / name)).config.num_hidden_layers
+              for name in ("teacher", "same", "two-layers")}
+    assert layers == {"teacher": 4, "same": 4, "two-layers": 2}
+
+
+def test_report_schema_and_values(done, tiny_task):
+    raw, out, report = done
+    assert report["recipe"]["name"] == "tiny" and report["recipe"]["variants"] == raw["variants"]
+    env = report["environment"]
+    assert env["packages"]["torch"] and env["packages"]["transformers"]
+    assert env["cpu"]["cores"] >= 1 and "flags" in env["cpu"]
+
+    teacher = report["teacher"]
+    assert 0 < teacher["accuracy"] <= 1
+    assert teacher["eval_samples"] == len(tiny_task.split("test"))
+    assert teacher["params"] > 0
+    assert teacher["size_bytes"] == (out / "teacher" / "model.safetensors").stat().st_size
+
+    models = {m["name"]: m for m in report["models"]}
+    assert list(models) == ["same", "two-layers"]
+    for name, m in models.items():
+        assert {"name", "accuracy", "retention", "params", "size_bytes", "path", "agreement", "macro_f1",
+                "passes"} <= set(m)
+        assert m["path"] == str(out / name)
+        assert 0 <= m["accuracy"] <= 1
+        assert m["retention"] == pytest.approx(m["accuracy"] / teacher["accuracy"])
+        assert m["size_bytes"] == (out / name / "model.safetensors").stat().st_size
+
+    same, small = models["same"], models["two-layers"]
+    assert same["accuracy"] == teacher["accuracy"] and same["agreement"] == 1.0
+    assert same["retention"] == 1.0 and same["params"] == teacher["params"] and same["passes"] == []
+    assert small["params"] < teacher["params"] and small["size_bytes"] < teacher["size_bytes"]
+    assert [p["pass"] for p in small["passes"]] == ["drop-layers", "finetune"]
+    assert small["passes"][0]["config"] == {"keep": [0, 1]}
+    assert small["passes"][1]["config"]["epochs"] == 1
+
+
+def test_stage_metrics_match_an_independent_evaluation(done, tiny_csv):
+    _, out, report = done
+    result = evaluate_path(str(out / "two-layers"), None)     # the task recorded in the dir
+    assert result["task"] == "tiny" and result["samples"] == report["teacher"]["eval_samples"]
+    assert result["accuracy"] == pytest.approx(report["models"][1]["accuracy"])
+    assert evaluate_path(str(out / "teacher"), {"path": str(tiny_csv)})["accuracy"] == \
+        pytest.approx(report["teacher"]["accuracy"])
+
+
+def test_rerun_reuses_every_stage(done, rerun_dir, monkeypatch):
+    raw, _, report = done
+    before = stamps(rerun_dir)
+    assert len(before) == 6
+    forbid_building(monkeypatch)
+    again = run(raw, rerun_dir)
+    assert stamps(rerun_dir) == before
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("environment",)}  # noqa: E731
+    assert json.dumps(strip(again)).replace(str(rerun_dir), "OUT") == \
+        json.dumps(strip(report)).replace(str(done[1]), "OUT")
+
+
+def test_changing_one_variant_rebuilds_only_it(done, rerun_dir, monkeypatch):
+    raw, _, _ = done
+    changed = copy.deepcopy(raw)
+    changed["variants"]["two-layers"][1]["finetune"]["epochs"] = 2
+    before = stamps(rerun_dir)
+    forbid_building(monkeypatch, passes=False)              # the teacher must be reused
+    report = run(changed, rerun_dir)
+    after = stamps(rerun_dir)
+    for stage in ("teacher", "same"):
+        assert {k: v for k, v in after.items() if k.startswith(stage + "/")} == \
+            {k: v for k, v in before.items() if k.startswith(stage + "/")}
+    assert after["two-layers/stage.json"] != before["two-layers/stage.json"]
+    assert report["models"][1]["passes"][1]["config"]["epochs"] == 2
+    record = json.loads((rerun_dir / "two-layers" / "stage.json").read_text())
+    assert record["history"][1]["config"]["epochs"] == 2
+
+
+def test_an_interrupted_run_resumes_after_finished_stages(done, rerun_dir, monkeypatch):
+    raw, _, report = done
+    shutil.rmtree(rerun_dir / "two-layers")
+    (rerun_dir / "report.json").unlink()
+    before = stamps(rerun_dir)
+    forbid_building(monkeypatch, passes=False)
+    again = run(raw, rerun_dir)
+    assert {k: v for k, v in stamps(rerun_dir).items() if not k.startswith("two-layers/")} == before
+    assert (rerun_dir / "two-layers" / "model.safetensors").is_file()
+    assert again["models"][1]["accuracy"] == report["models"][1]["accuracy"]   # seeded: same result
+
+
+def test_late_user_error_in_a_fresh_out_dir_leaves_nothing(tiny_bert_dir, tiny_csv, tmp_path):
+    out = tmp_path / "fresh"
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": [], "too-deep": [{"drop-layers": {"keep": [0, 7]}}]})
+    with pytest.raises(UserError, match="4 layers"):
+        run(raw, out)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_late_user_error_in_an_existing_out_dir_keeps_finished_stages(done, rerun_dir, monkeypatch):
+    raw, _, _ = done
+    bad = copy.deepcopy(raw)
+    bad["variants"]["too-deep"] = [{"drop-layers": {"keep": [9]}}]
+    before = stamps(rerun_dir)
+    forbid_building(monkeypatch, passes=False)
+    with pytest.raises(UserError, match="out of range"):
+        run(bad, rerun_dir)
+    assert stamps(rerun_dir) == before
+    assert not (rerun_dir / "too-deep").exists()
+    assert not [p for p in rerun_dir.iterdir() if p.name.startswith(".")]     # no temporaries
+
+
+def test_a_relative_task_path_resolves_against_the_recipe_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
+    recipe_dir = tmp_path / "recipes"
+    recipe_dir.mkdir()
+    shutil.copy(tiny_csv, recipe_dir / "local.csv")
+    monkeypatch.chdir(tmp_path)                            # not the recipe's dir
+    raw = raw_recipe(tiny_bert_dir, "local.csv", {"same": []})
+    raw["teacher"].pop("finetune")
+    recipe, steps = parse_recipe(raw)
+    report = run_recipe(recipe, steps, tmp_path / "out", base_dir=recipe_dir, show_progress=False)
+    assert report["models"][0]["agreement"] == 1.0
+    assert report["teacher"]["eval_samples"] == 30
+
+
+def test_pass_data_paths_resolve_against_the_recipe_dir_too(tiny_csv, tmp_path, monkeypatch):
+    recipe_dir = tmp_path / "recipes"
+    recipe_dir.mkdir()
+    shutil.copy(tiny_csv, recipe_dir / "other.csv")
+    (recipe_dir / "domain.txt").write_text("some text\n")
+    monkeypatch.chdir(tmp_path)
+    raw = raw_recipe("minilm", "wordnet-supersense", {"v": [{"finetune": {
+        "intermediate_task": {"path": "other.csv"}, "tasks": [{"path": "other.csv"}, "wordnet-wsd"],
+        "domain_corpus": "domain.txt"}}]})
+    _, steps = parse_recipe(raw)
+    config = paths.resolve_step_paths(steps["v"][0], recipe_dir).config
+    assert config.intermediate_task == {"path": str(recipe_dir / "other.csv")}
+    assert config.tasks == ({"path": str(recipe_dir / "other.csv")}, "wordnet-wsd")   # names stay names
+    assert config.domain_corpus == str(recipe_dir / "domain.txt")
+    untouched = parse_recipe(raw_recipe("minilm", "wordnet-supersense", {"v": [{"finetune": {}}]}))[1]["v"][0]
+    assert paths.resolve_step_paths(untouched, recipe_dir) is untouched
+
+
+def count_finetunes(monkeypatch) -> list[int]:
+    from compressor.passes import training
+    calls: list[int] = []
+    real = training.finetune
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(training, "finetune", counting)
+    return calls
+
+
+@pytest.mark.parametrize("order", [("short", "long"), ("long", "short")])
+def test_variants_share_a_common_trained_prefix(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch, order):
+    prefix = [{"drop-layers": {"keep": [0, 1]}}, {"finetune": {"epochs": 1}}]
+    variants = {"short": prefix, "long": prefix + [{"quantize": {"mode": "dynamic-int8"}}]}
+    calls = count_finetunes(monkeypatch)
+    report = run(raw_recipe(tiny_bert_dir, tiny_csv, {name: variants[name] for name in order}), tmp_path / "out")
+    assert len(calls) == 1                                   # the prefix trained once
+    by_name = {m["name"]: m for m in report["models"]}
+    assert by_name["short"]["accuracy"] == by_name["long"]["accuracy"]   # same weights (int8 is at export)
+    assert [p["pass"] for p in by_name["long"]["passes"]] == ["drop-layers", "finetune", "quantize"]
+    assert (tmp_path / "out" / "prefixes").is_dir() == (order[0] == "long")
+
+
+def test_kill_9_at_any_point_then_rerun_gives_the_same_results(done, tiny_bert_dir, tiny_csv, tmp_path):
+    """A run killed with SIGKILL leaves only finished stages visible; rerunning completes it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(raw_recipe(tiny_bert_dir, tiny_csv)))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "compressor", "run", str(recipe), "--out", str(out), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (out / "teacher" / "stage.json").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)        # mid-run: the teacher is done, the variants are not
+    proc.wait()
+    for path in out.iterdir():               # every visible stage dir is complete
+        if path.is_dir() and not path.name.startswith("."):
+            assert (path / "stage.json").is_file() and (path / "model.safetensors").is_file()
+    assert subprocess.run(command, env=env, capture_output=True).returncode == 0
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]      # stale temporaries cleared
+    report = json.loads((out / "report.json").read_text())
+    assert [(m["name"], m["accuracy"]) for m in report["models"]] == \
+        [(m["name"], m["accuracy"]) for m in done[2]["models"]]
+    assert report["teacher"]["accuracy"] == done[2]["teacher"]["accuracy"]
+
+
+def test_a_full_disk_mid_run_is_one_clear_error_and_finished_stages_stay(done, rerun_dir, monkeypatch):
+    """ENOSPC while writing a stage: a WriteError naming the problem; what was finished stays usable."""
+    import errno
+
+    from pretrain import atomic
+    raw, _, report = done
+    shutil.rmtree(rerun_dir / "two-layers")
+    before = stamps(rerun_dir)
+    real = atomic.atomic_dir
+
+    def full_disk(target):
+        if target.name == "two-layers":
+            raise OSError(errno.ENOSPC, "No space left on device", str(target))
+        return real(target)
+    monkeypatch.setattr(cache, "atomic_dir", full_disk)
+    with pytest.raises(outdir.WriteError, match=r"No space left on device .*two-layers.*rerun the same command"):
+        run(raw, rerun_dir)
+    assert stamps(rerun_dir) == before and not (rerun_dir / "two-layers").exists()
+    monkeypatch.setattr(cache, "atomic_dir", real)
+    forbid_building(monkeypatch, passes=False)             # the teacher is reused, not rebuilt
+    assert run(raw, rerun_dir)["models"][1]["accuracy"] == report["models"][1]["accuracy"]
+
+
+# --- what the pipeline gives passes: the teacher (lazily) and a work dir per step ---
+
+class ProbeConfig(PassConfig):
+    use_teacher: bool = False
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.fixture
+def probe():
+    """A pass `probe` (this test only) that records its context; the first call per work dir
+    leaves a marker there and stops, as a kill in the middle of training would."""
+    seen: list[dict] = []
+
+    def run_probe(bundle, cfg, ctx):
+        marker = ctx.work_dir / "marker"
+        seen.append({"work_dir": ctx.work_dir, "resumed": marker.exists(),
+                     "teacher_loaded": ctx.teacher_source.loaded})
+        if not marker.exists():
+            ctx.work_dir.mkdir(parents=True)
+            marker.write_text("half done")
+            raise Interrupted
+        if cfg.use_teacher:
+            seen[-1]["teacher"] = ctx.teacher
+        return bundle.replace(model=bundle.copy_model())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(registry._REGISTRY, "probe", registry.PassSpec("probe", ProbeConfig, run_probe, False, True))
+        yield seen
+    assert "probe" not in registry.pass_names()
+
+
+def test_each_step_gets_a_work_dir_that_a_rerun_finds_and_that_goes_once_written(tiny_bert_dir, tiny_csv,
+                                                                                  tmp_path, probe):
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"probe": {}}, {"probe": {"use_teacher": True}}]})
+    del raw["teacher"]["finetune"]
+    out = tmp_path / "out"
+    for _ in range(2):                       # each step is interrupted once, then resumes
+        with pytest.raises(Interrupted):
+            run(raw, out)
+        assert (probe[-1]["work_dir"] / "marker").is_file()
+    report = run(raw, out)
+    # run 1: step 1 stops; run 2: step 1 resumes (and is kept as a prefix), step 2 stops;
+    # run 3: starts from the kept prefix, step 2 resumes
+    first, second = probe[0]["work_dir"], probe[2]["work_dir"]
+    assert [p["work_dir"] for p in probe] == [first, first, second, second]
+    assert first != second and first.parent == second.parent == out / ".work"
+    assert [p["resumed"] for p in probe] == [False, True, False, True]
+    assert not (out / ".work").exists()                      # removed once the stage was written
+    assert [m["name"] for m in report["models"]] == ["v"]
+    assert not any(p["teacher_loaded"] for p in probe)       # nothing loaded it before it was asked for
+    teacher = probe[-1]["teacher"]
+    assert not teacher.model.training and not any(p.requires_grad for p in teacher.model.parameters())
+    expected = ModelBundle.load(out / "teacher").model.state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in teacher.model.state_dict().items())

@@ -1,0 +1,81 @@
+"""Derived views of report.json: Pareto fronts and runtime warnings, on hand-made reports."""
+
+from __future__ import annotations
+
+import json
+
+from compressor.report.analysis import pareto_fronts, runtime_warnings
+from compressor.report.render import render_report_md
+
+
+def entry(name, accuracy, p50, *, size=100, params=1000, precision="fp32", baseline=False, model_dir=None):
+    return {"name": name, "accuracy": accuracy, "size_bytes": size, "params": params, "precision": precision,
+            "baseline": baseline, "kind": "onnx", "model_dir": model_dir, "retention": accuracy, "agreement": 1.0,
+            "latency": [{"profile": "cpu", "batch_size": 8, "sequence_length": "real", "p50_ms": p50,
+                         "p90_ms": p50, "p99_ms": p50, "throughput": 8e3 / p50, "peak_rss_mb": 100.0}]}
+
+
+def test_pareto_front_keeps_only_undominated_models():
+    models = [entry("slow-good", 0.9, 10), entry("fast-bad", 0.7, 2), entry("dominated", 0.7, 5),
+              entry("middle", 0.8, 4), entry("tie", 0.8, 4)]
+    (front,) = pareto_fronts(models)
+    assert front["models"] == ["fast-bad", "middle", "tie", "slow-good"]   # sorted by latency
+
+
+def config_dir(tmp_path, name, layers_params):
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"hidden_size": 10, "vocab_size": 50, "max_position_embeddings": 10,
+                                                  "type_vocab_size": 0}))
+    return str(path)
+
+
+def test_warnings_name_savings_the_runtime_did_not_turn_into_speed(tmp_path):
+    teacher_dir = config_dir(tmp_path, "teacher", None)
+    base = entry("onnxruntime-fp32", 0.8, 10.0, size=1000, params=1200, baseline=True)
+    models = [base,
+              # (embeddings: 60 rows x 10 = 600 params) 600 -> 200 encoder params (3x less compute) but only 1.1x faster: warned
+              entry("shallow", 0.78, 9.0, params=800, size=700, model_dir=config_dir(tmp_path, "s", None)),
+              # same compute, 4x smaller file, no faster: warned about bytes
+              entry("int4", 0.8, 10.0, params=1200, size=250, precision="int4-weight-only",
+                    model_dir=config_dir(tmp_path, "q", None)),
+              # fp16 on a CPU profile that does not list fp16
+              entry("half", 0.8, 5.0, params=1200, size=500, precision="fp16", model_dir=config_dir(tmp_path, "h", None)),
+              # fewer params and as fast as expected: no warning
+              entry("good", 0.78, 3.5, params=800, size=700, model_dir=config_dir(tmp_path, "g", None))]
+    report = {"teacher": {"path": teacher_dir, "params": 1200}, "models": models,
+              "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
+    warnings = runtime_warnings(report)
+    assert any(w.startswith("shallow removed 67% of the encoder's parameters") and "1.11x" in w for w in warnings)
+    assert any(w.startswith("int4 is 75% smaller than onnxruntime-fp32 but only 1.00x as fast") for w in warnings)
+    assert any(w.startswith("half is fp16, which profile cpu does not run fast") for w in warnings)
+    assert not any(w.startswith("good") for w in warnings)
+    assert not any("scope: linears" in w for w in warnings)
+
+
+def test_a_slow_static_int8_graph_is_told_why():
+    base = entry("onnxruntime-fp32", 0.8, 10.0, size=1000, params=1200, baseline=True)
+    slow = entry("static", 0.8, 28.0, size=250, params=1200, precision="static-int8")
+    slow["onnx"] = {"quantization": {"mode": "static-int8", "scope": "ops"}}
+    linear = entry("linears", 0.8, 10.5, size=250, params=1200, precision="static-int8")
+    linear["onnx"] = {"quantization": {"mode": "static-int8", "scope": "linears"}}
+    report = {"teacher": {"path": None, "params": 1200}, "models": [base, slow, linear],
+              "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
+    warnings = runtime_warnings(report)
+    (static,) = [w for w in warnings if w.startswith("static ")]
+    assert "0.36x as fast" in static and "use scope: linears" in static
+    (linears,) = [w for w in warnings if w.startswith("linears ")]
+    assert "scope" not in linears
+
+
+def test_markdown_report_has_every_section():
+    models = [entry("a", 0.8, 3.0), entry("onnxruntime-fp32", 0.81, 6.0, baseline=True)]
+    report = {"recipe": {"name": "r"}, "teacher": {"path": "t", "accuracy": 0.81, "params": 1000, "size_bytes": 100},
+              "models": models, "pareto": pareto_fronts(models), "warnings": ["w1"],
+              "benchmark": {"skipped": [{"profile": "arm64", "reason": "needs arm"}]},
+              "environment": {"cpu": {"model": "X", "cores": 2, "flags": ["avx2"]}, "packages": {"torch": "2"}}}
+    md = render_report_md(report, "pareto.png")
+    for text in ("# Report: r", "## Models", "## Latency: profile cpu, batch 8, sequence real",
+                 "| a | 0.8000 | 3.00 |", "2.00x", "![Pareto chart](pareto.png)", "arm64: needs arm", "- w1",
+                 "CPU: X (2 cores"):
+        assert text in md, text
