@@ -175,3 +175,17 @@ def wordnet_corpus_file(tmp_path_factory):
             made[n] = str(path)
         return made[n]
     return make
+
+
+@pytest.fixture
+def trained_rates(monkeypatch) -> list[float]:
+    """The learning rate of every `train` call fine-tuning makes (the calls still run)."""
+    import pretrain.finetune as finetune_module
+    seen: list[float] = []
+    real_train = finetune_module.train
+
+    def recording_train(model, data, cfg, **kwargs):
+        seen.append(cfg.lr)
+        return real_train(model, data, cfg, **kwargs)
+    monkeypatch.setattr(finetune_module, "train", recording_train)
+    return seen

@@ -208,15 +208,7 @@ def test_an_explicit_lr_wins_over_the_strategys_default(strategy):
     assert FinetuneConfig(strategy=strategy, lr=1e-4).lr == 1e-4
 
 
-def test_finetune_trains_at_the_resolved_rate(bert_bundle, tiny_task, monkeypatch):
-    import pretrain.finetune as finetune_module
-    seen = []
-    real_train = finetune_module.train
-
-    def recording_train(model, data, cfg, **kwargs):
-        seen.append(cfg.lr)
-        return real_train(model, data, cfg, **kwargs)
-    monkeypatch.setattr(finetune_module, "train", recording_train)
+def test_finetune_trains_at_the_resolved_rate(bert_bundle, tiny_task, trained_rates):
     cfg = FinetuneConfig(epochs=1, batch_size=16, strategy="frozen", max_train_samples=16)
     finetune(bert_bundle.copy_model(), bert_bundle.tokenizer, tiny_task, cfg, show_progress=False)
-    assert seen == [EXPECTED_DEFAULT_LR["frozen"]]
+    assert trained_rates == [EXPECTED_DEFAULT_LR["frozen"]]

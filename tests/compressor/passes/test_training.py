@@ -46,17 +46,9 @@ def test_finetune_pass_gets_the_strategys_default_lr():
     assert validate({"strategy": "adapters", "lr": 5e-5}).lr == 5e-5       # the recipe's lr wins
 
 
-def test_finetune_pass_trains_at_the_strategys_default_lr(bert_bundle, tiny_task, monkeypatch):
-    import pretrain.finetune as finetune_module
-    seen = []
-    real_train = finetune_module.train
-
-    def recording_train(model, data, cfg, **kwargs):
-        seen.append(cfg.lr)
-        return real_train(model, data, cfg, **kwargs)
-    monkeypatch.setattr(finetune_module, "train", recording_train)
+def test_finetune_pass_trains_at_the_strategys_default_lr(bert_bundle, tiny_task, trained_rates):
     cfg = get_pass("finetune").config_type.model_validate(
         {"epochs": 1, "batch_size": 16, "strategy": "adapters", "adapter_size": 8, "max_train_samples": 16})
     out = apply_pass(bert_bundle, "finetune", cfg, Context(task=tiny_task, show_progress=False))
-    assert seen == [1e-3]
+    assert trained_rates == [1e-3]
     assert out.history[-1]["config"]["lr"] == 1e-3                          # the bundle records the rate used
