@@ -342,7 +342,7 @@ def check_finetune_arm(arm: dict) -> None:
 
 
 def test_pretraining(tmp_path, wordnet_corpus_file, monkeypatch):
-    import compressor.finetune_command as finetune_command
+    import compressor.cli.finetune_command as finetune_command
     monkeypatch.setattr(finetune_command, "set_threads", lambda threads: None)   # stay on one thread
     out = tmp_path / "pretraining.json"
     run_script("pretraining.py", pretraining_args(wordnet_corpus_file(300), tmp_path / "work", out), monkeypatch)
@@ -367,7 +367,7 @@ def test_pretraining(tmp_path, wordnet_corpus_file, monkeypatch):
 
 
 def test_pretraining_objectives(tmp_path, wordnet_corpus_file, monkeypatch):
-    import compressor.finetune_command as finetune_command
+    import compressor.cli.finetune_command as finetune_command
     monkeypatch.setattr(finetune_command, "set_threads", lambda threads: None)
     out = tmp_path / "objectives.json"
     run_script("pretraining_objectives.py", [*pretraining_args(wordnet_corpus_file(300), tmp_path / "work", out),
