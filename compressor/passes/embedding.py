@@ -1,13 +1,24 @@
-"""Passes on the word embedding: `factorize-embedding`."""
+"""Passes on the word embedding (half of MiniLM's weights): `factorize-embedding`, `trim-vocab`.
+
+Both shrink the V x H word-embedding matrix, one in its inner size (rank), the other in
+its rows (vocabulary); the surgery they need lives in export/embedding.py and
+modeling/vocabulary.py.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from collections import Counter
+from typing import Literal
+
+from pydantic import Field, field_validator
 
 from compressor.bundle import ModelBundle
 from compressor.export.embedding import low_rank_factors
+from compressor.modeling.vocabulary import (check_trimmable, ids_to_keep, token_counts, trim_embeddings,
+                                            trim_tokenizer)
 from compressor.passes.registry import Context, PassConfig, register
 from pretrain.errors import UserError
+from pretrain.models import fit_tokenizer
 
 
 class FactorizeEmbedding(PassConfig):
@@ -31,3 +42,36 @@ def factorize_embedding(bundle: ModelBundle, cfg: FactorizeEmbedding, ctx: Conte
     low, up = low_rank_factors(embedding.weight, cfg.rank)
     embedding.weight.data = (low @ up).contiguous()
     return bundle.replace(model=model, deploy={**bundle.deploy, "embedding_rank": cfg.rank})
+
+
+class TrimVocab(PassConfig):
+    # Splits whose tokens are kept. Never the test split: accuracy is measured there, and a
+    # vocabulary chosen from it would hide what unseen text costs.
+    splits: tuple[Literal["train", "validation"], ...] = Field(("train",), min_length=1)
+    min_count: int = Field(1, ge=1)   # keep a token used at least this often in those splits
+
+    @field_validator("splits")
+    @classmethod
+    def _distinct(cls, splits: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(splits)) != len(splits):
+            raise ValueError("splits must be distinct")
+        return splits
+
+
+def check_trim_tokenizer(cfg: TrimVocab, tokenizer) -> None:
+    check_trimmable(tokenizer)
+
+
+@register("trim-vocab", TrimVocab, check_tokenizer=check_trim_tokenizer)
+def trim_vocab(bundle: ModelBundle, cfg: TrimVocab, ctx: Context) -> ModelBundle:
+    """Keep only the tokens the task's texts use (plus special tokens), in the tokenizer and
+    the embedding (modeling/vocabulary.py). Texts of those splits tokenize to the same
+    tokens as before (renumbered); a word with a dropped piece splits into kept pieces, or
+    becomes [UNK] where no kept piece fits."""
+    counts = sum((token_counts(bundle.tokenizer, split.texts, split.text_pairs)
+                  for split in map(ctx.task.split, cfg.splits)), start=Counter())
+    used = [token for token, n in counts.items() if n >= cfg.min_count]
+    model = bundle.copy_model()
+    keep = ids_to_keep(bundle.tokenizer, model, used)
+    trim_embeddings(model, keep)
+    return bundle.replace(model=model, tokenizer=fit_tokenizer(trim_tokenizer(bundle.tokenizer, keep), model))

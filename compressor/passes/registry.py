@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
+from transformers import PreTrainedTokenizerBase
 
 from compressor.bundle import ModelBundle
 from pretrain.data import TaskData
@@ -83,6 +84,9 @@ PassFn = Callable[[ModelBundle, BaseModel, Context], ModelBundle]
 # Raises UserError when the pass, so configured, cannot apply to a model family: run before
 # any stage, so that a recipe is refused before it fine-tunes or writes anything.
 FamilyCheck = Callable[[BaseModel, str], None]
+# Raises UserError when the pass cannot work with a tokenizer (trim-vocab and byte-level
+# BPE): run before any stage with the teacher's tokenizer, like the family check.
+TokenizerCheck = Callable[[BaseModel, PreTrainedTokenizerBase], None]
 
 
 @dataclass(frozen=True)
@@ -95,17 +99,20 @@ class PassSpec:
     # (DIR/prefixes/<key>/) so that a later variant with the same first steps starts there
     trains: bool
     check_family: FamilyCheck | None = None
+    check_tokenizer: TokenizerCheck | None = None
 
 
 _REGISTRY: dict[str, PassSpec] = {}
 
 
 def register(name: str, config_type: type[BaseModel], *, preserves_function: bool = False,
-             trains: bool = False, check_family: FamilyCheck | None = None) -> Callable[[PassFn], PassFn]:
+             trains: bool = False, check_family: FamilyCheck | None = None,
+             check_tokenizer: TokenizerCheck | None = None) -> Callable[[PassFn], PassFn]:
     def decorate(fn: PassFn) -> PassFn:
         if name in _REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
-        _REGISTRY[name] = PassSpec(name, config_type, fn, preserves_function, trains, check_family)
+        _REGISTRY[name] = PassSpec(name, config_type, fn, preserves_function, trains, check_family,
+                                   check_tokenizer)
         return fn
     return decorate
 
@@ -115,6 +122,13 @@ def check_pass_family(name: str, config: BaseModel, family: str) -> None:
     spec = get_pass(name)
     if spec.check_family is not None:
         spec.check_family(config, family)
+
+
+def check_pass_tokenizer(name: str, config: BaseModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Refuse (UserError) a pass that cannot work with `tokenizer`."""
+    spec = get_pass(name)
+    if spec.check_tokenizer is not None:
+        spec.check_tokenizer(config, tokenizer)
 
 
 def pass_names() -> list[str]:
@@ -142,6 +156,7 @@ def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) 
     spec = get_pass(name)
     # The same refusal the pipeline gives up front, for passes called one by one.
     check_pass_family(name, config, bundle.model.config.model_type)
+    check_pass_tokenizer(name, config, bundle.tokenizer)
     out = spec.run(bundle, config, ctx)
     if out is bundle or out.model is bundle.model:
         raise RuntimeError(f"pass {name!r} returned its input model; passes must copy before changing")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
 from compressor.bench.baselines import OPTIMUM, check_baselines
-from compressor.passes import check_pass_family
+from compressor.passes import check_pass_family, check_pass_tokenizer, get_pass
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
                                                   optimum_presets, variant_deployable)
 from compressor.pipeline.outdir import WriteError, claim_out_dir, disk_errors
@@ -18,7 +19,7 @@ from compressor.report.render import write_human_reports
 from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.errors import UserError
-from pretrain.models import BUNDLED_MODELS, check_model_ref, read_model_type, set_threads
+from pretrain.models import BUNDLED_MODELS, check_model_ref, load_tokenizer, read_model_type, set_threads
 
 
 def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
@@ -34,7 +35,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
         check_baselines(recipe.benchmark.baselines, family)
         if OPTIMUM in recipe.benchmark.baselines:
             presets = optimum_presets(recipe.benchmark)     # a preset this CPU cannot run stops here
-    check_steps_fit(steps, family)
+    check_steps_fit(steps, family, teacher_path)
     task = load_task(resolve_task_paths(recipe.teacher.task, base_dir), seed=recipe.seed)
     steps = {name: [resolve_step_paths(step, base_dir) for step in variant_steps]
              for name, variant_steps in steps.items()}
@@ -72,11 +73,14 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     return report
 
 
-def check_steps_fit(steps: dict[str, list[Step]], family: str) -> None:
-    """Refuse, before any stage runs, a pass that cannot apply to the teacher's family."""
+def check_steps_fit(steps: dict[str, list[Step]], family: str, teacher_path: Path) -> None:
+    """Refuse, before any stage runs, a pass that cannot apply to the teacher's family or tokenizer."""
+    tokenizer = functools.cache(lambda: load_tokenizer(teacher_path))   # only if a pass checks it
     for name, variant_steps in steps.items():
         for i, step in enumerate(variant_steps):
             try:
                 check_pass_family(step.name, step.config, family)
+                if get_pass(step.name).check_tokenizer is not None:
+                    check_pass_tokenizer(step.name, step.config, tokenizer())
             except UserError as err:
                 raise UserError(f"variants.{name}[{i}]: {err}") from None

@@ -31,6 +31,7 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "qat": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
     "sensitivity": {"keep_fraction": 0.25, "samples": 32},
     "factorize-embedding": {"rank": 8},
+    "trim-vocab": {},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).

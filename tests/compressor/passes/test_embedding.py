@@ -1,4 +1,5 @@
-"""The `factorize-embedding` pass and the factored embedding in the export."""
+"""The word-embedding passes: `factorize-embedding` (and the factored embedding in the
+export) and `trim-vocab`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from pydantic import ValidationError
 
+from compressor.bundle import ModelBundle
 from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.errors import UserError
@@ -53,3 +56,69 @@ def test_export_stores_the_factors_and_keeps_parity(bert_bundle, tiny_task, tmp_
 def test_a_rank_that_saves_nothing_is_rejected(bert_bundle, tiny_task):
     with pytest.raises(UserError, match="rank 32 saves nothing"):
         factorized(bert_bundle, tiny_task, 32)
+
+
+# --- trim-vocab ---
+
+def trimmed(bundle, task, **options):
+    cfg = get_pass("trim-vocab").config_type.model_validate(options)
+    return apply_pass(bundle, "trim-vocab", cfg, Context(task=task, show_progress=False))
+
+
+@pytest.fixture(scope="module")
+def trim(tiny_bert_dir, tiny_task):
+    """(the tiny BERT, its trimmed copy), built once for the module's checks."""
+    bundle = ModelBundle.load(tiny_bert_dir)
+    return bundle, trimmed(bundle, tiny_task)
+
+
+def test_training_texts_tokenize_to_the_same_tokens(trim, tiny_task):
+    bundle, out = trim
+    train = tiny_task.split("train").texts
+    old = bundle.tokenizer(train)["input_ids"]
+    new = out.tokenizer(train)["input_ids"]
+    kept = bundle.tokenizer.convert_tokens_to_ids(out.tokenizer.convert_ids_to_tokens(range(len(out.tokenizer))))
+    renumber = {old_id: new_id for new_id, old_id in enumerate(kept)}
+    assert new == [[renumber[i] for i in row] for row in old]
+    used = {i for row in old for i in row}
+    assert set(kept) == used | set(bundle.tokenizer.all_special_ids)   # nothing else kept
+    assert len(out.tokenizer) == out.model.config.vocab_size == len(kept) < 0.2 * len(bundle.tokenizer)
+    # The kept rows are the original rows, in order.
+    assert torch.equal(out.model.get_input_embeddings().weight,
+                       bundle.model.get_input_embeddings().weight[kept])
+    assert out.params == bundle.params - (len(bundle.tokenizer) - len(kept)) * 32
+
+
+def test_unseen_pieces_become_unk_and_the_bundle_reloads(trim, tmp_path):
+    bundle, out = trim
+    text = "λόγος"                             # pieces of the full vocab, none in the tiny train split
+    assert bundle.tokenizer.unk_token_id not in bundle.tokenizer(text)["input_ids"]
+    assert out.tokenizer.convert_ids_to_tokens(out.tokenizer(text)["input_ids"]) == ["[CLS]", "[UNK]", "[SEP]"]
+    loaded = ModelBundle.load(out.save(tmp_path / "trimmed"))
+    probe = ["a plant: λόγος of the genus", "noun.person: someone who runs"]
+    assert loaded.tokenizer(probe)["input_ids"] == out.tokenizer(probe)["input_ids"]
+    assert loaded.model.config.vocab_size == len(loaded.tokenizer)
+
+
+def test_trimmed_model_exports_and_quantizes_smaller(trim, tiny_task, tmp_path):
+    bundle, out = trim
+    fp32 = export_bundle(out, tmp_path / "fp32", LOOSE, tiny_task)
+    assert fp32["parity_max_abs_diff"] <= 1e-4
+    int8 = export_bundle(out.replace(deploy={"quantize": {"mode": "dynamic-int8"}}), tmp_path / "int8", LOOSE, tiny_task)
+    # The untrimmed tiny BERT is ~1M fp32 weights, all but 40k of them embedding rows.
+    assert fp32["size_bytes"] < 0.2 * 4 * bundle.params and int8["size_bytes"] < 0.5 * fp32["size_bytes"]
+
+
+def test_min_count_and_the_validation_split(trim, tiny_task):
+    bundle, out = trim
+    rare = trimmed(bundle, tiny_task, min_count=3)
+    wider = trimmed(bundle, tiny_task, splits=["train", "validation"])
+    assert len(rare.tokenizer) < len(out.tokenizer) < len(wider.tokenizer)
+
+
+@pytest.mark.parametrize("options, why", [({"splits": ["test"]}, "train"), ({"splits": ["train", "train"]}, "distinct"),
+                                          ({"min_count": 0}, "greater than or equal to 1")])
+def test_trim_vocab_config_validation(options, why):
+    with pytest.raises(ValidationError, match=why):
+        get_pass("trim-vocab").config_type.model_validate(options)
+
