@@ -27,7 +27,7 @@ import numpy as np
 
 from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle
-from compressor.export.onnx import ExportSettings, export_scored
+from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.atomic import write_json
 from pretrain.data import load_task
@@ -169,7 +169,7 @@ def run_variant(name, steps, teacher, task, test, ctx, args, reference) -> tuple
     bundle = teacher
     for pass_name, config in steps:
         bundle = apply_pass(bundle, pass_name, get_pass(pass_name).config_type.model_validate(config), ctx)
-    exported = export_scored(bundle, args.work / name, OPEN_GATE, task, args.eval_samples)
+    exported = export_bundle(bundle, args.work / name, OPEN_GATE, task, args.eval_samples)
     record, predicted = exported.record, exported.predictions
     row = {"name": name, "passes": steps, "format": record["format"],
            "accuracy": float(np.mean(predicted == labels)),

@@ -37,7 +37,7 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
             deploy["quantize"] = quantize_cfg.model_dump(mode="json")
         bundle = bundle.replace(deploy=deploy)
     set_threads(None)
-    return export_bundle(bundle, out, export_settings, task, max_eval_samples)
+    return export_bundle(bundle, out, export_settings, task, max_eval_samples).record
 
 
 def quantize_config(mode: str | None, options: dict) -> QuantizeConfig | None:

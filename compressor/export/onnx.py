@@ -66,7 +66,7 @@ class ExportSettings(BaseModel):
 
 @dataclass(frozen=True)
 class Exported:
-    """What `export_into` wrote and measured.
+    """What `export_bundle` (or `export_into`) wrote and measured.
 
     `predictions` are the shipped model's task class ids on the gate's test examples (the
     ones `record["accuracy"]` scores), so callers need not score the same split again.
@@ -77,14 +77,10 @@ class Exported:
 
 
 def export_bundle(bundle: ModelBundle, out: Path, settings: ExportSettings, task: TaskData,
-                  max_eval_samples: int | None = None) -> dict:
-    """Export, gate and write `out` atomically; return the export record (also in export.json)."""
-    return export_scored(bundle, out, settings, task, max_eval_samples).record
-
-
-def export_scored(bundle: ModelBundle, out: Path, settings: ExportSettings, task: TaskData,
                   max_eval_samples: int | None = None) -> Exported:
-    """`export_bundle`, also returning the shipped model's test predictions."""
+    """Export, gate and write `out` atomically: the export record (also in export.json) and
+    the shipped model's test predictions. The one entry point of the exporter; the pipeline,
+    whose cached stages own their temporary dir, calls `export_into` itself."""
     out = Path(out)
     with atomic_dir(out) as tmp:
         return export_into(tmp, bundle, settings, task, max_eval_samples, final_path=out)

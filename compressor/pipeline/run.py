@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 
 from compressor.bench.baselines import OPTIMUM, check_baselines
-from compressor.passes import check_pass_family, check_pass_tokenizer, get_pass
+from compressor.passes import check_pass_family, get_pass
+from compressor.passes.registry import check_pass_tokenizer
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
                                                   optimum_presets, variant_deployable)
 from compressor.pipeline.outdir import WriteError, claim_out_dir, disk_errors

@@ -178,7 +178,7 @@ def test_torch_dynamic_int8_export(pretrained, tiny_task, tmp_path, family):
     from compressor.export.onnx import ExportSettings, export_bundle
     bundle = apply_pass(tiny_bundle(pretrained, family, tiny_task), "quantize", QuantizeConfig(mode="torch-dynamic-int8"),
                         Context(task=tiny_task, show_progress=False))
-    record = export_bundle(bundle, tmp_path / "int8", ExportSettings(accuracy_tolerance=0.2), tiny_task)
+    record = export_bundle(bundle, tmp_path / "int8", ExportSettings(accuracy_tolerance=0.2), tiny_task).record
     assert record["format"] == "torch" and record["precision"] == "torch-dynamic-int8"
     assert record["size_bytes"] < record["fp32_size_bytes"] and (tmp_path / "int8" / "model.int8.pt").is_file()
     assert ("lstm_quantization" in record) == (family == "bilm")   # what happened to the LSTMs: fp32

@@ -90,7 +90,7 @@ def exports(runs, tiny_task, tmp_path_factory):
             for config in CASES[case]:
                 bundle = apply_pass(bundle, *pass_of(config), Context(task=tiny_task, show_progress=False))
             path = root / f"{family}-{case}"
-            done[family, case] = bundle, path, export_bundle(bundle, path, UNFUSED_GATES, tiny_task)
+            done[family, case] = bundle, path, export_bundle(bundle, path, UNFUSED_GATES, tiny_task).record
         return done[family, case]
     return get
 
@@ -221,7 +221,7 @@ def test_inc_on_bart_evaluates_the_model_itself(runs, tiny_task, tmp_path):
                                    predict_logits(bundle.model, data), atol=1e-5)
     quantized = bundle.replace(deploy={"quantize": QuantizeConfig(mode="inc", max_trials=1,
                                                                   calibration_samples=16).model_dump()})
-    record = export_bundle(quantized, tmp_path / "inc", UNFUSED_GATES, tiny_task)
+    record = export_bundle(quantized, tmp_path / "inc", UNFUSED_GATES, tiny_task).record
     within_gates(record)
     expected = np.mean(predict_logits(bundle.model, data).argmax(1) == data.labels)
     assert record["inc"]["baseline_accuracy"] == pytest.approx(expected)

@@ -39,7 +39,7 @@ def nothing_left(parent, name) -> bool:
                                             ("distilbert", ["input_ids", "attention_mask"])])
 def test_export_interface_parity_and_accuracy(family, inputs, model_dirs, tiny_task, tmp_path):
     bundle = ModelBundle.load(model_dirs[family]).replace(task=tiny_task.spec)
-    record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task)
+    record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task).record
     out = tmp_path / "out"
     assert EXPORT_FILES <= {p.name for p in out.iterdir()}
     assert json.loads((out / "export.json").read_text()) == record
@@ -65,7 +65,7 @@ def test_sliced_heads_and_ffn_export_fuse_and_match(sliced_bundle, tiny_task, tm
     assert [layer.intermediate.dense.out_features for layer in encoder_layers(model)] == list(FFN_WIDTHS)
     assert {k: sorted(v) for k, v in model.config.pruned_heads.items()} == PRUNED_HEADS
 
-    record = export_bundle(sliced_bundle, tmp_path / "out", ExportSettings(optimize=True), tiny_task)
+    record = export_bundle(sliced_bundle, tmp_path / "out", ExportSettings(optimize=True), tiny_task).record
     assert record["optimized"] and record["fusion_fallback"] is None
     assert record["fusions"]["Attention"] == 4          # every layer, whatever its head count
     assert record["fusions"]["SkipLayerNormalization"] == 8
@@ -112,7 +112,7 @@ def test_fusion_failure_falls_back_to_the_unfused_graph(tiny_bundle, tiny_task, 
     def broken(*args, **kwargs):
         raise RuntimeError("pattern matcher exploded\nsecond line")
     monkeypatch.setattr(ort_optimizer, "optimize_model", broken)
-    record = export_bundle(tiny_bundle, tmp_path / "out", ExportSettings(optimize=True), tiny_task)
+    record = export_bundle(tiny_bundle, tmp_path / "out", ExportSettings(optimize=True), tiny_task).record
     assert record["optimized"] is False and record["fusions"] == {}
     assert record["fusion_fallback"] == "fusion failed: pattern matcher exploded"
     ops = {node.op_type for node in onnx.load(str(tmp_path / "out" / "model.onnx")).graph.node}
@@ -127,7 +127,7 @@ def test_fused_graph_that_breaks_parity_is_not_used(tiny_bundle, tiny_task, tmp_
         write_onnx(other, target)
         return export_onnx.Fusion(target, {"Attention": 4})
     monkeypatch.setattr(export_onnx, "fuse", wrong_fusion)
-    record = export_bundle(tiny_bundle, tmp_path / "out", ExportSettings(optimize=True), tiny_task)
+    record = export_bundle(tiny_bundle, tmp_path / "out", ExportSettings(optimize=True), tiny_task).record
     assert record["optimized"] is False and record["fusions"] == {}
     assert record["fusion_fallback"].startswith("fused graph failed parity: the fused graph does not match")
     assert record["parity_max_abs_diff"] <= 1e-4
@@ -156,7 +156,7 @@ def test_no_token_type_input_when_the_tokenizer_makes_none(tiny_bundle, tiny_tas
     tokenizer = copy.deepcopy(tiny_bundle.tokenizer)
     tokenizer.model_input_names = ["input_ids", "attention_mask"]
     record = export_bundle(tiny_bundle.replace(tokenizer=tokenizer), tmp_path / "out",
-                           ExportSettings(optimize=False), tiny_task)
+                           ExportSettings(optimize=False), tiny_task).record
     assert record["inputs"] == ["input_ids", "attention_mask"]
     assert record["parity_max_abs_diff"] <= 1e-4
     assert evaluate_path(str(tmp_path / "out"), None)["accuracy"] == record["accuracy"]
@@ -183,7 +183,7 @@ def test_a_model_with_few_positions_exports_evaluates_and_benchmarks_within_them
 
     torch_metrics, _ = evaluate(bundle.model, bundle.tokenizer, test)
     assert evaluate_path(str(tmp_path / "hf"), tiny_task.spec)["accuracy"] == torch_metrics["accuracy"]
-    record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task)
+    record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task).record
     assert record["parity_max_abs_diff"] <= 1e-4 and record["accuracy"] == torch_metrics["accuracy"]
     assert evaluate_path(str(tmp_path / "out"), None)["accuracy"] == record["accuracy"]
 

@@ -78,7 +78,7 @@ def fp32_initializers(path) -> list[tuple[str, tuple[int, ...]]]:
 def test_dynamic_int8_quantizes_embeddings_and_shrinks_the_file(sliced_bundle, tiny_task, tmp_path, optimize, options):
     bundle = sliced_bundle.replace(deploy={"quantize": {"mode": "dynamic-int8", **options}})
     settings = ExportSettings(optimize=optimize, accuracy_tolerance=1.0)
-    record = export_bundle(bundle, tmp_path / "q", settings, tiny_task)
+    record = export_bundle(bundle, tmp_path / "q", settings, tiny_task).record
     assert record["precision"] == "dynamic-int8" and record["quantization"]["mode"] == "dynamic-int8"
     assert record["optimized"] is optimize
     # The word embeddings (vocab x hidden) dominate the tiny model: int8 must cover them.

@@ -19,7 +19,7 @@ LOOSE = ExportSettings(optimize=True, accuracy_tolerance=1.0)   # random tiny mo
 
 
 def export(bundle, task, path, settings=LOOSE, **quantize):
-    return export_bundle(bundle.replace(deploy={"quantize": quantize}), path, settings, task)
+    return export_bundle(bundle.replace(deploy={"quantize": quantize}), path, settings, task).record
 
 
 def op_counts(path) -> Counter:

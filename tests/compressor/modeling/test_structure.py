@@ -132,7 +132,7 @@ def test_pruned_model_reloads_here_and_in_plain_transformers(pruned, tmp_path):
 
 
 def test_pruned_model_exports_fuses_and_passes_parity(pruned, tiny_task, tmp_path):
-    record = export_bundle(pruned, tmp_path / "onnx", ExportSettings(), tiny_task)
+    record = export_bundle(pruned, tmp_path / "onnx", ExportSettings(), tiny_task).record
     assert record["parity_max_abs_diff"] <= record["parity_tolerance"]
     # ORT reads each layer's head count from its Reshape nodes (num_heads=0): all 3 fuse.
     assert record["optimized"], record["fusion_fallback"]

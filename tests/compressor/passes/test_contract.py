@@ -124,7 +124,7 @@ def test_pass_contract(name, bundle, tiny_task, tmp_path):
 
     # It exports to ONNX behind the gate (on the tiny BERT: one family keeps the suite short).
     if out.model.config.model_type == "bert":
-        record = export_bundle(out, tmp_path / f"{name}-onnx", EXPORT_GATE, tiny_task)
+        record = export_bundle(out, tmp_path / f"{name}-onnx", EXPORT_GATE, tiny_task).record
         assert (tmp_path / f"{name}-onnx" / ONNX_FILE).is_file() or record["format"] == "torch"
         assert 0 <= record["accuracy"] <= 1 and record["eval_samples"] == len(test)
 

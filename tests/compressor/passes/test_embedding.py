@@ -37,9 +37,9 @@ def test_the_embedding_becomes_its_best_rank_r_approximation(bert_bundle, tiny_t
 
 
 def test_export_stores_the_factors_and_keeps_parity(bert_bundle, tiny_task, tmp_path):
-    dense = export_bundle(bert_bundle, tmp_path / "dense", LOOSE, tiny_task)
+    dense = export_bundle(bert_bundle, tmp_path / "dense", LOOSE, tiny_task).record
     out = factorized(bert_bundle, tiny_task, 8)
-    record = export_bundle(out, tmp_path / "low", LOOSE, tiny_task)
+    record = export_bundle(out, tmp_path / "low", LOOSE, tiny_task).record
     assert record["parity_max_abs_diff"] <= 1e-4          # the factored graph computes the torch model
     vocab, hidden = out.model.get_input_embeddings().weight.shape
     assert record["embedding_factorized"] == {"rank": 8, "parameters": (vocab + hidden) * 8,
@@ -49,7 +49,7 @@ def test_export_stores_the_factors_and_keeps_parity(bert_bundle, tiny_task, tmp_
     # 30522 x 32 -> 30522 x 8 + 8 x 32: about a quarter of the embedding bytes.
     assert record["size_bytes"] < 0.5 * dense["size_bytes"]
     int8 = export_bundle(out.replace(deploy={**out.deploy, "quantize": {"mode": "dynamic-int8"}}),
-                         tmp_path / "low8", LOOSE, tiny_task)
+                         tmp_path / "low8", LOOSE, tiny_task).record
     assert int8["size_bytes"] < 0.4 * record["size_bytes"]
 
 
@@ -102,9 +102,9 @@ def test_unseen_pieces_become_unk_and_the_bundle_reloads(trim, tmp_path):
 
 def test_trimmed_model_exports_and_quantizes_smaller(trim, tiny_task, tmp_path):
     bundle, out = trim
-    fp32 = export_bundle(out, tmp_path / "fp32", LOOSE, tiny_task)
+    fp32 = export_bundle(out, tmp_path / "fp32", LOOSE, tiny_task).record
     assert fp32["parity_max_abs_diff"] <= 1e-4
-    int8 = export_bundle(out.replace(deploy={"quantize": {"mode": "dynamic-int8"}}), tmp_path / "int8", LOOSE, tiny_task)
+    int8 = export_bundle(out.replace(deploy={"quantize": {"mode": "dynamic-int8"}}), tmp_path / "int8", LOOSE, tiny_task).record
     # The untrimmed tiny BERT is ~1M fp32 weights, all but 40k of them embedding rows.
     assert fp32["size_bytes"] < 0.2 * 4 * bundle.params and int8["size_bytes"] < 0.5 * fp32["size_bytes"]
 

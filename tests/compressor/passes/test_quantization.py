@@ -83,7 +83,7 @@ def quantize_scales(graph) -> dict[str, float]:
 def test_qat_export_uses_the_learned_ranges(bert_bundle, tiny_task, tmp_path):
     cfg = config("qat", epochs=1, batch_size=16, lr=1e-3, max_train_samples=48)
     out = apply_pass(bert_bundle, "qat", cfg, ctx(tiny_task))
-    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task)
+    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task).record
     assert record["precision"] == "static-int8" and record["qat_ranges_applied"] >= 4
     # The intermediate (FFN-in) dense of layer 2 reads a tensor only it reads: its uint8 scale
     # must be the learned symmetric range 2t/255, not a calibrated one.
@@ -106,7 +106,7 @@ def test_qat_export_computes_what_qat_simulated(bert_bundle, tiny_task, tmp_path
         model.classifier.weight *= 100   # a random head is near uniform; make outputs respond
     cfg = config("qat", epochs=1, batch_size=16, lr=1e-3, max_train_samples=48)
     out = apply_pass(bert_bundle.replace(model=model), "qat", cfg, ctx(tiny_task))
-    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task)
+    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task).record
     assert out.deploy["quantize"]["scope"] == "linears"
     assert record["quantized_linears"] == len(linear_layers(out.model))   # each Linear its own node
     assert record["quantized_embedding_lookups"] == 1 and record["fusions_left_out"]
@@ -131,7 +131,7 @@ def test_linear_scope_graph_runs_every_linear_as_an_integer_kernel(bert_bundle, 
     import onnxruntime as ort
     bundle = bert_bundle.replace(deploy={"quantize": {"mode": "static-int8", "scope": "linears",
                                                       "calibration_samples": 32}})
-    record = export_bundle(bundle, tmp_path / "q", LOOSE, tiny_task)
+    record = export_bundle(bundle, tmp_path / "q", LOOSE, tiny_task).record
     assert record["fusions_left_out"] == ["Attention", "EmbedLayerNormalization"]
     assert record["fusions"]["SkipLayerNormalization"] and "Attention" not in record["fusions"]
     graph = onnx.load(str(tmp_path / "q" / "model.onnx")).graph
@@ -183,7 +183,7 @@ def test_int8_export_keeps_the_sensitive_layers_in_float(bert_bundle, tiny_task,
     out = apply_pass(bert_bundle, "sensitivity", config("sensitivity", keep_fraction=0.2, samples=32), ctx(tiny_task))
     extra = {"calibration_samples": 32} if mode == "static-int8" else {}
     out = out.replace(deploy={**out.deploy, "quantize": {"mode": mode, **extra}})
-    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task)
+    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task).record
     assert record["kept_layers"] == out.deploy["sensitivity"]["keep"] and record["kept_in_float"]
     graph = onnx.load(str(tmp_path / "q" / "model.onnx")).graph
     floats = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
@@ -198,7 +198,7 @@ def test_dynamic_int8_keeps_kept_gemm_layers_in_float(bert_bundle, tiny_task, tm
     as MatMul + Add under new names before quantizing: they must still stay float."""
     keep = ["bert.pooler.dense", "classifier"]
     out = bert_bundle.replace(deploy={"sensitivity": {"keep": keep}, "quantize": {"mode": "dynamic-int8"}})
-    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task)
+    record = export_bundle(out, tmp_path / "q", LOOSE, tiny_task).record
     assert len(record["kept_in_float"]) == 2 and all(n.endswith("Gemm") for n in record["kept_in_float"])
     graph = onnx.load(str(tmp_path / "q" / "model.onnx")).graph
     ops = {n.name: n.op_type for n in graph.node}
