@@ -147,7 +147,10 @@ def structured_class(base: type) -> type:
             if record is not None and record.get("shared_layers"):
                 share_layers(self, record["layers"], record["shared_layers"])
 
-    Structured.__name__ = Structured.__qualname__ = f"Structured{base.__name__}"
+    # save_pretrained writes the class's __name__ into config.architectures: keep the plain
+    # Transformers name there (what a reader of config.json and Optimum expect), while
+    # config.auto_map names this class (by its module attribute, the qualname).
+    Structured.__name__, Structured.__qualname__ = base.__name__, f"Structured{base.__name__}"
     return Structured
 
 
@@ -160,7 +163,7 @@ StructuredDistilBertForSequenceClassification = structured_class(transformers.Di
 StructuredBartForSequenceClassification = structured_class(transformers.BartForSequenceClassification)
 StructuredXLNetForSequenceClassification = structured_class(transformers.XLNetForSequenceClassification)
 
-STRUCTURED_CLASSES = {cls.__name__: cls for cls in (
+STRUCTURED_CLASSES = {cls.__qualname__: cls for cls in (
     StructuredBertForSequenceClassification, StructuredRobertaForSequenceClassification,
     StructuredXLMRobertaForSequenceClassification, StructuredElectraForSequenceClassification,
     StructuredDistilBertForSequenceClassification, StructuredBartForSequenceClassification,

@@ -93,7 +93,7 @@ def update_record(model: PreTrainedModel) -> None:
             del auto_map[AUTO_CLASS]
     else:
         setattr(config, structured.RECORD_FIELD, record)
-        base = type(model).__name__.removeprefix("Structured")
+        base = type(model).__qualname__.removeprefix("Structured")
         auto_map[AUTO_CLASS] = f"{structured.MODULE_NAME}.Structured{base}"
     if auto_map:
         config.auto_map = auto_map

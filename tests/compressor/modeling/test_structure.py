@@ -126,9 +126,14 @@ def test_pruned_model_reloads_here_and_in_plain_transformers(pruned, tmp_path):
     assert plain["shapes"] == shapes(pruned.model)
     np.testing.assert_allclose(np.array(plain["logits"]), expected, atol=1e-5)
 
-    # Saved again after reloading: the same record, so the round trip is stable.
+    # Saved again after reloading (a Structured class now): the same record, and the plain
+    # class name in architectures while auto_map points at the structured one.
     again = json.loads((loaded.save(tmp_path / "again") / "config.json").read_text())
     assert again[RECORD_FIELD]["intermediate_sizes"] == WIDTHS
+    assert type(loaded.model).__qualname__ == "StructuredBertForSequenceClassification"
+    assert again["architectures"] == ["BertForSequenceClassification"]
+    assert again["auto_map"] == {"AutoModelForSequenceClassification":
+                                 "compressor_structure.StructuredBertForSequenceClassification"}
 
 
 def test_pruned_model_exports_fuses_and_passes_parity(pruned, tiny_task, tmp_path):
