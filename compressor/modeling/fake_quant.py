@@ -25,6 +25,7 @@ activations is returned as thresholds, which the int8 export uses as its ranges.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -93,23 +94,17 @@ def linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
 def q8bert_fake_quant(model: nn.Module, ema_decay: float) -> Iterator[dict[str, ActivationRange]]:
     """Fake-quantize every Linear's weight and input while the context is open."""
     ranges: dict[str, ActivationRange] = {}
-    handles = []
-    linears = linear_layers(model)
-    for name, linear in linears.items():
-        ranges[name] = ActivationRange(ema_decay)
-        parametrize.register_parametrization(linear, "weight", WeightFakeQuant())
-        handles.append(linear.register_forward_pre_hook(input_hook(ranges[name])))
-    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if isinstance(embedding, nn.Embedding):
-        handles.append(embedding.register_forward_hook(embedding_hook))
-    try:
-        yield ranges
-    finally:
-        for handle in handles:
-            handle.remove()
-        for linear in linears.values():
+    with contextlib.ExitStack() as undo:   # every hook and parametrization goes on exit
+        for name, linear in linear_layers(model).items():
+            ranges[name] = ActivationRange(ema_decay)
+            parametrize.register_parametrization(linear, "weight", WeightFakeQuant())
             # leave_parametrized=False: keep the float weight that training updated.
-            parametrize.remove_parametrizations(linear, "weight", leave_parametrized=False)
+            undo.callback(parametrize.remove_parametrizations, linear, "weight", leave_parametrized=False)
+            undo.callback(linear.register_forward_pre_hook(input_hook(ranges[name])).remove)
+        embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        if isinstance(embedding, nn.Embedding):
+            undo.callback(embedding.register_forward_hook(embedding_hook).remove)
+        yield ranges
 
 
 def input_hook(observed: ActivationRange):
@@ -148,14 +143,11 @@ def one_layer_quantized(linear: nn.Linear, input_threshold: torch.Tensor) -> Ite
 def input_maxima(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
     """Record max|input| of every Linear over the forwards run inside the context."""
     maxima: dict[str, torch.Tensor] = {}
-    handles = []
-    for name, linear in linear_layers(model).items():
-        def hook(module, args, name=name):
-            current = args[0].detach().abs().max()
-            maxima[name] = torch.maximum(maxima[name], current) if name in maxima else current
-        handles.append(linear.register_forward_pre_hook(hook))
-    try:
+
+    def hook(module, args, name):
+        current = args[0].detach().abs().max()
+        maxima[name] = torch.maximum(maxima[name], current) if name in maxima else current
+    with contextlib.ExitStack() as undo:
+        for name, linear in linear_layers(model).items():
+            undo.callback(linear.register_forward_pre_hook(functools.partial(hook, name=name)).remove)
         yield maxima
-    finally:
-        for handle in handles:
-            handle.remove()

@@ -1,12 +1,16 @@
-"""Fixtures shared by the teacher-family tests: BART, XLNet and BiLM models pretrained here."""
+"""Fixtures shared by the compressor tests: recipe runs, and the BART, XLNet and BiLM models
+pretrained here for the teacher-family tests."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
 from compressor.cli import finetune_command as finetune_command_module
 from compressor.cli.pretrain_command import pretrain_command
 from compressor.pipeline import run as pipeline_run
+from compressor.pipeline.recipe import parse_recipe
 from pretrain.objectives import SIZES, ModelSize
 from pretrain.pretraining import make_config
 
@@ -47,3 +51,31 @@ def pretrained(family_test_size, wordnet_corpus_file, tmp_path_factory):
             made[family] = root / family
         return made[family]
     return get
+
+
+@pytest.fixture(scope="module")
+def run_raw():
+    """`run_raw(raw, out, **kwargs)`: run a recipe dict as `compressor run` does, quietly and
+    leaving torch's thread count alone (while the requesting module runs): run_recipe sets it
+    to every core, and on a shared machine one thread is faster for tiny models."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline_run, "set_threads", lambda threads: None)
+
+        def run(raw: dict, out, **kwargs) -> dict:
+            recipe, steps = parse_recipe(raw)
+            return pipeline_run.run_recipe(recipe, steps, out, show_progress=False, **kwargs)
+        yield run
+
+
+@pytest.fixture(scope="module")
+def family_runs(tmp_path_factory):
+    """`family_runs(recipe)` -> `runs(family)`: (out dir, report) of the Pipeline `recipe(family)`
+    builds, run on first use and kept for the requesting module."""
+    root = tmp_path_factory.mktemp("family-recipes")
+
+    def runs_of(recipe):
+        @functools.cache
+        def runs(family: str):
+            return root / family, recipe(family).run(root / family, show_progress=False)
+        return runs
+    return runs_of

@@ -33,19 +33,13 @@ pytestmark = pytest.mark.usefixtures("family_test_size")
 
 
 @pytest.fixture(scope="module")
-def runs(pretrained, tiny_csv, tmp_path_factory):
+def runs(pretrained, tiny_csv, family_runs):
     """family -> (out dir, report) of one tiny recipe with that family as the teacher."""
-    root = tmp_path_factory.mktemp("runs")
-    done = {}
-
-    def get(family: str):
-        if family not in done:
-            pipe = Pipeline(f"{family}-teacher", teacher=str(pretrained(family)), task={"path": str(tiny_csv)},
-                            finetune=FinetuneConfig(epochs=1, batch_size=16, lr=1e-3), max_train_samples=120)
-            pipe.variant("int8", QuantizeConfig(mode="dynamic-int8")).export(accuracy_tolerance=0.2)
-            done[family] = root / family, pipe.run(root / family, show_progress=False)
-        return done[family]
-    return get
+    def recipe(family: str) -> Pipeline:
+        pipe = Pipeline(f"{family}-teacher", teacher=str(pretrained(family)), task={"path": str(tiny_csv)},
+                        finetune=FinetuneConfig(epochs=1, batch_size=16, lr=1e-3), max_train_samples=120)
+        return pipe.variant("int8", QuantizeConfig(mode="dynamic-int8")).export(accuracy_tolerance=0.2)
+    return family_runs(recipe)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

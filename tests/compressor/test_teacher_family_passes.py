@@ -55,22 +55,16 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def runs(pretrained, tiny_csv, tmp_path_factory):
+def runs(pretrained, tiny_csv, family_runs):
     """family -> (out dir, report) of the family's recipe (built on first use)."""
-    root = tmp_path_factory.mktemp("family-recipes")
-    done = {}
-
-    def get(family: str):
-        if family not in done:
-            pipe = Pipeline(f"{family}-passes", teacher=str(pretrained(family)), task={"path": str(tiny_csv)},
-                            finetune=FinetuneConfig(epochs=5, batch_size=16, lr=TEACHER_LR[family]),
-                            max_train_samples=240)
-            pipe.variant("static", QuantizeConfig(mode="static-int8", calibration_samples=64))
-            pipe.export(GATES)
-            pipe.benchmark(profiles=["cpu"], batch_sizes=[2], iterations=3, baselines=BASELINES)
-            done[family] = root / family, pipe.run(root / family, show_progress=False)
-        return done[family]
-    return get
+    def recipe(family: str) -> Pipeline:
+        pipe = Pipeline(f"{family}-passes", teacher=str(pretrained(family)), task={"path": str(tiny_csv)},
+                        finetune=FinetuneConfig(epochs=5, batch_size=16, lr=TEACHER_LR[family]),
+                        max_train_samples=240)
+        pipe.variant("static", QuantizeConfig(mode="static-int8", calibration_samples=64))
+        pipe.export(GATES)
+        return pipe.benchmark(profiles=["cpu"], batch_sizes=[2], iterations=3, baselines=BASELINES)
+    return family_runs(recipe)
 
 
 def teacher(runs, family: str, task) -> ModelBundle:

@@ -8,9 +8,7 @@ import shutil
 import pytest
 
 from compressor.evaluate import evaluate_path
-from compressor.pipeline import run as pipeline_run
-from compressor.pipeline import run_recipe, stages
-from compressor.pipeline.recipe import parse_recipe
+from compressor.pipeline import stages
 
 ONNX_FIELDS = {"path", "accuracy", "size_bytes", "fusions", "fusion_fallback", "optimized", "precision",
                "parity_max_abs_diff", "agreement_with_fp32", "accuracy_change", "fp32_size_bytes"}
@@ -29,18 +27,11 @@ def refuse(*args, **kwargs):
     raise AssertionError("a cached stage was rebuilt")
 
 
-def run(raw, out):
-    recipe, steps = parse_recipe(raw)
-    return run_recipe(recipe, steps, out, show_progress=False)
-
-
 @pytest.fixture(scope="module")
-def done(tiny_bert_dir, tiny_csv, tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline_run, "set_threads", lambda threads: None)
-        out = tmp_path_factory.mktemp("export-run") / "run"
-        raw = raw_recipe(tiny_bert_dir, tiny_csv)
-        return raw, out, run(raw, out)
+def done(tiny_bert_dir, tiny_csv, tmp_path_factory, run_raw):
+    out = tmp_path_factory.mktemp("export-run") / "run"
+    raw = raw_recipe(tiny_bert_dir, tiny_csv)
+    return raw, out, run_raw(raw, out)
 
 
 def test_every_model_is_exported_and_reported(done):
@@ -72,23 +63,21 @@ def test_every_model_is_exported_and_reported(done):
     assert json.loads((out / "int8" / "compressor.json").read_text())["deploy"]["quantize"]["mode"] == "dynamic-int8"
 
 
-def test_rerun_reuses_the_exports(done, monkeypatch):
+def test_rerun_reuses_the_exports(done, monkeypatch, run_raw):
     raw, out, report = done
-    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
     monkeypatch.setattr(stages, "export_into", refuse)
-    again = run(raw, out)
+    again = run_raw(raw, out)
     assert [m["onnx"] for m in again["models"]] == [m["onnx"] for m in report["models"]]
 
 
-def test_export_settings_change_rebuilds_only_the_exports(done, tmp_path, monkeypatch):
+def test_export_settings_change_rebuilds_only_the_exports(done, tmp_path, monkeypatch, run_raw):
     raw, out, _ = done
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
-    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
     monkeypatch.setattr(stages, "apply_pass", refuse)
     # The gate's scoring of the test split is the only one: the stage reuses its predictions.
     monkeypatch.setattr(stages, "predict_classes", refuse)
-    report = run({**raw, "export": {**raw["export"], "optimize": False}}, copy)
+    report = run_raw({**raw, "export": {**raw["export"], "optimize": False}}, copy)
     assert all(not m["onnx"]["optimized"] and m["onnx"]["fusions"] == {} for m in report["models"])
 
 

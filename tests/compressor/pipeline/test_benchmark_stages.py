@@ -9,8 +9,6 @@ import pytest
 
 from compressor.bench import measure
 from compressor.bench.baselines import preset_for_this_cpu
-from compressor.pipeline import run as pipeline_run
-from compressor.pipeline import run_recipe
 from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
 
@@ -27,18 +25,11 @@ def raw_recipe(model_dir, csv_path, name="tiny-bench") -> dict:
             "benchmark": {"profiles": ["cpu", "gpu-cuda-fp16"], "batch_sizes": [1, 4], "iterations": 10}}
 
 
-def run(raw, out, **kwargs):
-    recipe, steps = parse_recipe(raw)
-    return run_recipe(recipe, steps, out, show_progress=False, **kwargs)
-
-
 @pytest.fixture(scope="module")
-def done(tiny_bert_dir, tiny_csv, tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline_run, "set_threads", lambda threads: None)
-        out = tmp_path_factory.mktemp("bench-run") / "run"
-        raw = raw_recipe(tiny_bert_dir, tiny_csv)
-        return raw, out, run(raw, out)
+def done(tiny_bert_dir, tiny_csv, tmp_path_factory, run_raw):
+    out = tmp_path_factory.mktemp("bench-run") / "run"
+    raw = raw_recipe(tiny_bert_dir, tiny_csv)
+    return raw, out, run_raw(raw, out)
 
 
 def test_every_model_and_baseline_is_measured_in_one_run(done):
@@ -117,15 +108,14 @@ def test_human_reports_are_written_and_self_contained(done):
     assert "http://" not in page and "https://" not in page and "<script" not in page
 
 
-def test_rerun_reuses_the_measurements_unless_asked(done, tmp_path, monkeypatch):
+def test_rerun_reuses_the_measurements_unless_asked(done, tmp_path, monkeypatch, run_raw):
     import shutil
     raw, out, report = done
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
-    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
     monkeypatch.setattr(measure, "time_interleaved",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured again")))
-    again = run(raw, copy)
+    again = run_raw(raw, copy)
     assert [m["latency"] for m in again["models"]] == [m["latency"] for m in report["models"]]
     from compressor.bench.timing import Timings
     calls = []
@@ -136,11 +126,11 @@ def test_rerun_reuses_the_measurements_unless_asked(done, tmp_path, monkeypatch)
                        dict.fromkeys(runners, 2 * len(batches[0]["input_ids"])), [slice(0, 1), slice(1, 2)])
     monkeypatch.setattr(measure, "time_interleaved", counted)
     for expected in (2, 4):   # every rebenchmark measures (2 batch sizes), also right after another
-        run(raw, copy, rebenchmark=True)
+        run_raw(raw, copy, rebenchmark=True)
         assert len(calls) == expected
 
 
-def test_an_out_dir_of_another_recipe_is_refused_unless_forced(done, tiny_bert_dir, tiny_csv, tmp_path):
+def test_an_out_dir_of_another_recipe_is_refused_unless_forced(done, tiny_bert_dir, tiny_csv, tmp_path, run_raw):
     import shutil
     _, out, _ = done
     copy = tmp_path / "run"
@@ -148,9 +138,9 @@ def test_an_out_dir_of_another_recipe_is_refused_unless_forced(done, tiny_bert_d
     other = raw_recipe(tiny_bert_dir, tiny_csv, name="other")
     other.pop("benchmark")
     with pytest.raises(UserError, match="holds results of recipe 'tiny-bench'.*--force"):
-        run(other, copy)
+        run_raw(other, copy)
     assert json.loads((copy / "run.json").read_text())["recipe"] == "tiny-bench"   # nothing touched
-    report = run(other, copy, force=True)
+    report = run_raw(other, copy, force=True)
     assert report["recipe"]["name"] == "other"
     assert not (copy / "baselines").exists() and not (copy / "benchmark").exists()
 
