@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The configs whose fields the flags read; importing them loads torch, so `main` silences
     # the libraries first (their import-time notices would break the one-line errors).
     from compressor.export.onnx import ExportSettings
-    from compressor.export.quantize import QuantizeConfig
+    from compressor.export.quantize import MODE_CONFIGS, IncConfig, Int4WeightOnlyConfig, StaticInt8Config
     from pretrain.finetune import FinetuneConfig
     parser = OneLineParser(prog="compressor", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -119,25 +119,25 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--model", required=True, type=Path, help="an HF model dir (e.g. one a recipe wrote)")
     ex.add_argument("--out", required=True, type=Path)
     ex.add_argument("--optimize", action="store_true", help="ONNX Runtime transformer fusion")
-    ex.add_argument("--quantize", choices=["none", *literal_values(QuantizeConfig.model_fields["mode"].annotation)],
+    ex.add_argument("--quantize", choices=["none", *MODE_CONFIGS],
                     help="default: what the model's quantize pass recorded, else none (fp32)")
     ex.add_argument("--per-channel", action="store_const", const=True, help="per-channel int8 weight scales")
     ex.add_argument("--reduce-range", action="store_const", const=True, help="7-bit int8 weights")
-    ex.add_argument("--weight-type", **from_config(QuantizeConfig, "weight_type", default=False))
+    ex.add_argument("--weight-type", **from_config(StaticInt8Config, "weight_type", default=False))
     ex.add_argument("--calibration",
-                    **from_config(QuantizeConfig, "calibration", "static-int8 ranges", default=False))
-    ex.add_argument("--format", **from_config(QuantizeConfig, "format", "static-int8 graph form", default=False))
+                    **from_config(StaticInt8Config, "calibration", "static-int8 ranges", default=False))
+    ex.add_argument("--format", **from_config(StaticInt8Config, "format", "static-int8 graph form", default=False))
     ex.add_argument("--scope", **from_config(
-        QuantizeConfig, "scope", "static-int8: every fusable op (ops) or only the Linear layers and embedding "
+        StaticInt8Config, "scope", "static-int8: every fusable op (ops) or only the Linear layers and embedding "
                                  "(linears)", default=False))
     ex.add_argument("--calibration-samples", type=positive_int, **from_config(
-        QuantizeConfig, "calibration_samples", "static-int8/inc: train examples", default=False))
+        StaticInt8Config, "calibration_samples", "static-int8/inc: train examples", default=False))
     ex.add_argument("--block-size", type=positive_int,
-                    **from_config(QuantizeConfig, "block_size", "int4-weight-only: weights per scale", default=False))
+                    **from_config(Int4WeightOnlyConfig, "block_size", "int4-weight-only: weights per scale", default=False))
     ex.add_argument("--tolerable-loss", type=float, **from_config(
-        QuantizeConfig, "tolerable_loss", "inc: relative accuracy loss allowed", default=False))
+        IncConfig, "tolerable_loss", "inc: relative accuracy loss allowed", default=False))
     ex.add_argument("--max-trials", type=positive_int,
-                    **from_config(QuantizeConfig, "max_trials", "inc: autotune trials", default=False))
+                    **from_config(IncConfig, "max_trials", "inc: autotune trials", default=False))
     ex.add_argument("--min-accuracy", type=float, help="absolute test-accuracy floor when quantized")
     ex.add_argument("--task", help="default: the task recorded with the model")
     ex.add_argument("--max-eval-samples", type=positive_int, help="test examples for the accuracy gate")

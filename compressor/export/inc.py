@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from compressor.bundle import ModelBundle
-from compressor.export.quantize import QuantizeConfig
+from compressor.export.quantize import DynamicInt8Config, IncConfig
 from pretrain.batching import Encoded, in_data_order, iterate
 from pretrain.errors import UserError
 from pretrain.models import first_line
@@ -41,7 +41,7 @@ from pretrain.train import accepts_token_types
 EVAL_BATCH = 64
 
 
-def candidates(cfg: QuantizeConfig) -> list[dict]:
+def candidates(cfg: IncConfig) -> list[dict]:
     """The weight granularities, the requested one first.
 
     Symmetric int8 weights only: INC's x86 PT2E quantizer rejects asymmetric per-channel
@@ -52,8 +52,8 @@ def candidates(cfg: QuantizeConfig) -> list[dict]:
     return [{"w_granularity": g, "w_sym": True} for g in granularities][:cfg.max_trials]
 
 
-def inc_choice(bundle: ModelBundle, cfg: QuantizeConfig, validation: Encoded | None,
-               gate) -> tuple[QuantizeConfig, dict]:
+def inc_choice(bundle: ModelBundle, cfg: IncConfig, validation: Encoded | None,
+               gate) -> tuple[DynamicInt8Config, dict]:
     """Run INC's autotune on the torch model; return the ORT config that realises its choice."""
     if validation is None or len(validation) == 0:
         raise ValueError("inc needs validation examples")
@@ -81,9 +81,8 @@ def inc_choice(bundle: ModelBundle, cfg: QuantizeConfig, validation: Encoded | N
     baseline, trials = accuracies[0], accuracies[1:]
     chosen = chosen_trial(baseline, trials, cfg.tolerable_loss)
     pick = options[chosen]
-    realised = QuantizeConfig(mode="dynamic-int8", per_channel=pick["w_granularity"] == "per_channel",
-                              reduce_range=cfg.reduce_range,
-                              weight_type="qint8" if pick["w_sym"] else "quint8")
+    realised = DynamicInt8Config(per_channel=pick["w_granularity"] == "per_channel", reduce_range=cfg.reduce_range,
+                                 weight_type="qint8" if pick["w_sym"] else "quint8")
     record = {"validation_samples": len(validation), "tolerable_loss": cfg.tolerable_loss,
               "baseline_accuracy": baseline,
               "trials": [{"config": o, "accuracy": a} for o, a in zip(options, trials)],

@@ -37,8 +37,10 @@ from compressor.export.gate import Gate, GateFailure
 from compressor.export.graph_map import embedding_gathers, linear_nodes
 from compressor.export.graph_surgery import has_op
 from compressor.export.optimize import Fusion, fuse
-from compressor.export.quantize import (INT8_ONNX_MODES, LINEAR_SCOPE_UNFUSED, Plan, QuantizeConfig,
-                                        check_quantize_family, lstm_handling, quantize_onnx)
+from compressor.export.quantize import (LINEAR_SCOPE_UNFUSED, DynamicInt8Config, Fp16Config, IncConfig,
+                                        Int4WeightOnlyConfig, Plan, QuantizeConfig, StaticInt8Config,
+                                        TorchDynamicInt8Config, check_quantize_family, lstm_handling,
+                                        quantize_config_from_record, quantize_onnx)
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
 from compressor.export.trace import OPSET, check_exportable, input_names, write_onnx
 from pretrain.atomic import atomic_dir, write_json
@@ -99,7 +101,7 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
     test = task.split("test").head(max_eval_samples)
     calibration = calibration_split(bundle, quantize, task)   # checked before any work
     gate = Gate(settings, bundle, task, test)
-    if quantize is not None and quantize.mode == "torch-dynamic-int8":
+    if isinstance(quantize, TorchDynamicInt8Config):
         record, logits = torch_int8_into(directory, bundle, gate, quantize)
     else:
         record, logits = onnx_into(directory, bundle, settings, gate, quantize, calibration)
@@ -114,7 +116,7 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
 def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, gate: Gate,
               quantize: QuantizeConfig | None, calibration: Encoded | None) -> tuple[dict, np.ndarray]:
     """Export, fuse and quantize; the record and the shipped graph's test logits."""
-    if quantize is not None and quantize.mode == "fp16":
+    if isinstance(quantize, Fp16Config):
         warn_fp16_on_cpu()
     with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
         work = Path(work_dir)
@@ -126,18 +128,18 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         record = {"format": "onnx", "opset": OPSET, "inputs": list(names), "embedding_factorized": factorized,
                   "parity_tolerance": settings.parity_tolerance,
                   "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
-        if settings.optimize and not (quantize and quantize.mode in UNFUSED_MODES):
+        if settings.optimize and type(quantize) not in UNFUSED_MODES:
             graph, fusion_record = optimized(graph, work / "fused.onnx", gate, unfused_ops(quantize),
                                              bundle.model.config)
             record.update(fusion_record)
         else:
-            why = UNFUSED_MODES.get(quantize.mode) if settings.optimize and quantize else None
+            why = UNFUSED_MODES.get(type(quantize)) if settings.optimize else None
             record.update({"optimized": False, "fusions": {}, "fusion_fallback": why})
         fp32_logits = shipped_logits = gate.onnx_logits(graph)
         record.update(gate.fp32_metrics(fp32_logits, graph))
         if quantize is not None:
             realised = quantize
-            if quantize.mode == "inc":   # INC chooses the config; ORT realises it (export/inc.py)
+            if isinstance(quantize, IncConfig):   # INC chooses the config; ORT realises it (export/inc.py)
                 from compressor.export.inc import inc_choice
                 realised, record["inc"] = inc_choice(bundle, quantize, calibration, gate)
             plan, plan_record = quantization_plan(bundle, graph, realised, calibration)
@@ -156,14 +158,14 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
 
 
 # Modes that quantize the unfused graph, and why (recorded as the fusion fallback).
-UNFUSED_MODES = {"int4-weight-only": "int4-weight-only quantizes the unfused graph: fused Attention and "
+UNFUSED_MODES = {Int4WeightOnlyConfig: "int4-weight-only quantizes the unfused graph: fused Attention and "
                                      "EmbedLayerNormalization nodes hide their weights from MatMulNBits"}
 
 
 def unfused_ops(quantize: QuantizeConfig | None) -> tuple[str, ...]:
     """Fusions left out: static int8 of the Linear layers only needs each Linear as its own
     MatMul (a fused Attention holds Q, K and V in one node) and a plain embedding Gather."""
-    if quantize is not None and quantize.mode == "static-int8" and quantize.scope == "linears":
+    if isinstance(quantize, StaticInt8Config) and quantize.scope == "linears":
         return LINEAR_SCOPE_UNFUSED
     return ()
 
@@ -171,9 +173,9 @@ def unfused_ops(quantize: QuantizeConfig | None) -> tuple[str, ...]:
 def calibration_split(bundle: ModelBundle, quantize: QuantizeConfig | None, task: TaskData) -> Encoded | None:
     """The first calibration_samples examples: train ones to calibrate static-int8 ranges,
     validation ones for inc's accuracy-aware tuning (which must not see the test split)."""
-    if quantize is None or quantize.mode not in ("static-int8", "inc"):
+    if not isinstance(quantize, (StaticInt8Config, IncConfig)):
         return None
-    name = "train" if quantize.mode == "static-int8" else "validation"
+    name = "train" if isinstance(quantize, StaticInt8Config) else "validation"
     split = task.split(name)
     wanted = quantize.calibration_samples
     if len(split) < wanted:
@@ -188,8 +190,8 @@ def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,
     """What the `sensitivity` and `qat` passes recorded, translated to this graph's nodes."""
     keep = tuple((bundle.deploy.get("sensitivity") or {}).get("keep", ()))
     ranges = (bundle.deploy.get("qat") or {}).get("activation_ranges") or {}
-    linears = cfg.mode == "static-int8" and cfg.scope == "linears"
-    if not keep and not ranges and not linears or cfg.mode not in INT8_ONNX_MODES:
+    linears = isinstance(cfg, StaticInt8Config) and cfg.scope == "linears"
+    if not keep and not ranges and not linears or not isinstance(cfg, (DynamicInt8Config, StaticInt8Config)):
         return Plan(calibration=calibration), {}
     nodes = linear_nodes(graph, bundle.model)
     exclude = sorted({nodes[name].node for name in keep if name in nodes})
@@ -198,7 +200,7 @@ def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,
         scope = {"linear_nodes": tuple(sorted({n.node for n in nodes.values()})),
                  "embedding_gathers": tuple(embedding_gathers(graph, bundle.model))}
     activation_ranges = {}
-    if cfg.mode == "static-int8":
+    if isinstance(cfg, StaticInt8Config):
         for name, threshold in ranges.items():
             if name in nodes and nodes[name].node not in exclude:
                 # Q, K and V read one tensor: the widest of their ranges covers all three.
@@ -267,7 +269,7 @@ def requested_quantization(bundle: ModelBundle) -> QuantizeConfig | None:
     if spec is None:
         return None
     try:
-        return QuantizeConfig.model_validate(spec)
+        return quantize_config_from_record(spec)
     except ValidationError as err:   # a hand-edited compressor.json
         raise UserError(f"compressor.json deploy.quantize: {err.errors()[0]['msg']}") from None
 

@@ -1,7 +1,9 @@
 """Quantization of an exported ONNX graph: the ONNX modes of the `quantize` pass.
 
 The pass only records the requested precision on the bundle (`bundle.deploy["quantize"]`);
-the exporter calls `quantize_onnx` on the fp32 (or fused) graph:
+the exporter calls `quantize_onnx` on the fp32 (or fused) graph, which hands it to the
+function registered for the config's type (`onnx_quantizer`; one frozen config type per mode,
+`QuantizeConfig` picks it from `mode`):
 
     dynamic-int8      int8 weights offline, activations quantized per batch at run time
     static-int8       int8 weights and activations; activation ranges calibrated on the
@@ -22,9 +24,10 @@ import io
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from typing_extensions import TypedDict   # pydantic validates typing_extensions' TypedDict on 3.11
 
 from compressor.export.graph_surgery import (gathered_tables, graph_inputs, has_op, keep_float_elsewhere,
                                              unshare_initializers, with_shapes)
@@ -32,10 +35,6 @@ from compressor.export.quiet import quiet_logs
 from pretrain.batching import Encoded, inference_order, iterate
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
-
-Mode = Literal["dynamic-int8", "static-int8", "inc", "torch-dynamic-int8", "fp16", "int4-weight-only"]
-ONNX_MODES = ("dynamic-int8", "static-int8", "int4-weight-only", "fp16")
-INT8_ONNX_MODES = ("dynamic-int8", "static-int8")
 
 # Every weight-carrying op of a BERT graph, unfused or fused. Gather covers the word,
 # position and token-type embedding lookups: the word-embedding matrix alone is half of
@@ -69,73 +68,136 @@ CALIBRATION_BATCH = 32
 LINEAR_SCOPE_OPS = ["MatMul", "Gemm", "Gather"]
 LINEAR_SCOPE_UNFUSED = ("Attention", "EmbedLayerNormalization")
 
-# Options that only mean something for some modes: setting one for another mode is an error
-# (a recipe that asks for `calibration: entropy` with dynamic-int8 would silently get nothing).
-MODE_OPTIONS = {
-    "per_channel": ("dynamic-int8", "static-int8", "inc"),
-    "reduce_range": ("dynamic-int8", "static-int8", "inc"),
-    "weight_type": ("dynamic-int8", "static-int8"),
-    "calibration": ("static-int8",),
-    "format": ("static-int8",),
-    "scope": ("static-int8",),
-    "calibration_samples": ("static-int8", "inc"),
-    "block_size": ("int4-weight-only",),
-    "tolerable_loss": ("inc",),
-    "max_trials": ("inc",),
-}
-# Per-channel weight scales are what works on transformers for static int8 (a per-tensor
-# scale is set by the one outlier row of each matrix); dynamic-int8 keeps its old default.
-PER_CHANNEL_DEFAULT = {"dynamic-int8": False, "static-int8": True, "inc": True}
-
 
 class QuantizeConfig(BaseModel):
-    """What the `quantize` pass asks of the exporter."""
+    """What the `quantize` pass asks of the exporter: one frozen config type per mode, each
+    with only the options that mode uses (so an option another mode uses is an error).
+
+    `QuantizeConfig.model_validate({"mode": "static-int8", ...})` and
+    `QuantizeConfig(mode="static-int8", ...)` return the mode's type (a discriminated union
+    on `mode`, dynamic-int8 when absent), the recipe form `quantize: {mode: ..., ...}`; each
+    type can also be built directly (`DynamicInt8Config(per_channel=True)`).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: Mode = "dynamic-int8"
-    per_channel: bool | None = None   # one weight scale per output channel; None: the mode's default
-    reduce_range: bool = False        # 7-bit weights: avoids VPMADDUBSW saturation on non-VNNI x86
-    weight_type: Literal["qint8", "quint8"] = "qint8"
-    # static-int8 ranges. Entropy by default: BERT's activations have rare outliers that
-    # MinMax lets set the whole range. (A first check on the MiniLM teacher, 1,000 test
-    # examples: Entropy -0.5 points, MinMax -1.4; benchmarks/quantization_accuracy.py
-    # compares all three on 5,000.)
-    calibration: Literal["minmax", "entropy", "percentile"] = "entropy"
-    format: Literal["qdq", "qoperator"] = "qdq"                            # static-int8 graph form
-    scope: Literal["ops", "linears"] = "ops"      # static-int8: what becomes int8 (LINEAR_SCOPE_OPS note)
-    calibration_samples: int = Field(512, ge=1)   # first N train (static-int8) / validation (inc) examples
-    block_size: int = Field(32, ge=16)            # int4: weights per scale (a power of 2)
-    tolerable_loss: float = Field(0.01, ge=0, le=1)   # inc: relative accuracy loss allowed (INC's definition)
-    max_trials: int = Field(8, ge=1)                   # inc: autotune trials
+    mode: str
+
+    def __new__(cls, *args, **data):
+        if cls is QuantizeConfig:   # the base picks the mode's type, like model_validate
+            return QuantizeConfig.model_validate(data)
+        return super().__new__(cls)
+
+    def __init__(self, **data):
+        if "__pydantic_fields_set__" not in vars(self):   # not yet built by the base's __new__
+            super().__init__(**data)
+
+    @classmethod
+    def model_validate(cls, obj, *args, **kwargs):
+        if cls is QuantizeConfig and isinstance(obj, dict):
+            # The mode first (an unknown one: an error on `mode` listing the known ones), then
+            # its type; errors keep plain field paths (no union tag in them).
+            data = {"mode": "dynamic-int8", **obj}
+            mode = MODE_FIELD.validate_python(data)["mode"]
+            return MODE_CONFIGS[mode].model_validate(data, *args, **kwargs)
+        return super().model_validate(obj, *args, **kwargs)
 
     @model_validator(mode="before")
     @classmethod
-    def _mode_defaults(cls, data):
-        if isinstance(data, dict) and data.get("per_channel") is None:
-            mode = data.get("mode", "dynamic-int8")
-            data = {**data, "per_channel": PER_CHANNEL_DEFAULT.get(mode, False)}
+    def _options_fit_the_mode(cls, data):
+        # An option of another mode (a recipe asking for `calibration: entropy` with
+        # dynamic-int8 would silently get nothing) gets a message naming the modes it fits.
+        if isinstance(data, dict) and cls is not QuantizeConfig:
+            for name in data:
+                if name not in cls.model_fields and name in OPTION_MODES:
+                    raise ValueError(f"{name} applies to quantize mode {' or '.join(OPTION_MODES[name])}, "
+                                     f"not {cls.model_fields['mode'].default}")
         return data
 
+
+class DynamicInt8Config(QuantizeConfig):
+    mode: Literal["dynamic-int8"] = "dynamic-int8"
+    per_channel: bool = False         # one weight scale per output channel
+    reduce_range: bool = False        # 7-bit weights: avoids VPMADDUBSW saturation on non-VNNI x86
+    weight_type: Literal["qint8", "quint8"] = "qint8"
+
+
+class StaticInt8Config(QuantizeConfig):
+    mode: Literal["static-int8"] = "static-int8"
+    # Per-channel weight scales are what works on transformers for static int8 (a per-tensor
+    # scale is set by the one outlier row of each matrix).
+    per_channel: bool = True
+    reduce_range: bool = False
+    weight_type: Literal["qint8", "quint8"] = "qint8"
+    # Entropy by default: BERT's activations have rare outliers that MinMax lets set the whole
+    # range. (A first check on the MiniLM teacher, 1,000 test examples: Entropy -0.5 points,
+    # MinMax -1.4; benchmarks/quantization_accuracy.py compares all three on 5,000.)
+    calibration: Literal["minmax", "entropy", "percentile"] = "entropy"
+    format: Literal["qdq", "qoperator"] = "qdq"      # graph form
+    scope: Literal["ops", "linears"] = "ops"         # what becomes int8 (LINEAR_SCOPE_OPS note)
+    calibration_samples: int = Field(512, ge=1)      # first N train examples
+
     @model_validator(mode="after")
-    def _options_fit_the_mode(self) -> "QuantizeConfig":
-        defaults = {name: f.default for name, f in type(self).model_fields.items()}
-        defaults["per_channel"] = PER_CHANNEL_DEFAULT.get(self.mode, False)
-        for name, modes in MODE_OPTIONS.items():
-            if self.mode not in modes and getattr(self, name) != defaults[name]:
-                raise ValueError(f"{name} applies to quantize mode {' or '.join(modes)}, not {self.mode}")
+    def _linears_are_qdq(self) -> "StaticInt8Config":
         if self.scope == "linears" and self.format != "qdq":
             raise ValueError("scope linears is a QDQ graph: set format: qdq (or scope: ops)")
+        return self
+
+
+class Int4WeightOnlyConfig(QuantizeConfig):
+    mode: Literal["int4-weight-only"] = "int4-weight-only"
+    block_size: int = Field(32, ge=16)               # weights per scale (a power of 2)
+
+    @model_validator(mode="after")
+    def _power_of_two(self) -> "Int4WeightOnlyConfig":
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of 2, got {self.block_size}")
         return self
+
+
+class Fp16Config(QuantizeConfig):
+    mode: Literal["fp16"] = "fp16"
+
+
+class TorchDynamicInt8Config(QuantizeConfig):
+    mode: Literal["torch-dynamic-int8"] = "torch-dynamic-int8"
+
+
+class IncConfig(QuantizeConfig):
+    mode: Literal["inc"] = "inc"
+    per_channel: bool = True
+    reduce_range: bool = False
+    calibration_samples: int = Field(512, ge=1)        # first N validation examples
+    tolerable_loss: float = Field(0.01, ge=0, le=1)    # relative accuracy loss allowed (INC's definition)
+    max_trials: int = Field(8, ge=1)                   # autotune trials
+
+
+MODE_CONFIGS: dict[str, type[QuantizeConfig]] = {
+    cls.model_fields["mode"].default: cls for cls in (DynamicInt8Config, StaticInt8Config, IncConfig,
+                                                      TorchDynamicInt8Config, Fp16Config, Int4WeightOnlyConfig)}
+MODE_FIELD = TypeAdapter(TypedDict("ModeField", {"mode": Literal[tuple(MODE_CONFIGS)]}))
+# option -> the modes that use it (for the error on an option of another mode, and the CLI)
+OPTION_MODES: dict[str, tuple[str, ...]] = {}
+for _mode, _config in MODE_CONFIGS.items():
+    for _name in _config.model_fields:
+        if _name != "mode":
+            OPTION_MODES.setdefault(_name, ())
+            OPTION_MODES[_name] += (_mode,)
+
+
+def quantize_config_from_record(spec: dict) -> QuantizeConfig:
+    """A config this tool recorded (compressor.json `deploy.quantize`). Records written before
+    each mode had its own type hold every mode's options at their defaults: those are dropped."""
+    mode = spec.get("mode", "dynamic-int8")
+    own = MODE_CONFIGS[mode].model_fields if mode in MODE_CONFIGS else spec
+    return QuantizeConfig.model_validate({k: v for k, v in spec.items() if k in own})
 
 
 def check_quantize_family(cfg: QuantizeConfig, family: str) -> None:
     """Refuse, before any work, a mode that cannot quantize a model of `family`: the quantize
     pass's registered family check, and the export's for a bundle whose deploy settings were
     written by hand."""
-    if cfg.mode == "inc" and family in FAMILIES and not FAMILIES[family].supports("inc"):
+    if isinstance(cfg, IncConfig) and family in FAMILIES and not FAMILIES[family].supports("inc"):
         raise UserError(f"inc: Intel Neural Compressor cannot quantize a {family!r} model: "
                         f"{FAMILIES[family].refusals['inc']}")
 
@@ -151,21 +213,26 @@ class Plan:
     embedding_gathers: tuple[str, ...] = ()   # scope linears: the word-embedding lookups
 
 
+# config type -> the function that writes its quantized graph (`onnx_quantizer` registers one).
+ONNX_QUANTIZERS: dict[type[QuantizeConfig], Callable[[Path, Path, QuantizeConfig, "Plan"], None]] = {}
+
+
+def onnx_quantizer(config_type: type[QuantizeConfig]):
+    def register(fn):
+        ONNX_QUANTIZERS[config_type] = fn
+        return fn
+    return register
+
+
 def quantize_onnx(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan = Plan()) -> None:
     """Write the quantized form of the graph at `source` to `target`."""
-    if cfg.mode == "dynamic-int8":
-        dynamic_int8(source, target, cfg, plan)
-    elif cfg.mode == "static-int8":
-        static_int8(source, target, cfg, plan)
-    elif cfg.mode == "int4-weight-only":
-        int4_weight_only(source, target, cfg)
-    elif cfg.mode == "fp16":
-        fp16(source, target)
-    else:
+    if type(cfg) not in ONNX_QUANTIZERS:
         raise ValueError(f"quantize mode {cfg.mode} does not act on an ONNX graph")
+    ONNX_QUANTIZERS[type(cfg)](source, target, cfg, plan)
 
 
-def dynamic_int8(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan = Plan()) -> None:
+@onnx_quantizer(DynamicInt8Config)
+def dynamic_int8(source: Path, target: Path, cfg: DynamicInt8Config, plan: Plan = Plan()) -> None:
     """Weights to int8 offline, activations quantized per batch at run time (no calibration)."""
     import onnx
     from onnxruntime.quantization import quantize_dynamic
@@ -188,7 +255,8 @@ def quant_type(name: str):
     return {"qint8": QuantType.QInt8, "quint8": QuantType.QUInt8}[name]
 
 
-def static_int8(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan) -> None:
+@onnx_quantizer(StaticInt8Config)
+def static_int8(source: Path, target: Path, cfg: StaticInt8Config, plan: Plan) -> None:
     """int8 weights and activations, activation ranges calibrated on train examples.
 
     Activations are uint8 with a zero point (U8S8, ONNX Runtime's CPU recommendation),
@@ -250,16 +318,16 @@ def static_int8(source: Path, target: Path, cfg: QuantizeConfig, plan: Plan) -> 
 
 def lstm_handling(cfg: QuantizeConfig) -> str:
     """What a mode does to a graph's LSTM nodes (recorded by the export for LSTM graphs)."""
-    if cfg.mode in ("dynamic-int8", "inc"):
+    if isinstance(cfg, (DynamicInt8Config, IncConfig)):
         return "dynamic int8 (DynamicQuantizeLSTM): int8 weights, inputs quantized per batch"
-    if cfg.mode == "torch-dynamic-int8":
+    if isinstance(cfg, TorchDynamicInt8Config):
         return "fp32: torch's dynamic quantization is applied to the Linear layers and the word embedding"
-    if cfg.mode == "static-int8" and cfg.scope == "ops":
+    if isinstance(cfg, StaticInt8Config) and cfg.scope == "ops":
         return ("dynamic int8 (DynamicQuantizeLSTM): ONNX Runtime has no static int8 LSTM; "
                 "the other ops are static int8")
-    if cfg.mode == "static-int8":
+    if isinstance(cfg, StaticInt8Config):
         return "fp32: scope linears quantizes Linear layers and the word embedding only"
-    if cfg.mode == "int4-weight-only":
+    if isinstance(cfg, Int4WeightOnlyConfig):
         return "fp32: ONNX Runtime's 4-bit weight-only quantizer covers MatMul and Gather only"
     return "fp16 weights and activations"
 
@@ -289,7 +357,8 @@ class CalibrationReader:
         self.set_range(0, len(self.batches))
 
 
-def int4_weight_only(source: Path, target: Path, cfg: QuantizeConfig) -> None:
+@onnx_quantizer(Int4WeightOnlyConfig)
+def int4_weight_only(source: Path, target: Path, cfg: Int4WeightOnlyConfig, plan: Plan = Plan()) -> None:
     """4-bit symmetric block-quantized weights: MatMul -> MatMulNBits, Gather -> GatherBlockQuantized.
 
     Both have CPU kernels; activations stay fp32. The graph must be unfused: a fused
@@ -322,7 +391,8 @@ FP16_FP32_OPS = ["SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalizati
 FP16_LSTM_GRAPH_FP32_OPS = ["Transpose"]
 
 
-def fp16(source: Path, target: Path) -> None:
+@onnx_quantizer(Fp16Config)
+def fp16(source: Path, target: Path, cfg: Fp16Config = Fp16Config(), plan: Plan = Plan()) -> None:
     import onnx
     from onnxruntime.transformers.onnx_model import OnnxModel
     with quiet_logs():

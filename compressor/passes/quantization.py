@@ -22,7 +22,7 @@ import torch
 from pydantic import Field
 
 from compressor.bundle import ModelBundle
-from compressor.export.quantize import QuantizeConfig, check_quantize_family
+from compressor.export.quantize import QuantizeConfig, StaticInt8Config, check_quantize_family
 from compressor.modeling.fake_quant import input_maxima, linear_layers, one_layer_quantized, q8bert_fake_quant
 from compressor.passes.registry import Context, PassConfig, register
 from pretrain.batching import Encoded, encode, in_data_order, usable_length
@@ -37,6 +37,7 @@ QAT_CALIBRATION_SAMPLES = 128   # for a Linear QAT did not observe (all others u
 
 @register("quantize", QuantizeConfig, preserves_function=True, check_family=check_quantize_family)
 def quantize_pass(bundle: ModelBundle, cfg: QuantizeConfig, ctx: Context) -> ModelBundle:
+    # `cfg` is the mode's own config type (QuantizeConfig.model_validate picks it).
     # A copy, not the input model: passes never hand their input on (the registry checks),
     # and later passes may train this one.
     return bundle.replace(model=bundle.copy_model(),
@@ -77,8 +78,8 @@ def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
     calibration = min(QAT_CALIBRATION_SAMPLES, len(ctx.task.split("train")))
     # Calibration only covers a Linear the training never reached (every other range is
     # QAT's); MinMax, as Q8BERT's ranges are max-based too.
-    export = QuantizeConfig(mode="static-int8", scope="linears", per_channel=False, calibration="minmax",
-                            calibration_samples=calibration)
+    export = StaticInt8Config(scope="linears", per_channel=False, calibration="minmax",
+                              calibration_samples=calibration)
     qat = {"activation_ranges": thresholds, "ema_decay": cfg.ema_decay, "steps": result.train.steps,
            "samples": result.train.samples, "final_loss": result.train.final_loss}
     return bundle.replace(model=model, deploy={**bundle.deploy, "quantize": export.model_dump(mode="json"),

@@ -137,7 +137,10 @@ def pass_names() -> list[str]:
 
 def pass_name_of(config: BaseModel) -> str:
     """The registered name whose config type `config` is (for the Python API)."""
-    names = [spec.name for spec in _REGISTRY.values() if type(config) is spec.config_type]
+    # Its own type, or a subtype of a config base that picks a type per value (the quantize
+    # modes: QuantizeConfig -> DynamicInt8Config, ...) when no pass registers the subtype itself.
+    names = [spec.name for spec in _REGISTRY.values() if type(config) is spec.config_type] or \
+        [spec.name for spec in _REGISTRY.values() if isinstance(config, spec.config_type)]
     if len(names) != 1:
         known = ", ".join(f"{s.config_type.__name__} ({s.name})" for s in _REGISTRY.values())
         why = "is shared by several passes; pass a (name, config) pair" if names else "is not a pass config"

@@ -205,7 +205,7 @@ def test_lr_flag_defaults_to_none_and_help_lists_the_strategy_defaults():
 def test_flags_take_defaults_and_choices_from_the_configs():
     from compressor.cli.commands import build_parser
     from compressor.export.onnx import ExportSettings
-    from compressor.export.quantize import QuantizeConfig
+    from compressor.export.quantize import StaticInt8Config
     from pretrain.finetune import FinetuneConfig
     parser = build_parser()
     ft = parser.parse_args(["finetune", "--task", "t", "--out", "o"])
@@ -222,7 +222,7 @@ def test_flags_take_defaults_and_choices_from_the_configs():
         assert parser.parse_args(["export", "--model", "m", "--out", "o", "--quantize", mode]).quantize == mode
     for flag, field in (("--calibration", "calibration"), ("--format", "format"), ("--scope", "scope"),
                         ("--weight-type", "weight_type")):
-        value = QuantizeConfig.model_fields[field].default
+        value = StaticInt8Config.model_fields[field].default
         assert getattr(parser.parse_args(["export", "--model", "m", "--out", "o", flag, value]), field) == value
 
 

@@ -65,6 +65,27 @@ def test_unknown_mode_and_weight_type_are_rejected():
         quantize_step(weight_type="int4")
 
 
+def test_each_mode_is_its_own_frozen_config_with_only_its_options():
+    from compressor.export.quantize import (MODE_CONFIGS, ONNX_QUANTIZERS, DynamicInt8Config, Fp16Config,
+                                            QuantizeConfig, StaticInt8Config, quantize_config_from_record)
+    cfg = quantize_step(mode="static-int8", calibration="minmax")
+    assert type(cfg) is StaticInt8Config and QuantizeConfig(mode="static-int8", calibration="minmax") == cfg
+    assert type(quantize_step()) is DynamicInt8Config and set(Fp16Config.model_fields) == {"mode"}
+    assert {mode: type(QuantizeConfig.model_validate({"mode": mode})) for mode in MODE_CONFIGS} == MODE_CONFIGS
+    assert set(quantize_step().model_dump()) == {"mode", "per_channel", "reduce_range", "weight_type"}
+    # The ONNX quantizers are found by config type, one per mode that acts on a graph.
+    assert {c.model_fields["mode"].default for c in ONNX_QUANTIZERS} == {"dynamic-int8", "static-int8",
+                                                                         "int4-weight-only", "fp16"}
+    # compressor.json written before the split held every mode's options at their defaults.
+    legacy = {"mode": "dynamic-int8", "per_channel": True, "reduce_range": False, "weight_type": "qint8",
+              "calibration": "entropy", "format": "qdq", "scope": "ops", "calibration_samples": 512,
+              "block_size": 32, "tolerable_loss": 0.01, "max_trials": 8}
+    assert quantize_config_from_record(legacy) == DynamicInt8Config(per_channel=True)
+    assert get_pass("quantize").config_type is QuantizeConfig
+    from compressor.passes import pass_name_of
+    assert pass_name_of(cfg) == "quantize"
+
+
 def fp32_initializers(path) -> list[tuple[str, tuple[int, ...]]]:
     graph = onnx.load(str(path)).graph
     return [(t.name, tuple(t.dims)) for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
