@@ -402,3 +402,17 @@ def test_stream_memory(tmp_path, wordnet_corpus_file, monkeypatch):
     assert whole["chunks_taken"] >= 100 and whole["rss_by_chunks"]
     assert tail["mode"] == "read whole, tokenize last 50 documents (resume path)"
     assert tail["read_phase_peak_rss_mb"] > 0
+
+
+def test_trim_vocab_study(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "trim.json"
+    run_script_exit("trim_vocab_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--eval-samples", 16,
+                                            "--min-counts", 2, "--work", tmp_path / "work", "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    teacher, trimmed = result["results"]
+    assert result["eval_samples"] == 16 and trimmed["min_count"] == 2
+    assert trimmed["embedding_rows"] < teacher["embedding_rows"] == 30522
+    for key in ("safetensors_bytes", "onnx_fp32_bytes", "onnx_int8_bytes"):
+        assert trimmed[key] < teacher[key]
+    assert teacher["test_tokens"]["dropped_occurrences"] == 0 < trimmed["test_tokens"]["dropped_occurrences"]
+    assert "| trim-vocab-min-count-2 |" in capsys.readouterr().out
