@@ -294,6 +294,24 @@ def test_shallow_students(finished_run, tiny_csv, tmp_path, monkeypatch):
     assert all(v > 0 for v in second["latency"]["vs_teacher"].values())
 
 
+def test_latency_model(finished_run, tiny_csv, tmp_path, monkeypatch):
+    from compressor.search import structures
+    monkeypatch.setattr(structures, "BATCHES", 2)
+    monkeypatch.setattr(structures, "CALLS_PER_BATCH", 2)
+    out = tmp_path / "latency.json"
+    teacher = json.loads((finished_run[1] / "report.json").read_text())["teacher"]["path"]
+    args = ["--teacher", teacher, "--task", tiny_csv, "--batch-sizes", 2, "--fit", 2, "--held-out", 2,
+            "--work", tmp_path / "work", "--out", out]
+    run_script_exit("latency_model.py", [*args, "--export-only"], monkeypatch)
+    exported = sorted(p.name for p in (tmp_path / "work").iterdir())
+    assert len(exported) >= 6 and not out.exists()         # whole teacher + 2 + 2, in fp32 and int8
+    run_script_exit("latency_model.py", args, monkeypatch)
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == exported   # every export reused
+    result = json.loads(out.read_text())
+    assert result["held_out_structures"] >= 1 and result["median_abs_relative_error"] >= 0
+    assert set(result["model"]["coefficients"]) == {"fp32", "int8"} and result["environment"]["cpu"]
+
+
 # --- Scripts that train or stream a corpus: the smallest budget their flags allow.
 
 def test_static_embeddings(tmp_path, wordnet_corpus_file, monkeypatch):
