@@ -37,8 +37,10 @@ demo: install
 	$(BIN)/compressor run recipes/demo.yaml --out runs/demo
 	@echo "report: runs/demo/report.json"
 
+# Two workers, one test file each at a time (module fixtures are built once): most tests
+# keep one core busy, so two workers use the two cores of the target machine.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

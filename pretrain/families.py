@@ -134,6 +134,18 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
         "domain-mlm": "the BiLM has no masked-LM head",
         "fusion": "fusion does not apply to family 'bilm': ONNX Runtime's transformer "
                   "optimizer fuses Transformer layers and this model is LSTMs"}),
+    # The 1-D CNN student of `distill-structure` (pretrain/textcnn.py).
+    Family("textcnn", None, None, None, refusals={
+        "inc": "Neural Compressor's tuning is set up here for Transformer and LSTM models, not for "
+               "convolutions over text; expected quantize mode dynamic-int8 for a textcnn model",
+        "optimum-export": "Optimum's ONNX exporter does not support that family",
+        "scalar-mix": "a textcnn classifier has no layers to mix",
+        "drop-layers": NO_TRANSFORMER_LAYERS, "prune-heads": NO_TRANSFORMER_LAYERS,
+        "prune-ffn": NO_TRANSFORMER_LAYERS, "share-layers": NO_TRANSFORMER_LAYERS,
+        "adapters": NO_TRANSFORMER_LAYERS,
+        "domain-mlm": "the textcnn classifier has no masked-LM head",
+        "fusion": "fusion does not apply to family 'textcnn': ONNX Runtime's transformer "
+                  "optimizer fuses Transformer layers and this model is convolutions"}),
 )})
 
 SUPPORTED_FAMILIES = tuple(FAMILIES)

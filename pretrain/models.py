@@ -20,6 +20,7 @@ from pretrain.batching import usable_length
 from pretrain.errors import UserError
 from pretrain.structured import classifier_class, refresh_record
 from pretrain.objectives import bilm as _bilm  # noqa: F401  registers "bilm" with the Auto classes
+from pretrain import textcnn as _textcnn  # noqa: F401  registers "textcnn" with the Auto classes
 
 BUNDLED_MODELS = ("minilm",)
 

@@ -272,6 +272,46 @@ def test_quantization_accuracy(finished_run, tiny_csv, tmp_path, monkeypatch):
     assert rows["dynamic-int8-per-channel"]["size_bytes"] < rows["fp32"]["size_bytes"]
 
 
+def test_shallow_students(finished_run, tiny_csv, tmp_path, monkeypatch):
+    out = tmp_path / "students.json"
+    teacher = json.loads((finished_run[1] / "report.json").read_text())["teacher"]["path"]
+    from compressor.bench import measure
+    monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
+    args = ["--teacher", teacher, "--task", tiny_csv, "--kinds", "cnn", "--embedding-dim", 16,
+            "--train-samples", 16, "--epochs", 1,
+            "--eval-samples", 16, "--work", tmp_path / "work", "--out", out]
+    run_script_exit("shallow_students.py", args, monkeypatch)
+    first = json.loads(out.read_text())
+    assert [r["name"] for r in first["results"]] == ["teacher", "cnn-distilled", "cnn-labels-only"]
+    assert first["results"][0]["retention"] == 1.0 and first["latency"] is None
+    assert all(r["family"] == "textcnn" and r["size_bytes"] > 0 for r in first["results"][1:])
+    # --reuse keeps the exported students and only adds the timing.
+    run_script_exit("shallow_students.py", [*args, "--reuse", "--latency", "--batch-size", 2, "--iterations", 3],
+                    monkeypatch)
+    second = json.loads(out.read_text())
+    assert [r["accuracy"] for r in second["results"]] == [r["accuracy"] for r in first["results"]]
+    assert set(second["latency"]["vs_teacher"]) == {"cnn-distilled", "cnn-labels-only"}
+    assert all(v > 0 for v in second["latency"]["vs_teacher"].values())
+
+
+def test_latency_model(finished_run, tiny_csv, tmp_path, monkeypatch):
+    from compressor.search import structures
+    monkeypatch.setattr(structures, "BATCHES", 2)
+    monkeypatch.setattr(structures, "CALLS_PER_BATCH", 2)
+    out = tmp_path / "latency.json"
+    teacher = json.loads((finished_run[1] / "report.json").read_text())["teacher"]["path"]
+    args = ["--teacher", teacher, "--task", tiny_csv, "--batch-sizes", 2, "--fit", 2, "--held-out", 2,
+            "--work", tmp_path / "work", "--out", out]
+    run_script_exit("latency_model.py", [*args, "--export-only"], monkeypatch)
+    exported = sorted(p.name for p in (tmp_path / "work").iterdir())
+    assert len(exported) >= 6 and not out.exists()         # whole teacher + 2 + 2, in fp32 and int8
+    run_script_exit("latency_model.py", args, monkeypatch)
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == exported   # every export reused
+    result = json.loads(out.read_text())
+    assert result["held_out_structures"] >= 1 and result["median_abs_relative_error"] >= 0
+    assert set(result["model"]["coefficients"]) == {"fp32", "int8"} and result["environment"]["cpu"]
+
+
 # --- Scripts that train or stream a corpus: the smallest budget their flags allow.
 
 def test_static_embeddings(tmp_path, wordnet_corpus_file, monkeypatch):

@@ -13,6 +13,7 @@ from pretrain.errors import UserError
 from pretrain.families import CAPABILITIES, FAMILIES, SUPPORTED_FAMILIES, family_of
 from pretrain.models import encoder_layers
 from pretrain.objectives.bilm import BiLMConfig
+from pretrain.textcnn import TextCNNConfig
 from pretrain.strategies import submodule
 
 SMALL = dict(vocab_size=64, max_position_embeddings=32, num_labels=3)
@@ -29,6 +30,7 @@ TINY_CONFIGS = {
                                decoder_attention_heads=2, encoder_ffn_dim=24, decoder_ffn_dim=24, **SMALL),
     "xlnet": lambda: XLNetConfig(vocab_size=64, d_model=16, n_layer=2, n_head=2, d_inner=24, num_labels=3),
     "bilm": lambda: BiLMConfig(vocab_size=64, embedding_dim=8, hidden_size=16, num_labels=3),
+    "textcnn": lambda: TextCNNConfig(vocab_size=64, embedding_dim=8, filters=4, num_labels=3),
 }
 
 

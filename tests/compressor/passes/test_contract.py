@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from compressor.bundle import ModelBundle
 from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
-from compressor.passes import Context, apply_pass, check_pass_family, get_pass, pass_names
+from compressor.passes import Context, LazyTeacher, apply_pass, check_pass_family, get_pass, pass_names
 from compressor.passes import training as training_passes
 from compressor.pipeline.recipe import parse_step
 from pretrain.batching import encode
@@ -32,6 +32,8 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "sensitivity": {"keep_fraction": 0.25, "samples": 32},
     "factorize-embedding": {"rank": 8},
     "trim-vocab": {},
+    "distill-structure": {"kind": "cnn", "embedding_dim": 16, "filters": 8, "epochs": 1, "batch_size": 16,
+                          "max_train_samples": 48},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).
@@ -91,7 +93,9 @@ def test_pass_contract(name, bundle, tiny_task, tmp_path):
     before_history = tuple(dict(h) for h in bundle.history)
     before_logits = _logits(bundle, test)
 
-    out = apply_pass(bundle, name, cfg, _ctx(tiny_task))
+    # Passes that learn from the teacher get a copy of the input (loaded only if they ask).
+    teacher = LazyTeacher(lambda: bundle.replace(model=bundle.copy_model()))
+    out = apply_pass(bundle, name, cfg, _ctx(tiny_task, teacher_source=teacher))
 
     # The input bundle is untouched.
     state = bundle.model.state_dict()

@@ -1,0 +1,108 @@
+"""BiLSTM and CNN students (`distill-structure`, Tang et al. 2019) beside the teacher.
+
+For each kind, the same network is trained twice with the same budget: on the teacher's
+logits (`alpha: 0`, MSE, Tang et al.'s objective) and on the labels alone (`alpha: 1`, no
+teacher: the control). Each is exported through the real gate (`export_bundle`: ONNX,
+parity with PyTorch, accuracy on the test split) and its test accuracy and file size are
+recorded, with the teacher's. `--latency` also times every exported graph against the
+teacher's fused fp32 graph, interleaved, at batch 8 on real test batches (the `cpu`
+profile's threads): run that part on a quiet machine, with `--reuse` to keep the students
+already exported under `--work`.
+
+    .venv/bin/python benchmarks/shallow_students.py --teacher runs/demo/teacher \
+        --train-samples 20000 --epochs 2 --eval-samples 5000 --latency \
+        --out benchmarks/results/shallow_students.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from compressor.bench.environment import environment
+from compressor.bench.measure import measure_models
+from compressor.bench.profiles import load_profile
+from compressor.bench.runners import Deployable
+from compressor.bundle import ModelBundle
+from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
+from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
+from pretrain.atomic import write_json
+from pretrain.data import load_task
+
+GATE = ExportSettings(optimize=True, accuracy_tolerance=1.0)   # score every student, gate parity only
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teacher", type=Path, required=True, help="fine-tuned teacher dir")
+    parser.add_argument("--task", default=None, help="task name or CSV/JSONL file (default: the teacher's)")
+    parser.add_argument("--kinds", nargs="+", default=["bilstm", "cnn"], choices=["bilstm", "cnn"])
+    parser.add_argument("--embedding-dim", type=int, default=256)
+    parser.add_argument("--train-samples", type=int, default=20000)
+    parser.add_argument("--epochs", type=float, default=2.0)
+    parser.add_argument("--eval-samples", type=int, default=5000)
+    parser.add_argument("--latency", action="store_true", help="also time the graphs (quiet machine)")
+    parser.add_argument("--reuse", action="store_true", help="students already exported under --work are kept")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--work", type=Path, default=Path("runs/shallow_students"))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    teacher = ModelBundle.load(args.teacher)
+    spec = args.task or teacher.task
+    task = load_task({"path": spec} if isinstance(spec, str) and Path(spec).is_file() else spec)
+    ctx = Context(task=task, seed=0, show_progress=False, teacher_source=LazyTeacher.from_dir(args.teacher))
+    rows = [exported("teacher", teacher, task, args, seconds=0.0)]
+    for kind in args.kinds:
+        for arm, alpha in (("distilled", 0.0), ("labels-only", 1.0)):
+            if args.reuse and (args.work / f"{kind}-{arm}" / "row.json").is_file():
+                rows.append(json.loads((args.work / f"{kind}-{arm}" / "row.json").read_text()))
+                continue
+            config = get_pass("distill-structure").config_type.model_validate(
+                {"kind": kind, "alpha": alpha, "epochs": args.epochs, "max_train_samples": args.train_samples,
+                 "embedding_dim": args.embedding_dim, "hidden_size": 2 * args.embedding_dim})
+            start = time.perf_counter()
+            student = apply_pass(teacher, "distill-structure", config, ctx)
+            rows.append(exported(f"{kind}-{arm}", student, task, args, time.perf_counter() - start))
+            write_json(args.work / f"{kind}-{arm}" / "row.json", rows[-1])
+            print(rows[-1], flush=True)
+            write_results(args, rows, latency=None)
+    latency = measure_latency(rows, teacher, task, args) if args.latency else None
+    write_results(args, rows, latency)
+    return 0
+
+
+def exported(name: str, bundle: ModelBundle, task, args, seconds: float) -> dict:
+    out = args.work / name
+    record = export_bundle(bundle, out, GATE, task, args.eval_samples).record
+    return {"name": name, "family": bundle.model.config.model_type, "train_seconds": round(seconds, 1),
+            "params": bundle.params, "accuracy": record["accuracy"], "size_bytes": record["size_bytes"],
+            "onnx": str(out / ONNX_FILE)}
+
+
+def measure_latency(rows: list[dict], teacher: ModelBundle, task, args) -> dict:
+    profile = load_profile("cpu").model_copy(update={"batch_sizes": (args.batch_size,),
+                                                     "iterations": args.iterations})
+    models = [Deployable(r["name"], "onnx", Path(r["onnx"]), "fp32") for r in rows]
+    measured = measure_models(models, profile, teacher.tokenizer, task.split("test").head(args.eval_samples))
+    p50 = {row["model"]: row["p50_ms"] for row in measured.rows}
+    return {"batch_size": args.batch_size, "p50_ms": p50, "rankings": measured.rankings,
+            "vs_teacher": {name: p50[name] / p50["teacher"] for name in p50 if name != "teacher"}}
+
+
+def write_results(args, rows: list[dict], latency: dict | None) -> None:
+    teacher_accuracy = rows[0]["accuracy"]
+    for row in rows:
+        row["retention"] = row["accuracy"] / teacher_accuracy
+    write_json(args.out, {"command": " ".join(["benchmarks/shallow_students.py", *sys.argv[1:]]),
+                          "train_samples": args.train_samples, "epochs": args.epochs,
+                          "eval_samples": args.eval_samples, "results": rows, "latency": latency,
+                          "environment": environment()})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Search to a latency budget (issue 17): the latency model first (latency.py, structures.py)."""

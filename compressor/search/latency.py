@@ -1,0 +1,187 @@
+"""A latency model per profile: predicts a structure's ONNX Runtime latency before it exists.
+
+The search (issue 17) must discard plans over the latency budget before anything trains, so
+it needs the latency of structures it has not built. A structure is what the structural
+passes produce from a teacher: which layers remain, each layer's attention heads and FFN
+width, and the precision it ships in. The model is linear in analytic costs of one call on
+a batch of shape [B, S] (head_dim d, hidden H, per layer l: heads h_l, FFN width f_l):
+
+    call         1                          fixed cost of a session.run
+    layers       L                          per-layer fixed cost (kernel launches, small ops)
+    tokens       B*S                        embedding, LayerNorms, classifier
+    layer_tokens L*B*S                      residual adds, LayerNorms, biases per layer
+    projections  B*S * sum_l 4*H*h_l*d      Q, K, V and output projections (multiply-adds)
+    ffn          B*S * sum_l 2*H*f_l        the two FFN matrices
+    ffn_act      B*S * sum_l f_l            GELU over the FFN's inner activations
+    attention    B*S^2 * sum_l 2*h_l*d      scores and context (multiply-adds)
+    softmax      B*S^2 * sum_l h_l          softmax elements
+
+with one non-negative coefficient per cost and precision (fp32 and int8 kernels differ),
+fitted by non-negative least squares on relative error over structures measured on the
+target. Each measurement is the median time of one real test batch (the benchmark's inputs:
+real texts, padded to the batch's longest), so one structure gives a point per batch. A
+structure's p50 over a set of batches is predicted as the median of its per-batch
+predictions, as the benchmark's p50 is the median of its per-call times.
+
+The fitted model is saved with the machine and profile it was measured on
+(`LatencyModel.key`); `load_or_none` returns it only for the same machine, profile and
+teacher shape, so a later search on that machine reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from scipy.optimize import nnls
+from scipy.stats import spearmanr
+
+from pretrain.atomic import write_json
+
+COSTS = ("call", "layers", "tokens", "layer_tokens", "projections", "ffn", "ffn_act", "attention", "softmax")
+Precision = Literal["fp32", "int8"]
+
+
+class TeacherShape(BaseModel):
+    """What the structures share with their teacher (pruning changes none of it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hidden: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    layers: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    ffn: int = Field(ge=1)
+
+
+class Structure(BaseModel):
+    """Per kept layer: its attention heads and FFN width; and the deployed precision."""
+
+    model_config = ConfigDict(frozen=True)
+
+    heads: tuple[int, ...] = Field(min_length=1)
+    ffn: tuple[int, ...] = Field(min_length=1)
+    precision: Precision = "fp32"
+
+    @model_validator(mode="after")
+    def one_entry_per_layer(self) -> Structure:
+        if len(self.heads) != len(self.ffn):
+            raise ValueError(f"heads ({len(self.heads)} layers) and ffn ({len(self.ffn)} layers) must list "
+                             "the same layers")
+        if min(self.heads) < 1 or min(self.ffn) < 1:
+            raise ValueError("every kept layer needs at least one head and one FFN neuron")
+        return self
+
+    @property
+    def name(self) -> str:
+        return (f"{self.precision}-L{len(self.heads)}-h{'.'.join(map(str, self.heads))}"
+                f"-f{'.'.join(map(str, self.ffn))}")
+
+
+def costs(structure: Structure, shape: TeacherShape, batch: int, length: int) -> np.ndarray:
+    """The analytic costs (COSTS order) of one call on a [batch, length] input."""
+    tokens = batch * length
+    heads, ffn = np.asarray(structure.heads), np.asarray(structure.ffn)
+    d, hidden = shape.head_dim, shape.hidden
+    return np.array([1.0, len(heads), tokens, len(heads) * tokens,
+                     tokens * 4 * hidden * d * heads.sum(), tokens * 2 * hidden * ffn.sum(), tokens * ffn.sum(),
+                     batch * length ** 2 * 2 * d * heads.sum(), batch * length ** 2 * heads.sum()], dtype=np.float64)
+
+
+class Point(BaseModel):
+    """One measurement: a structure's median time on one batch of shape [batch, length]."""
+
+    structure: Structure
+    batch: int
+    length: int
+    ms: float = Field(gt=0)
+
+
+class LatencyModel(BaseModel):
+    """Coefficients per precision (ms per unit of each cost), and where they were measured."""
+
+    key: str
+    machine: dict
+    teacher: TeacherShape
+    coefficients: dict[str, list[float]]      # precision -> one per COSTS entry
+    scales: list[float]                       # each cost is divided by its scale before fitting
+    points: int
+    held_out: dict | None = None              # the error on measured structures it did not see
+
+    def predict_ms(self, structure: Structure, batch: int, length: int) -> float:
+        coef = self.coefficients.get(structure.precision)
+        if coef is None:
+            raise ValueError(f"the latency model has no {structure.precision} measurements; "
+                             f"it was fitted for {', '.join(self.coefficients)}")
+        return float(costs(structure, self.teacher, batch, length) / np.asarray(self.scales) @ np.asarray(coef))
+
+    def predict_p50(self, structure: Structure, shapes: Sequence[tuple[int, int]]) -> float:
+        """The p50 over calls cycling through batches of these [batch, length] shapes."""
+        return float(np.median([self.predict_ms(structure, b, n) for b, n in shapes]))
+
+    def save(self, path: Path) -> None:
+        write_json(path, self.model_dump(mode="json"))
+
+
+def fit(points: Sequence[Point], teacher: TeacherShape, machine: dict, key: str) -> LatencyModel:
+    """Non-negative least squares per precision, minimising the relative error of every point."""
+    rows = np.array([costs(p.structure, teacher, p.batch, p.length) for p in points])
+    scales = np.where(rows.max(0) > 0, rows.max(0), 1.0)     # conditions the solve; undone in predict
+    coefficients = {}
+    for precision in sorted({p.structure.precision for p in points}):
+        mine = [i for i, p in enumerate(points) if p.structure.precision == precision]
+        targets = np.array([points[i].ms for i in mine])
+        # Dividing each row by its target turns absolute into relative residuals, so that
+        # a 2 ms structure counts as much as a 40 ms one.
+        solution, _ = nnls(rows[mine] / scales / targets[:, None], np.ones(len(mine)))
+        coefficients[precision] = solution.tolist()
+    return LatencyModel(key=key, machine=machine, teacher=teacher, coefficients=coefficients,
+                        scales=scales.tolist(), points=len(points))
+
+
+def p50_by_structure(points: Sequence[Point]) -> dict[Structure, tuple[float, list[tuple[int, int]]]]:
+    """Measured p50 (median over its batches' medians) and the batch shapes, per structure."""
+    grouped: dict[Structure, list[Point]] = {}
+    for p in points:
+        grouped.setdefault(p.structure, []).append(p)
+    return {s: (float(np.median([p.ms for p in ps])), [(p.batch, p.length) for p in ps])
+            for s, ps in grouped.items()}
+
+
+def held_out_error(model: LatencyModel, points: Sequence[Point]) -> dict:
+    """Median absolute relative error of predicted p50s and their Spearman rank correlation."""
+    rows = []
+    for structure, (measured, shapes) in p50_by_structure(points).items():
+        predicted = model.predict_p50(structure, shapes)
+        rows.append({"structure": structure.name, "measured_p50_ms": measured, "predicted_p50_ms": predicted,
+                     "relative_error": abs(predicted - measured) / measured})
+    errors = [r["relative_error"] for r in rows]
+    rank = spearmanr([r["measured_p50_ms"] for r in rows], [r["predicted_p50_ms"] for r in rows])[0] \
+        if len(rows) > 2 else None
+    return {"structures": len(rows), "median_abs_relative_error": float(np.median(errors)),
+            "spearman": None if rank is None or np.isnan(rank) else float(rank), "rows": rows}
+
+
+def model_key(machine: dict, profile: dict, teacher: TeacherShape) -> str:
+    """Same CPU (model and flags), cores, runtime versions, profile and teacher shape: same model."""
+    cpu = machine.get("cpu", {})
+    packages = machine.get("packages", {})
+    identity = {"cpu": [cpu.get("model"), sorted(cpu.get("flags", [])), cpu.get("cores")],
+                "onnxruntime": packages.get("onnxruntime"), "profile": profile,
+                "teacher": teacher.model_dump()}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_or_none(path: Path, key: str) -> LatencyModel | None:
+    """The saved model at `path` if it was fitted for `key` (this machine, profile, teacher)."""
+    if not Path(path).is_file():
+        return None
+    try:
+        model = LatencyModel.model_validate_json(Path(path).read_text())
+    except ValueError:
+        return None
+    return model if model.key == key else None

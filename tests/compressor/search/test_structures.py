@@ -1,0 +1,53 @@
+"""Structures cut from a (tiny) teacher, exported and timed for the latency model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compressor.bench.profiles import load_profile
+from compressor.search import structures as module
+from compressor.search.latency import Structure
+from compressor.search.structures import build, fit_latency_model, sample_structures, teacher_shape
+from pretrain.models import encoder_layers
+
+
+def test_teacher_shape_and_samples(bert_bundle):
+    shape = teacher_shape(bert_bundle)
+    assert (shape.hidden, shape.head_dim, shape.layers, shape.heads, shape.ffn) == (32, 8, 4, 4, 64)
+    sampled = sample_structures(shape, 5, ("fp32", "int8"), seed=0)
+    assert len(sampled) == 10 and sampled[:5] == [s.model_copy(update={"precision": "fp32"}) for s in sampled[5:]]
+    assert all(len(s.heads) <= 4 and max(s.heads) <= 4 and max(s.ffn) <= 64 and min(s.ffn) >= 5 for s in sampled)
+    assert sample_structures(shape, 5, ("fp32",), seed=0) == sampled[:5]        # seeded
+
+
+def test_build_cuts_the_teacher_to_the_structure(bert_bundle):
+    out = build(bert_bundle, Structure(heads=(1, 4, 2), ffn=(64, 10, 33), precision="int8"))
+    layers = encoder_layers(out.model)
+    assert len(layers) == 3 and out.deploy["quantize"]["mode"] == "dynamic-int8"
+    assert [layer.attention.self.query.out_features for layer in layers] == [8, 32, 16]
+    assert [layer.intermediate.dense.out_features for layer in layers] == [64, 10, 33]
+    assert len(encoder_layers(bert_bundle.model)) == 4                          # the teacher is untouched
+    with pytest.raises(ValueError, match="larger than the teacher"):
+        build(bert_bundle, Structure(heads=(5,), ffn=(8,)))
+
+
+def test_fit_measures_then_reuses_on_the_same_machine(bert_bundle, tiny_task, tmp_path, monkeypatch):
+    profile = load_profile("cpu").model_copy(update={"warmup": 1})
+    monkeypatch.setattr(module, "BATCHES", 2)
+    monkeypatch.setattr(module, "CALLS_PER_BATCH", 2)
+    model = fit_latency_model(bert_bundle, tiny_task, profile, [2], work=tmp_path / "work",
+                              cache=tmp_path / "latency.json", fit_count=3, held_out_count=2,
+                              precisions=("fp32",), log=lambda _: None)
+    assert model.points == 4 * 2                       # the whole teacher + 3 structures, 2 batches each
+    assert set(model.coefficients) == {"fp32"} and all(c >= 0 for c in model.coefficients["fp32"])
+    assert model.held_out["structures"] >= 1 and model.held_out["median_abs_relative_error"] >= 0
+    whole = Structure(heads=(4,) * 4, ffn=(64,) * 4)
+    assert model.predict_ms(whole, 2, 10) > 0
+    assert json.loads((tmp_path / "latency.json").read_text())["key"] == model.key
+    monkeypatch.setattr(module, "measure", lambda *a, **k: pytest.fail("measured again"))
+    again = fit_latency_model(bert_bundle, tiny_task, profile, [2], work=tmp_path / "work",
+                              cache=tmp_path / "latency.json", fit_count=3, held_out_count=2,
+                              precisions=("fp32",), log=lambda _: None)
+    assert again == model
