@@ -26,7 +26,7 @@ import numpy as np
 
 from compressor.bench.environment import environment
 from compressor.bench.profiles import Profile, unavailable_reason
-from compressor.bench.runners import Deployable, Feed, input_batches, load_runner
+from compressor.bench.runners import Deployable, Feed, id_translation, input_batches, load_runner, translated
 from compressor.bench.timing import TIE_THRESHOLD, ranking_with_ties, summarize, tied_pairs, time_interleaved
 from pretrain.batching import MAX_LENGTH
 from pretrain.data import Split
@@ -72,7 +72,8 @@ def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: 
     the test split's texts, cut at `max_length` tokens.
     """
     models = [m.on(profile.name) for m in models]
-    runners = {m.name: load_runner(m, profile) for m in models}
+    ids = {m.name: id_translation(m, tokenizer) for m in models}   # a trimmed vocabulary's renumbering
+    runners = {m.name: load_runner(m, profile, ids[m.name]) for m in models}
     settings = [(b, n) for b in profile.batch_sizes for n in profile.sequence_lengths]
     batch_sets = [input_batches(tokenizer, test, b, n, max_length=max_length) for b, n in settings]
     rows, rankings, calls = [], [], []
@@ -96,7 +97,8 @@ def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: 
         gc.collect()
     # Memory after timing, one child process per model, so the children never share the
     # cores with a latency measurement.
-    memory = {m.name: peak_rss_mb(m, profile, batch_sets) for m in models}
+    memory = {m.name: peak_rss_mb(m, profile, [[translated(feed, ids[m.name]) for feed in batches]
+                                                for batches in batch_sets]) for m in models}
     for row in rows:
         row["peak_rss_mb"] = memory[row["model"]][settings.index((row["batch_size"], row["sequence_length"]))]
     return Measurement(rows, rankings, calls)

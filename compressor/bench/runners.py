@@ -127,5 +127,36 @@ def load_torch_model(path: Path):
     return load_saved_classifier(path)[0]
 
 
-def load_runner(model: Deployable, profile: Profile) -> Runner:
-    return (onnx_runner if model.kind == "onnx" else torch_runner)(model.path, profile)
+def load_runner(model: Deployable, profile: Profile, ids: np.ndarray | None = None) -> Runner:
+    """The model's runner; `ids` (from `id_translation`) renumbers the batches' token ids
+    for a model with a vocabulary of its own, in `prepare`, before the clock starts."""
+    runner = (onnx_runner if model.kind == "onnx" else torch_runner)(model.path, profile)
+    if ids is None:
+        return runner
+    return Runner(prepare=lambda feed: runner.prepare(translated(feed, ids)), run=runner.run)
+
+
+def id_translation(model: Deployable, tokenizer) -> np.ndarray | None:
+    """For a model whose tokenizer keeps part of `tokenizer`'s vocabulary (`trim-vocab`): the
+    model's id of each of `tokenizer`'s ids, its unknown token's for a token it dropped; None
+    when the model's dir holds the same vocabulary (or no tokenizer).
+
+    Every model of a benchmark is fed the same batches (the reference tokenizer's), so their
+    shapes, which set the latency, are the same for all; a trimmed model sees them renumbered.
+    """
+    from pretrain.models import load_tokenizer
+    try:
+        own = load_tokenizer(model.path if model.kind == "torch" else Path(model.path).parent)
+    except UserError:
+        return None
+    reference, vocab = tokenizer.get_vocab(), own.get_vocab()
+    if vocab == reference:
+        return None
+    table = np.full(max(reference.values()) + 1, own.unk_token_id, dtype=np.int64)
+    for token, index in reference.items():
+        table[index] = vocab.get(token, own.unk_token_id)
+    return table
+
+
+def translated(feed: Feed, ids: np.ndarray | None) -> Feed:
+    return feed if ids is None else {**feed, "input_ids": ids[feed["input_ids"]]}

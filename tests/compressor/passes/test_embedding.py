@@ -122,3 +122,18 @@ def test_trim_vocab_config_validation(options, why):
     with pytest.raises(ValidationError, match=why):
         get_pass("trim-vocab").config_type.model_validate(options)
 
+
+
+def test_a_benchmark_feeds_the_trimmed_model_the_teachers_batches_renumbered(trim, tiny_task, tmp_path):
+    from compressor.bench.profiles import load_profile
+    from compressor.bench.runners import Deployable, id_translation, input_batches, load_runner
+    bundle, out = trim
+    model = Deployable("trimmed", "torch", out.save(tmp_path / "trimmed"), "fp32")
+    ids = id_translation(model, bundle.tokenizer)
+    assert id_translation(Deployable("same", "torch", bundle.save(tmp_path / "same"), "fp32"), bundle.tokenizer) is None
+    train = tiny_task.split("train").head(8)
+    batch, = input_batches(bundle.tokenizer, train, 8, "real")   # the teacher's ids, as a benchmark feeds them
+    own = out.tokenizer(train.texts, padding=True, return_tensors="np")["input_ids"]
+    assert (ids[batch["input_ids"]] == own).all()
+    runner = load_runner(model, load_profile("cpu"), ids)
+    assert runner.run(runner.prepare(batch)).shape == (8, len(tiny_task.label_names))
