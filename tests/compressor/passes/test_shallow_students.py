@@ -62,7 +62,7 @@ def test_students_save_reload_and_export_behind_the_parity_gate(bert_bundle, tin
     assert out.params < bert_bundle.params
     loaded = ModelBundle.load(out.save(tmp_path / kind))
     assert type(loaded.model) is type(out.model) and loaded.label_names == bert_bundle.label_names
-    record = export_bundle(out.replace(deploy={}), tmp_path / f"{kind}-onnx", ExportSettings(), tiny_task)
+    record = export_bundle(out.replace(deploy={}), tmp_path / f"{kind}-onnx", ExportSettings(), tiny_task).record
     assert record["parity_max_abs_diff"] <= ExportSettings().parity_tolerance
     assert json.loads((tmp_path / f"{kind}-onnx" / "export.json").read_text())["accuracy"] == record["accuracy"]
 
