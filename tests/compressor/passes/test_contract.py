@@ -31,6 +31,8 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "qat": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
     "sensitivity": {"keep_fraction": 0.25, "samples": 32},
     "factorize-embedding": {"rank": 8},
+    "prune-heads": {"fraction": 0.5, "samples": 32},
+    "prune-ffn": {"fraction": 0.5, "samples": 32},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).
@@ -39,6 +41,8 @@ FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     "drop-layers": (EXAMPLE_CONFIGS["drop-layers"], NO_TRANSFORMER_LAYERS),
     "sensitivity": (EXAMPLE_CONFIGS["sensitivity"], NO_TRANSFORMER_LAYERS),
     "quantize": ({"mode": "inc"}, frozenset(f for f, record in FAMILIES.items() if not record.supports("inc"))),
+    **{name: (EXAMPLE_CONFIGS[name], frozenset(f for f, record in FAMILIES.items() if not record.supports(name)))
+       for name in ("prune-heads", "prune-ffn")},
 }
 
 # Every pass output must export behind the real gate: parity for fp32 graphs; a quantized
