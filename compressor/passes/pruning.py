@@ -92,31 +92,28 @@ def prune_heads_pass(bundle: ModelBundle, cfg: PruneHeads, ctx: Context) -> Mode
 def heads_to_remove(cfg: PruneHeads, counts: list[int]) -> int | list[int]:
     """The total to remove (or, with per_layer, the list), after checking it fits the model."""
     total, layers = sum(counts), len(counts)
-    keep = 0 if cfg.allow_drop_layers else layers
+    floor = 0 if cfg.allow_drop_layers else 1        # heads every layer keeps
+    hint = "" if cfg.allow_drop_layers else " (set allow_drop_layers: true to remove an emptied layer whole)"
     if cfg.per_layer is not None:
         if len(cfg.per_layer) != layers:
             raise UserError(f"prune-heads: per_layer has {len(cfg.per_layer)} entries but the model has "
                             f"{layers} layers; expected one count per layer")
-        floor = 0 if cfg.allow_drop_layers else 1
         for layer, (n, have) in enumerate(zip(cfg.per_layer, counts)):
             if n > have - floor:
                 raise UserError(f"prune-heads: per_layer asks layer {layer} to lose {n} heads but it has {have}; "
-                                f"expected at most {have - floor}" + ("" if floor == 0 else
-                                " (set allow_drop_layers: true to remove a layer whole)"))
+                                f"expected at most {have - floor}{hint}")
         if sum(cfg.per_layer) == total:
             raise UserError("prune-heads: per_layer removes every head of every layer; expected one to stay")
         return list(cfg.per_layer)
     if cfg.count is not None and cfg.count > total:
         raise UserError(f"prune-heads: count {cfg.count} is more heads than the model has ({total})")
-    wanted = cfg.count if cfg.count is not None else round((cfg.fraction or 0) * total)
+    limit = total - max(floor * layers, 1)
     if cfg.iterative and cfg.fraction is None:
-        wanted = total - max(keep, 1)
-    limit = total - max(keep, 1)
+        return limit                                 # as far as accuracy allows
+    wanted = cfg.count if cfg.count is not None else round(cfg.fraction * total)
     if wanted > limit:
-        why = "one per layer" if not cfg.allow_drop_layers else "at least one head"
-        raise UserError(f"prune-heads: removing {wanted} of {total} heads leaves fewer than {why}; expected at "
-                        f"most {limit}" + ("" if cfg.allow_drop_layers else
-                                          " (set allow_drop_layers: true to remove emptied layers whole)"))
+        raise UserError(f"prune-heads: removing {wanted} of {total} heads would empty a layer; expected at "
+                        f"most {limit}{hint}")
     return wanted
 
 
