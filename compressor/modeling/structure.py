@@ -3,6 +3,8 @@ makes it survive a save. No pass calls it yet; the tests exercise it on the tiny
 
 - `prune_heads(model, {layer: [head, ...]})`: Transformers' own head pruning (recorded by
   Transformers in `config.pruned_heads`, rebuilt by `from_pretrained`).
+- `remove_current_heads(model, {layer: [head, ...]})`: the same with heads numbered as the
+  layer has them now; a layer that loses every head is removed whole.
 - `set_intermediate_size(model, layer, keep)`: slice one layer's FFN to the listed neurons.
 - `tie_layers(model, groups)`: layers of a group share the first one's parameters.
 
@@ -25,7 +27,7 @@ from transformers import PreTrainedModel
 from pretrain import structured
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES, Family
-from pretrain.models import encoder_layers
+from pretrain.models import encoder_layers, keep_encoder_layers
 
 AUTO_CLASS = "AutoModelForSequenceClassification"
 
@@ -42,6 +44,34 @@ def prune_heads(model: PreTrainedModel, heads: dict[int, list[int]]) -> None:
     """Remove attention heads in place: {layer index: [head indices]}."""
     family_for(model, "prune-heads")
     model.prune_heads({int(layer): list(hs) for layer, hs in heads.items()})
+
+
+def remove_current_heads(model: PreTrainedModel, heads: dict[int, list[int]]) -> None:
+    """Remove heads in place, numbered by their current position in each layer.
+
+    Transformers' `prune_heads` numbers heads as the unpruned model did (and breaks on a layer
+    with no heads left), so current positions are mapped to original numbers through
+    `config.pruned_heads`, and a layer losing all its heads is dropped whole (its FFN with it):
+    what remains is an ordinary model that saves, reloads and exports like any other.
+    """
+    family = family_for(model, "prune-heads")
+    config = model.config
+    total = getattr(config, family.heads_field)
+    already = {int(k): set(v) for k, v in (getattr(config, "pruned_heads", None) or {}).items()}
+    original, emptied = {}, []
+    for layer, current in heads.items():
+        remaining = [h for h in range(total) if h not in already.get(layer, set())]
+        if not all(0 <= h < len(remaining) for h in current):
+            raise UserError(f"layer {layer}: heads to remove must be in [0, {len(remaining)}); got {list(current)}")
+        if len(set(current)) == len(remaining):
+            emptied.append(layer)
+        else:
+            original[layer] = [remaining[h] for h in current]
+    if len(emptied) == len(encoder_layers(model)):
+        raise UserError("removing these heads would leave no layer at all; expected at least one head to stay")
+    prune_heads(model, original)
+    if emptied:
+        keep_encoder_layers(model, [i for i in range(len(encoder_layers(model))) if i not in emptied])
 
 
 def set_intermediate_size(model: PreTrainedModel, layer: int, keep: Sequence[int]) -> None:

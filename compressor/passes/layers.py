@@ -2,33 +2,71 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+import copy
+
+from pydantic import Field, field_validator, model_validator
+from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
+from compressor.modeling.importance import encode_for_model, mean_loss, train_rows
 from compressor.passes.registry import Context, PassConfig, register
+from pretrain.batching import Encoded
 from pretrain.errors import UserError
 from pretrain.models import check_transformer_family, encoder_layers, keep_encoder_layers
 
 
 class DropLayers(PassConfig):
-    keep: tuple[int, ...] = Field(min_length=1)   # indices of the layers to keep, in order
+    # Exactly one of: the layers to keep, in order; or how many to keep, chosen by importance.
+    keep: tuple[int, ...] | None = Field(None, min_length=1)
+    count: int | None = Field(None, ge=1)
+    samples: int = Field(512, ge=1)      # count: first N train examples the loss is measured on
+    batch_size: int = Field(64, ge=1)
 
     @field_validator("keep")
     @classmethod
-    def _distinct(cls, keep: tuple[int, ...]) -> tuple[int, ...]:
-        if len(set(keep)) != len(keep):
+    def _distinct(cls, keep: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if keep is not None and len(set(keep)) != len(keep):
             raise ValueError(f"layer indices must be distinct, got {list(keep)}")
         return keep
+
+    @model_validator(mode="after")
+    def _keep_or_count(self) -> "DropLayers":
+        if (self.keep is None) == (self.count is None):
+            raise ValueError("expected exactly one of keep (the layers to keep) or count (how many, "
+                             "chosen by importance)")
+        return self
 
 
 @register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family))
 def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBundle:
-    """Keep only the listed encoder layers (a DistilBERT-style shallow student init)."""
+    """Keep only the listed encoder layers (a DistilBERT-style shallow student init), or the
+    `count` layers whose removal would cost the most."""
     n_layers = len(encoder_layers(bundle.model))
-    out_of_range = [i for i in cfg.keep if not 0 <= i < n_layers]
+    if cfg.count is not None and cfg.count > n_layers:
+        raise UserError(f"drop-layers: count {cfg.count} is more layers than the model has ({n_layers})")
+    out_of_range = [i for i in cfg.keep or () if not 0 <= i < n_layers]
     if out_of_range:
         raise UserError(f"drop-layers: layer index {out_of_range[0]} out of range; "
                         f"the model has {n_layers} layers (0..{n_layers - 1})")
     model = bundle.copy_model()
-    keep_encoder_layers(model, list(cfg.keep))
+    if cfg.keep is not None:
+        keep = list(cfg.keep)
+    else:
+        data = encode_for_model(model, bundle.tokenizer, ctx.task, train_rows(ctx.task, 0, cfg.samples, "drop-layers"))
+        keep = layers_to_keep(model, data, cfg.count, cfg.batch_size)
+    keep_encoder_layers(model, keep)
     return bundle.replace(model=model)
+
+
+def layers_to_keep(model: PreTrainedModel, data: Encoded, count: int, batch_size: int) -> list[int]:
+    """Greedy: drop, one at a time, the layer whose removal raises the loss on `data` least
+    (re-measured after each removal, since layers compensate for each other)."""
+    keep = list(range(len(encoder_layers(model))))
+    while len(keep) > count:
+        losses = {}
+        for layer in keep:
+            trial = copy.deepcopy(model)
+            keep_encoder_layers(trial, [i for i in keep if i != layer])
+            losses[layer] = mean_loss(trial, data, batch_size)
+        keep.remove(min(losses, key=losses.get))
+    return keep

@@ -17,15 +17,15 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-import numpy as np
 import torch
 from pydantic import Field
 
 from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig, StaticInt8Config, check_quantize_family
 from compressor.modeling.fake_quant import input_maxima, linear_layers, one_layer_quantized, q8bert_fake_quant
+from compressor.modeling.importance import encode_for_model
 from compressor.passes.registry import Context, PassConfig, register
-from pretrain.batching import Encoded, encode, in_data_order, usable_length
+from pretrain.batching import Encoded, in_data_order
 from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.families import TRANSFORMER_FAMILIES
@@ -142,14 +142,11 @@ def sensitivity_pass(bundle: ModelBundle, cfg: SensitivityConfig, ctx: Context) 
 
 def sensitivity_data(bundle: ModelBundle, task: TaskData, samples: int) -> Encoded:
     """The first train examples, labelled with the model's class ids."""
-    from compressor.evaluate import label_permutation
     train = task.split("train")
     if len(train) < samples:
         raise UserError(f"sensitivity: samples={samples} but the train split of {task.name!r} has "
                         f"{len(train)} examples; lower samples to at most {len(train)}")
-    data = encode(bundle.tokenizer, train.head(samples), usable_length(bundle.model))
-    to_model = np.argsort(label_permutation(bundle.label_names, task))   # task id -> model id
-    return Encoded(data.input_ids, data.token_type_ids, to_model[data.labels], data.pad_id, data.pad_left)
+    return encode_for_model(bundle.model, bundle.tokenizer, task, train.head(samples))
 
 
 def predictions(model: torch.nn.Module, data: Encoded, batch_size: int) -> tuple[float, torch.Tensor]:

@@ -456,3 +456,28 @@ def test_trim_vocab_study(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch, capsys
         assert trimmed[key] < teacher[key]
     assert teacher["test_tokens"]["dropped_occurrences"] == 0 < trimmed["test_tokens"]["dropped_occurrences"]
     assert "| trim-vocab-min-count-2 |" in capsys.readouterr().out
+def test_pruning_sweep(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    out = tmp_path / "sweep.json"
+    args = ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--eval-samples", 16, "--samples", 16,
+            "--fractions", 0.0, 0.5, "--ffn-fractions", "--importances", "taylor", "random",
+            "--recovery-samples", 16, "--out", out, "--plot", tmp_path / "sweep.png"]
+    run_script_exit("pruning_sweep.py", args, monkeypatch)
+    result = json.loads(out.read_text())
+    keys = {r["key"] for r in result["results"]}
+    assert "prune-heads/taylor/0.50/recovered" in keys and "prune-heads/random/0.50/pruned" in keys
+    assert {r["key"]: r["heads_per_layer"] for r in result["results"]}["prune-heads/taylor/0.50/pruned"] != [4] * 4
+    assert result["targets"]["taylor_beats_random_at_50_without_recovery"] is not None
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+    run_script_exit("pruning_sweep.py", args, monkeypatch)   # resumes: nothing left to measure
+    assert json.loads(out.read_text())["results"] == result["results"]
+
+
+def test_pruned_latency(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    out = tmp_path / "latency.json"
+    run_script_exit("pruned_latency.py", [
+        "--teacher", tiny_bert_dir, "--task", tiny_csv, "--samples", 16, "--recovery-samples", 16, "--eval-samples", 16,
+        "--iterations", 2, "--work", tmp_path / "work", "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert set(result["p50_ratio_pruned_to_teacher"]) == {"fp32", "int8"}
+    assert result["params"]["pruned"] < result["params"]["teacher"]
+    assert {row["model"] for row in result["latency"]} == {"teacher-fp32", "teacher-int8", "pruned-fp32", "pruned-int8"}

@@ -34,6 +34,8 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "trim-vocab": {},
     "distill-structure": {"kind": "cnn", "embedding_dim": 16, "filters": 8, "epochs": 1, "batch_size": 16,
                           "max_train_samples": 48},
+    "prune-heads": {"fraction": 0.5, "samples": 32},
+    "prune-ffn": {"fraction": 0.5, "samples": 32},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).
@@ -42,6 +44,8 @@ FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     "drop-layers": (EXAMPLE_CONFIGS["drop-layers"], NO_TRANSFORMER_LAYERS),
     "sensitivity": (EXAMPLE_CONFIGS["sensitivity"], NO_TRANSFORMER_LAYERS),
     "quantize": ({"mode": "inc"}, frozenset(f for f, record in FAMILIES.items() if not record.supports("inc"))),
+    **{name: (EXAMPLE_CONFIGS[name], frozenset(f for f, record in FAMILIES.items() if not record.supports(name)))
+       for name in ("prune-heads", "prune-ffn")},
 }
 
 # Every pass output must export behind the real gate: parity for fp32 graphs; a quantized

@@ -1,0 +1,115 @@
+"""Latency of a structurally pruned model against the unpruned teacher, fp32 and int8, in one run.
+
+The pruned model: the fine-tuned teacher, `prune-heads` (--heads of all heads, taylor), then
+`prune-ffn` (--ffn of all FFN neurons, taylor), then a recovery `finetune` (--recovery-epochs
+over the first --recovery-samples train examples at --recovery-lr). Both it and the teacher
+are exported with ORT transformer fusion (the tool's export, parity-gated), in fp32 and in
+dynamic int8 with per-channel weights (the `quantize` pass), and scored on the test split by
+the export gate. The four graphs are then timed together, interleaved, on real test batches
+(`measure_models` with the `cpu` profile at --batch-size, sequence `real`).
+
+LATENCY NEEDS A QUIET MACHINE; run it alone:
+
+    nice -n 0 .venv/bin/python benchmarks/pruned_latency.py --teacher /work/teacher-ft \
+        --out benchmarks/results/pruned_latency.json
+
+The pruned model and the exports are kept in --work, so a rerun only times (delete it to rebuild).
+Target (issue 15): pruned/teacher p50 latency <= 0.6 in both precisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from compressor.bench.environment import environment
+from compressor.bench.measure import measure_models
+from compressor.bench.profiles import load_profile
+from compressor.bench.runners import Deployable
+from compressor.bundle import ModelBundle
+from compressor.export.onnx import EXPORT_FILE, ONNX_FILE, ExportSettings, export_bundle, read_export_record
+from compressor.passes import Context, apply_pass, get_pass
+from pretrain.atomic import write_json
+from pretrain.data import load_task
+
+INT8 = {"mode": "dynamic-int8", "per_channel": True}
+TARGET_RATIO = 0.6
+
+
+def step(bundle: ModelBundle, name: str, config: dict, ctx: Context) -> ModelBundle:
+    return apply_pass(bundle, name, get_pass(name).config_type.model_validate(config), ctx)
+
+
+def pruned_model(teacher: ModelBundle, ctx: Context, args) -> ModelBundle:
+    """The teacher pruned and recovered (saved in --work/pruned; loaded from there when present)."""
+    saved = args.work / "pruned"
+    if saved.exists():
+        return ModelBundle.load(saved)
+    bundle = step(teacher, "prune-heads", {"fraction": args.heads, "samples": args.samples}, ctx)
+    bundle = step(bundle, "prune-ffn", {"fraction": args.ffn, "samples": args.samples}, ctx)
+    bundle = step(bundle, "finetune", {"epochs": args.recovery_epochs, "max_train_samples": args.recovery_samples,
+                                       "lr": args.recovery_lr}, ctx)
+    bundle.save(saved)
+    return bundle
+
+
+def exported(bundle: ModelBundle, name: str, ctx: Context, args) -> tuple[Deployable, dict]:
+    """`bundle` exported with fusion to --work/<name> (reused when there), with its export record."""
+    out = args.work / name
+    if not (out / EXPORT_FILE).exists():
+        export_bundle(bundle, out, ExportSettings(optimize=True), ctx.task, args.eval_samples)
+    record = read_export_record(out)
+    return Deployable(name, "onnx", out / ONNX_FILE, record["precision"]), record
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teacher", type=Path, required=True)
+    parser.add_argument("--task", default="wordnet-supersense", help="a built-in task or a CSV/JSONL file")
+    parser.add_argument("--heads", type=float, default=0.5, help="share of attention heads pruned")
+    parser.add_argument("--ffn", type=float, default=0.5, help="share of FFN neurons pruned")
+    parser.add_argument("--samples", type=int, default=512, help="train examples the taylor scores use")
+    parser.add_argument("--recovery-samples", type=int, default=8000)
+    parser.add_argument("--recovery-epochs", type=float, default=1.0)
+    parser.add_argument("--recovery-lr", type=float, default=1e-4)
+    parser.add_argument("--eval-samples", type=int, default=5000, help="test examples the exports are scored on")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--iterations", type=int, help="timed calls per model (default: the profile's)")
+    parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--work", type=Path, default=Path("runs/pruned-latency"))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    teacher = ModelBundle.load(args.teacher)
+    task = load_task({"path": args.task} if Path(args.task).is_file() else args.task)
+    ctx = Context(task=task, seed=0, show_progress=True)
+    pruned = pruned_model(teacher, ctx, args)
+    models, records = [], {}
+    for name, bundle in (("teacher-fp32", teacher), ("pruned-fp32", pruned)):
+        for suffix, quantized in (("fp32", bundle), ("int8", step(bundle, "quantize", INT8, ctx))):
+            label = name.replace("fp32", suffix)
+            model, records[label] = exported(quantized, label, ctx, args)
+            models.append(model)
+    update = {"batch_sizes": [args.batch_size], "sequence_lengths": ["real"]}
+    if args.iterations:
+        update["iterations"] = args.iterations
+    profile = load_profile(args.profile).model_copy(update=update)
+    measured = measure_models(models, profile, teacher.tokenizer, task.split("test"))
+    p50 = {row["model"]: row["p50_ms"] for row in measured.rows}
+    ratios = {precision: p50[f"pruned-{precision}"] / p50[f"teacher-{precision}"] for precision in ("fp32", "int8")}
+    write_json(args.out, {
+        "command": " ".join(sys.argv), "environment": environment(), "profile": profile.model_dump(mode="json"),
+        "pruned_passes": list(pruned.history), "params": {"teacher": teacher.params, "pruned": pruned.params},
+        "accuracy": {name: r["accuracy"] for name, r in records.items()},
+        "size_bytes": {name: r["size_bytes"] for name, r in records.items()},
+        "fusions": {name: r.get("fusions") for name, r in records.items()},
+        "latency": measured.rows, "rankings": measured.rankings, "p50_ratio_pruned_to_teacher": ratios,
+        "target_met": {precision: ratio <= TARGET_RATIO for precision, ratio in ratios.items()}})
+    for precision, ratio in ratios.items():
+        print(f"{precision}: pruned {p50[f'pruned-{precision}']:.2f} ms, teacher {p50[f'teacher-{precision}']:.2f} ms, "
+              f"ratio {ratio:.3f} (target <= {TARGET_RATIO})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

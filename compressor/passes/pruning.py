@@ -1,0 +1,175 @@
+"""Structured pruning passes: `prune-heads` and `prune-ffn`.
+
+Both score units on a sample of the train split (compressor/modeling/importance.py: taylor,
+magnitude or random) and remove the lowest-scoring ones physically: smaller Q/K/V and output
+matrices, narrower FFN layers (compressor/modeling/structure.py). Per-layer head counts and
+FFN widths may differ; they survive save, reload and ONNX export. Nothing trains here: follow
+with `finetune` in the recipe to recover accuracy.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+from transformers import PreTrainedModel
+
+from compressor.bundle import ModelBundle
+from compressor.modeling import importance
+from compressor.modeling.importance import Importance
+from compressor.modeling.structure import family_for, remove_current_heads, set_intermediate_size
+from compressor.passes.registry import Context, PassConfig, register
+from pretrain.errors import UserError
+from pretrain.families import FAMILIES, families_supporting
+from pretrain.models import encoder_layers
+
+
+class PruningConfig(PassConfig):
+    importance: Importance = "taylor"
+    samples: int = Field(512, ge=1)          # first N train examples the taylor scores are summed over
+    batch_size: int = Field(32, ge=1)
+
+
+class PruneHeads(PruningConfig):
+    # Which heads go: exactly one of fraction / count / per_layer, or `iterative` (alone, or
+    # with `fraction` as the most it may remove).
+    fraction: float | None = Field(None, ge=0, lt=1)     # of all heads, lowest scores first
+    count: int | None = Field(None, ge=0)                # this many heads, lowest scores first
+    per_layer: tuple[int, ...] | None = None             # heads to remove in each layer
+    iterative: bool = False                              # `step` at a time, re-scored after each step
+    step: float = Field(0.1, gt=0, lt=1)                 # iterative: share of the start's heads per step
+    min_retention: float = Field(0.98, gt=0, le=1)       # iterative: stop before accuracy < this x start
+    validation_samples: int = Field(1000, ge=1)          # iterative: train rows after `samples`, held out
+    allow_drop_layers: bool = False                      # a layer may lose all heads (it is removed whole)
+
+    @model_validator(mode="after")
+    def one_selection(self) -> "PruneHeads":
+        given = [name for name in ("fraction", "count", "per_layer") if getattr(self, name) is not None]
+        if self.iterative and given not in ([], ["fraction"]):
+            raise ValueError(f"iterative pruning takes at most `fraction` (the most it removes), not {given}")
+        if not self.iterative and len(given) != 1:
+            raise ValueError(f"expected exactly one of fraction, count, per_layer or iterative; got {given or 'none'}")
+        if self.per_layer is not None and any(n < 0 for n in self.per_layer):
+            raise ValueError(f"per_layer counts heads to remove; expected non-negative counts, got {list(self.per_layer)}")
+        return self
+
+
+class PruneFFN(PruningConfig):
+    fraction: float = Field(ge=0, lt=1)                  # of FFN neurons to remove
+    scope: Literal["global", "per_layer"] = "global"     # rank across all layers, or the fraction in each
+
+
+def refuse_unsupported(capability: str):
+    """The registered family check: a one-line refusal naming the reason and the families that work."""
+    def check(cfg: PassConfig, family: str) -> None:
+        supported = families_supporting(capability)
+        if family not in supported:
+            reason = FAMILIES[family].refusals[capability] if family in FAMILIES else "not a supported family"
+            raise UserError(f"{capability}: model family {family!r} is refused ({reason}); "
+                            f"supported families: {', '.join(supported)}")
+    return check
+
+
+# --- prune-heads ---
+
+@register("prune-heads", PruneHeads, check_family=refuse_unsupported("prune-heads"))
+def prune_heads_pass(bundle: ModelBundle, cfg: PruneHeads, ctx: Context) -> ModelBundle:
+    """Remove the least important attention heads (Michel et al. 2019)."""
+    model = bundle.copy_model()
+    family = family_for(model, "prune-heads")
+    counts = importance.heads_per_layer(model, family, encoder_layers(model))
+    target = heads_to_remove(cfg, counts)          # every check on the config runs before scoring
+    data = sample(bundle, model, ctx, 0, cfg.samples, "prune-heads") if cfg.importance == "taylor" else None
+    if cfg.iterative:
+        model = prune_iteratively(bundle, model, cfg, ctx, target, data)
+    else:
+        remove_current_heads(model, choose_heads(model, cfg, ctx, data, target))
+    return bundle.replace(model=model)
+
+
+def heads_to_remove(cfg: PruneHeads, counts: list[int]) -> int | list[int]:
+    """The total to remove (or, with per_layer, the list), after checking it fits the model."""
+    total, layers = sum(counts), len(counts)
+    floor = 0 if cfg.allow_drop_layers else 1        # heads every layer keeps
+    hint = "" if cfg.allow_drop_layers else " (set allow_drop_layers: true to remove an emptied layer whole)"
+    if cfg.per_layer is not None:
+        if len(cfg.per_layer) != layers:
+            raise UserError(f"prune-heads: per_layer has {len(cfg.per_layer)} entries but the model has "
+                            f"{layers} layers; expected one count per layer")
+        for layer, (n, have) in enumerate(zip(cfg.per_layer, counts)):
+            if n > have - floor:
+                raise UserError(f"prune-heads: per_layer asks layer {layer} to lose {n} heads but it has {have}; "
+                                f"expected at most {have - floor}{hint}")
+        if sum(cfg.per_layer) == total:
+            raise UserError("prune-heads: per_layer removes every head of every layer; expected one to stay")
+        return list(cfg.per_layer)
+    if cfg.count is not None and cfg.count > total:
+        raise UserError(f"prune-heads: count {cfg.count} is more heads than the model has ({total})")
+    limit = total - max(floor * layers, 1)
+    if cfg.iterative and cfg.fraction is None:
+        return limit                                 # as far as accuracy allows
+    wanted = cfg.count if cfg.count is not None else round(cfg.fraction * total)
+    if wanted > limit:
+        raise UserError(f"prune-heads: removing {wanted} of {total} heads would empty a layer; expected at "
+                        f"most {limit}{hint}")
+    return wanted
+
+
+def choose_heads(model: PreTrainedModel, cfg: PruneHeads, ctx: Context, data, target: int | list[int]
+                 ) -> dict[int, list[int]]:
+    """{layer: [current head indices]} of the lowest-scoring heads."""
+    family = family_for(model, "prune-heads")
+    scores = importance.head_importance(model, family, encoder_layers(model), cfg.importance, data, ctx.seed,
+                                        cfg.batch_size)
+    if isinstance(target, list):
+        return {layer: sorted(row.argsort()[:n].tolist()) for layer, (row, n) in enumerate(zip(scores, target)) if n}
+    return importance.lowest(scores, target, 0 if cfg.allow_drop_layers else 1)
+
+
+def prune_iteratively(bundle: ModelBundle, model: PreTrainedModel, cfg: PruneHeads, ctx: Context, target: int,
+                      data) -> PreTrainedModel:
+    """`step` of the start's heads at a time, re-scored after each, while accuracy on held-out
+    train rows stays at or above min_retention x the start's (the step that falls under is undone)."""
+    family = family_for(model, "prune-heads")
+    held_out = sample(bundle, model, ctx, cfg.samples, cfg.samples + cfg.validation_samples, "prune-heads")
+    floor = cfg.min_retention * importance.accuracy(model, held_out, cfg.batch_size)
+    per_step = max(1, math.ceil(cfg.step * sum(importance.heads_per_layer(model, family, encoder_layers(model)))))
+    removed = 0
+    while removed < target:
+        n = min(per_step, target - removed)
+        candidate = copy.deepcopy(model)
+        remove_current_heads(candidate, choose_heads(candidate, cfg, ctx, data, n))
+        if importance.accuracy(candidate, held_out, cfg.batch_size) < floor:
+            break
+        model, removed = candidate, removed + n
+    return model
+
+
+def sample(bundle: ModelBundle, model: PreTrainedModel, ctx: Context, start: int, stop: int, name: str):
+    """Train rows [start, stop), encoded for `model`."""
+    rows = importance.train_rows(ctx.task, start, stop, name)
+    return importance.encode_for_model(model, bundle.tokenizer, ctx.task, rows)
+
+
+# --- prune-ffn ---
+
+@register("prune-ffn", PruneFFN, check_family=refuse_unsupported("prune-ffn"))
+def prune_ffn_pass(bundle: ModelBundle, cfg: PruneFFN, ctx: Context) -> ModelBundle:
+    """Remove the least important FFN neurons, narrowing each layer's intermediate size."""
+    model = bundle.copy_model()
+    family = family_for(model, "prune-ffn")
+    layers = encoder_layers(model)
+    data = sample(bundle, model, ctx, 0, cfg.samples, "prune-ffn") if cfg.importance == "taylor" else None
+    scores = importance.neuron_importance(family, layers, cfg.importance, model, data, ctx.seed, cfg.batch_size)
+    if cfg.scope == "per_layer":
+        drop = {layer: row.argsort()[:min(round(cfg.fraction * len(row)), len(row) - 1)].tolist()
+                for layer, row in enumerate(scores)}
+    else:
+        drop = importance.lowest(scores, round(cfg.fraction * sum(len(row) for row in scores)), 1)
+    for layer, row in enumerate(scores):
+        gone = set(drop.get(layer, ()))
+        if gone:
+            set_intermediate_size(model, layer, [i for i in range(len(row)) if i not in gone])
+    return bundle.replace(model=model)

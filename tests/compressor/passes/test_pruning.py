@@ -1,0 +1,162 @@
+"""prune-heads and prune-ffn: units really removed, per-layer counts, reload in a fresh process,
+ORT fusion with per-layer head counts, taylor finding the heads that matter, refusals; and
+drop-layers choosing layers by importance (`count`).
+
+The tiny BERT of the conftest: 4 layers, 4 heads of width 8, FFN 64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from compressor.bundle import ModelBundle
+from compressor.export.onnx import ExportSettings, export_bundle
+from compressor.passes import Context, apply_pass, get_pass
+from compressor.pipeline.recipe import parse_step
+from pretrain.errors import UserError
+from pretrain.models import encoder_layers
+from tests.compressor.modeling.test_structure import example_ids, load_in_plain_process, logits
+
+
+def run(bundle, name: str, task, **config) -> ModelBundle:
+    cfg = get_pass(name).config_type.model_validate({"samples": 32, **config})
+    return apply_pass(bundle, name, cfg, Context(task=task, seed=0, show_progress=False))
+
+
+def heads(model) -> list[int]:
+    return [layer.attention.self.num_attention_heads for layer in encoder_layers(model)]
+
+
+def test_heads_are_removed_from_the_weights(bert_bundle, tiny_task):
+    out = run(bert_bundle, "prune-heads", tiny_task, fraction=0.5)
+    assert sum(heads(out.model)) == 8 and min(heads(out.model)) >= 1
+    for layer, n in zip(encoder_layers(out.model), heads(out.model)):
+        attention = layer.attention
+        assert attention.self.query.weight.shape == (8 * n, 32) == attention.self.value.weight.shape
+        assert attention.output.dense.weight.shape == (32, 8 * n)
+    assert out.params < bert_bundle.params
+    assert heads(bert_bundle.model) == [4, 4, 4, 4]
+
+
+@pytest.mark.parametrize("config, expected", [({"per_layer": [1, 2, 0, 3]}, [3, 2, 4, 1]),
+                                              ({"count": 6, "importance": "magnitude"}, None)])
+def test_per_layer_and_count_selection(bert_bundle, tiny_task, config, expected):
+    out = run(bert_bundle, "prune-heads", tiny_task, **config)
+    assert heads(out.model) == expected if expected else sum(heads(out.model)) == 10
+
+
+def test_pruning_twice_numbers_heads_as_they_are_now(bert_bundle, tiny_task):
+    once = run(bert_bundle, "prune-heads", tiny_task, per_layer=[1, 2, 0, 3], importance="random")
+    twice = run(once, "prune-heads", tiny_task, per_layer=[1, 1, 0, 0], importance="random")
+    assert heads(twice.model) == [2, 1, 4, 1]
+    pruned = twice.model.config.pruned_heads
+    assert [len(pruned.get(i, [])) for i in range(4)] == [2, 3, 0, 3]
+
+
+def test_taylor_finds_the_heads_that_matter(bert_bundle, tiny_task):
+    """Heads 1-3 of every layer are made nearly silent (output columns x 1e-3) but heavy (Q/K/V
+    x 10): taylor keeps head 0 of each layer and the function; magnitude keeps a silent head."""
+    model = bert_bundle.copy_model()
+    with torch.no_grad():
+        for layer in encoder_layers(model):
+            layer.attention.output.dense.weight[:, 8:] *= 1e-3
+            for linear in (layer.attention.self.query, layer.attention.self.key, layer.attention.self.value):
+                linear.weight[8:] *= 10
+    bundle = bert_bundle.replace(model=model)
+    inputs = example_ids(bundle)
+    expected = logits(model, inputs)
+    errors, removed = {}, {}
+    for kind in ("taylor", "magnitude"):
+        out = run(bundle, "prune-heads", tiny_task, fraction=0.75, importance=kind)
+        assert heads(out.model) == [1, 1, 1, 1]
+        errors[kind] = np.abs(logits(out.model, inputs) - expected).max()
+        removed[kind] = {layer: sorted(hs) for layer, hs in out.model.config.pruned_heads.items()}
+    assert removed["taylor"] == {layer: [1, 2, 3] for layer in range(4)}
+    assert removed["magnitude"] != removed["taylor"]
+    assert errors["magnitude"] > 20 * errors["taylor"], errors
+
+
+def test_emptied_layer_is_dropped_and_the_result_reloads_and_fuses(bert_bundle, tiny_task, tmp_path):
+    """Head counts 4, 3, 1 after dropping layer 0, FFN widths per layer: saved, loaded by plain
+    Transformers in a fresh process, and exported with every attention fused."""
+    pruned = run(bert_bundle, "prune-heads", tiny_task, per_layer=[4, 0, 1, 3], allow_drop_layers=True)
+    assert heads(pruned.model) == [4, 3, 1] and pruned.model.config.num_hidden_layers == 3
+    out = run(pruned, "prune-ffn", tiny_task, fraction=0.5, scope="per_layer")
+    assert out.model.config.compressor_structure["intermediate_sizes"] == [32, 32, 32]
+    inputs = example_ids(out)
+    directory = out.save(tmp_path / "m")
+    plain = load_in_plain_process(directory, inputs, tmp_path)
+    np.testing.assert_allclose(np.array(plain["logits"]), logits(out.model, inputs), atol=1e-5)
+    record = export_bundle(out, tmp_path / "onnx", ExportSettings(), tiny_task)
+    assert record["optimized"] and record["fusions"].get("Attention") == 3, record.get("fusion_fallback")
+
+
+def test_ffn_global_scope_keeps_a_neuron_in_every_layer(bert_bundle, tiny_task):
+    out = run(bert_bundle, "prune-ffn", tiny_task, fraction=0.9)
+    widths = [layer.intermediate.dense.out_features for layer in encoder_layers(out.model)]
+    assert sum(widths) == round(0.1 * 256) and min(widths) >= 1
+    assert [layer.output.dense.in_features for layer in encoder_layers(out.model)] == widths
+
+
+@pytest.mark.parametrize("config, why", [
+    ({"fraction": 1.0}, "less than 1"), ({"fraction": -0.1}, "greater than or equal"),
+    ({}, "exactly one of"), ({"fraction": 0.5, "count": 3}, "exactly one of"),
+    ({"iterative": True, "count": 3}, "at most `fraction`")])
+def test_prune_heads_config_refusals(config, why):
+    with pytest.raises(UserError, match=why) as err:
+        parse_step({"prune-heads": config}, "variants.v[0]")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("config, why", [
+    ({"count": 17}, "more heads than the model has"), ({"count": 13}, "at most 12"),
+    ({"per_layer": [1, 1, 1]}, "3 entries but the model has 4 layers"),
+    ({"per_layer": [4, 0, 0, 0]}, "allow_drop_layers")])
+def test_prune_heads_refuses_what_the_model_cannot_give(bert_bundle, tiny_task, config, why, monkeypatch):
+    from compressor.modeling import importance
+    monkeypatch.setattr(importance, "taylor_scores", lambda *a, **k: pytest.fail("scored before refusing"))
+    with pytest.raises(UserError, match=why):
+        run(bert_bundle, "prune-heads", tiny_task, **config)
+
+
+def test_iterative_stops_before_accuracy_falls(bert_bundle, tiny_task):
+    """With min_retention 1.0 on an untrained model a step is kept only if held-out accuracy
+    does not drop: the result is between nothing and everything removable, each step 2 heads."""
+    out = run(bert_bundle, "prune-heads", tiny_task, iterative=True, min_retention=1.0, step=0.125,
+              validation_samples=64)
+    assert 4 <= sum(heads(out.model)) <= 16 and sum(heads(out.model)) % 2 == 0
+    everything = run(bert_bundle, "prune-heads", tiny_task, iterative=True, min_retention=0.01, fraction=0.5,
+                     validation_samples=64)
+    assert sum(heads(everything.model)) == 8
+
+
+# --- drop-layers: count ---
+
+def test_drop_layers_count_removes_the_layer_that_does_nothing(bert_bundle, tiny_task):
+    """Layer 2 with zeroed attention-output and FFN-output weights passes its (normalized) input
+    through unchanged: keeping 3 of 4 layers must drop it."""
+    model = bert_bundle.copy_model()
+    with torch.no_grad():
+        for linear in (encoder_layers(model)[2].attention.output.dense, encoder_layers(model)[2].output.dense):
+            linear.weight.zero_()
+            linear.bias.zero_()
+    bundle = bert_bundle.replace(model=model)
+    inputs = example_ids(bundle)
+    out = run(bundle, "drop-layers", tiny_task, count=3)
+    assert out.model.config.num_hidden_layers == 3
+    np.testing.assert_allclose(logits(out.model, inputs), logits(model, inputs), atol=1e-3)
+
+
+@pytest.mark.parametrize("config, why", [({"keep": [0], "count": 1}, "exactly one of"), ({}, "exactly one of"),
+                                         ({"count": 0}, "greater than or equal to 1")])
+def test_drop_layers_needs_keep_or_count(config, why):
+    with pytest.raises(ValidationError, match=why):
+        get_pass("drop-layers").config_type.model_validate(config)
+
+
+def test_drop_layers_count_above_the_layer_count_is_refused(bert_bundle, tiny_task):
+    with pytest.raises(UserError, match="count 5 is more layers than the model has"):
+        run(bert_bundle, "drop-layers", tiny_task, count=5)
