@@ -31,6 +31,8 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "qat": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
     "sensitivity": {"keep_fraction": 0.25, "samples": 32},
     "factorize-embedding": {"rank": 8},
+    "prune-magnitude": {"sparsity": 0.5, "epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
+    "prune-movement": {"sparsity": 0.5, "epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).
@@ -39,6 +41,8 @@ FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     "drop-layers": (EXAMPLE_CONFIGS["drop-layers"], NO_TRANSFORMER_LAYERS),
     "sensitivity": (EXAMPLE_CONFIGS["sensitivity"], NO_TRANSFORMER_LAYERS),
     "quantize": ({"mode": "inc"}, frozenset(f for f, record in FAMILIES.items() if not record.supports("inc"))),
+    # XLNet's attention projections are einsum weights, not Linear layers
+    **{name: (EXAMPLE_CONFIGS[name], NO_TRANSFORMER_LAYERS | {"xlnet"}) for name in ("prune-magnitude", "prune-movement")},
 }
 
 # Every pass output must export behind the real gate: parity for fp32 graphs; a quantized
