@@ -42,7 +42,8 @@ FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     "sensitivity": (EXAMPLE_CONFIGS["sensitivity"], NO_TRANSFORMER_LAYERS),
     "quantize": ({"mode": "inc"}, frozenset(f for f, record in FAMILIES.items() if not record.supports("inc"))),
     # XLNet's attention projections are einsum weights, not Linear layers
-    **{name: (EXAMPLE_CONFIGS[name], NO_TRANSFORMER_LAYERS | {"xlnet"}) for name in ("prune-magnitude", "prune-movement")},
+    **{name: (EXAMPLE_CONFIGS[name], NO_TRANSFORMER_LAYERS | {"xlnet"})
+       for name in ("prune-magnitude", "prune-movement")},
 }
 
 # Every pass output must export behind the real gate: parity for fp32 graphs; a quantized
