@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from compressor.report.analysis import pareto_fronts, runtime_warnings
-from compressor.report.render import render_report_md
+from compressor.report.render import markdown_table, render_report_md
 
 
 def entry(name, accuracy, p50, *, size=100, params=1000, precision="fp32", baseline=False, model_dir=None):
@@ -99,6 +99,8 @@ def test_unstructured_sparsity_is_always_warned_about():
               "compressed_size_bytes": 400}
     report = {"teacher": {"path": None, "params": 1200, "flops": 3000}, "models": [base, sparse],
               "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
+    table = markdown_table({**report, "teacher": {**report["teacher"], "accuracy": 0.8, "size_bytes": 1000}})
+    assert "| sparse | onnx | fp32 | 0.7800 | 0.780 | 1.000 | 1,200 | 0.0 | 0.0 | 0.0 |" in table
     (warning,) = runtime_warnings(report)   # even though it measured faster here (noise, or another change)
     assert warning.startswith("sparse has 90% of its encoder weights at zero (unstructured sparsity): "
                               "dense runtimes do not run it faster; 2.00x as fast as onnxruntime-fp32 on cpu")
