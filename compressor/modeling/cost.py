@@ -3,8 +3,8 @@ and the bytes a file takes once compressed.
 
 `multiply_adds` runs one forward pass of a single example of the given length and counts
 the work of every Linear (rows x in x out: per-layer head counts and FFN widths after
-pruning, dropped and shared layers as they run, a pooler or classifier on one vector), of
-every LSTM (its gate matrices once per token and direction), plus the attention products of
+pruning, dropped and shared layers as they run, a pooler or classifier on one vector), adds
+every LSTM's matrices once per token and direction, plus the attention products of
 each Transformer layer (QK^T and AV: 2 x L^2 x heads x head_dim). Embedding lookups, norms,
 activations and softmax are left out (a few percent at these lengths).
 """
@@ -66,24 +66,30 @@ def multiply_adds(model: PreTrainedModel, sequence_length: int, embedding_rank: 
         nonlocal total
         total += inputs[0].numel() // module.in_features * module.in_features * module.out_features
 
-    def lstm(module: nn.LSTM, _inputs, _output) -> None:
-        nonlocal total
-        gates = sum(p.numel() for n, p in module.named_parameters() if n.startswith(("weight_ih", "weight_hh")))
-        total += sequence_length * gates
-
-    handles = [m.register_forward_hook(linear if isinstance(m, nn.Linear) else lstm)
-               for m in model.modules() if isinstance(m, (nn.Linear, nn.LSTM))]
+    handles = [m.register_forward_hook(linear) for m in model.modules() if isinstance(m, nn.Linear)]
     was_training = model.training
     model.eval()
     try:
         ids = torch.full((1, sequence_length), min(5, model.config.vocab_size - 1), dtype=torch.long)
+        if getattr(model.config, "eos_token_id", None) is not None:
+            ids[0, -1] = model.config.eos_token_id   # BART classifies the last EOS state
         model(input_ids=ids, attention_mask=torch.ones_like(ids))
     finally:
         for handle in handles:
             handle.remove()
         model.train(was_training)
     hidden = model.get_input_embeddings().weight.shape[1]
-    return total + attention_products(model, sequence_length) + sequence_length * (embedding_rank or 0) * hidden
+    return (total + attention_products(model, sequence_length) + lstm_products(model, sequence_length)
+            + sequence_length * (embedding_rank or 0) * hidden)
+
+
+def lstm_products(model: nn.Module, sequence_length: int) -> int:
+    """Every LSTM's input, recurrent and projection matrices once per token (and direction).
+
+    Counted from the parameters, not by a hook: the BiLM runs its LSTMP cells through their
+    weights (pretrain/objectives/bilm.py `lstmp`), not through the module's forward."""
+    return sequence_length * sum(p.numel() for m in model.modules() if isinstance(m, nn.LSTM)
+                                 for n, p in m.named_parameters() if n.startswith("weight_"))
 
 
 def attention_products(model: PreTrainedModel, sequence_length: int) -> int:

@@ -47,3 +47,25 @@ def test_zeros_cost_the_same_but_compress(bert_bundle, tmp_path):
     data = torch.cat([m.weight.detach().flatten() for m in encoder_linears(model).values()]).numpy().tobytes()
     (tmp_path / "w.bin").write_bytes(data)
     assert compressed_size([tmp_path / "w.bin"]) == len(zlib.compress(data, 6)) < 0.7 * len(data)
+
+
+def test_every_family_is_counted(model_dirs):
+    """Each supported family's classifier runs the counting pass (the report counts every variant)."""
+    from transformers import AutoModelForSequenceClassification, BartConfig, XLNetConfig
+
+    from pretrain.objectives.bilm import BiLMConfig, BiLMForSequenceClassification
+    torch.manual_seed(0)
+    small = dict(vocab_size=100, num_labels=3)
+    models = {
+        "bart": AutoModelForSequenceClassification.from_config(BartConfig(
+            d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+            encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64, **small)),
+        "xlnet": AutoModelForSequenceClassification.from_config(XLNetConfig(d_model=16, n_layer=2, n_head=2,
+                                                                            d_inner=32, **small)),
+        "bilm": BiLMForSequenceClassification(BiLMConfig(embedding_dim=8, hidden_size=16, num_layers=2, **small)),
+    }
+    for family, model in models.items():
+        assert multiply_adds(model, 10) > 0, family
+    # the BiLM: 2 layers x 2 directions of LSTMP cells (input 8 -> 4 x 16 gates, recurrent 8, projection 16 -> 8)
+    per_cell = 4 * 16 * 8 + 4 * 16 * 8 + 8 * 16
+    assert multiply_adds(models["bilm"], 10) >= 10 * 4 * per_cell
