@@ -183,3 +183,10 @@ def test_inconsistent_schedule_is_refused_before_training(bert_bundle, tiny_task
 def test_families_without_linear_projections_are_refused(family):
     with pytest.raises(UserError, match=f"'{family}' does not have; supported families: bert"):
         get_pass("prune-magnitude").check_family(sparsity_passes.MagnitudeConfig(sparsity=0.5), family)
+
+
+@pytest.mark.parametrize("name", ["prune-magnitude", "prune-movement"])
+def test_the_recipe_form_parses(name):
+    step = parse_step({name: {"sparsity": 0.9, "epochs": 1, "max_train_samples": 20000}}, "v[0]")
+    assert step.name == name and step.config.sparsity == 0.9 and step.config.max_train_samples == 20000
+    assert step.config.scope == "per_layer" and step.config.schedule == "cubic"
