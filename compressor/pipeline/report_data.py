@@ -6,22 +6,33 @@ report.html are rendered from the finished JSON (compressor/report/render.py).
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import numpy as np
 
 from compressor.bench.environment import environment
-from compressor.bundle import weights_size
+from compressor.bundle import WEIGHT_FILES, ModelBundle, weights_size
+from compressor.export.onnx import ONNX_FILE
+from compressor.modeling.cost import SPARSE_THRESHOLD, compressed_size, encoder_sparsity, multiply_adds
 from compressor.pipeline.recipe import Recipe
 from compressor.pipeline.stages import Stage
 from compressor.report.analysis import pareto_fronts, runtime_warnings
+from pretrain.batching import encode, usable_length
+from pretrain.data import TaskData
 from pretrain.metrics import agreement
 
 
 def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports: dict[str, dict] | None = None,
-                 baselines: list[dict] | None = None, benchmark: dict | None = None) -> dict:
+                 baselines: list[dict] | None = None, benchmark: dict | None = None,
+                 task: TaskData | None = None) -> dict:
+    """`task`: the run's task, whose test texts give the length FLOPs are counted at when
+    the benchmark times real batches (without it, the longest length the teacher takes)."""
     exports, baselines = exports or {}, baselines or []
     latency = latency_by_model(benchmark)
     teacher_acc = teacher.metrics["accuracy"]
+    teacher_bundle = ModelBundle.load(teacher.path)
+    length = flops_sequence_length(benchmark, teacher_bundle, task, recipe.data.max_eval_samples)
+    teacher_cost = model_cost(teacher_bundle, length)
 
     def scored(entry: dict, predictions: np.ndarray) -> dict:
         entry["retention"] = entry["accuracy"] / teacher_acc if teacher_acc else None
@@ -29,16 +40,22 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
         entry["latency"] = latency.get(entry["name"], [])
         return entry
 
-    models = [scored(variant_entry(stage, exports.get(stage.name)), deployed_predictions(stage, exports))
-              for stage in variants]
-    models += [scored(baseline_entry(b), np.asarray(b["predictions"])) for b in baselines]
+    def costed(stage: Stage) -> dict:
+        cost = model_cost(ModelBundle.load(stage.path), length)
+        return with_cost(variant_entry(stage, exports.get(stage.name)), cost)
+
+    models = [scored(costed(stage), deployed_predictions(stage, exports)) for stage in variants]
+    # Baselines are built from the teacher: its compute, in another runtime.
+    models += [scored({**baseline_entry(b), "flops": teacher_cost["flops"]}, np.asarray(b["predictions"]))
+               for b in baselines]
     report = {
         "recipe": recipe.model_dump(mode="json"),
         "environment": environment(),
         "teacher": {"path": str(teacher.path), "accuracy": teacher_acc,
                     "macro_f1": teacher.metrics["macro_f1"], "eval_samples": teacher.metrics["samples"],
-                    "params": teacher.params, "size_bytes": weights_size(teacher.path),
-                    **onnx_entry(exports, "teacher")},
+                    "params": teacher.params, "flops": teacher_cost["flops"],
+                    "size_bytes": weights_size(teacher.path), **onnx_entry(exports, "teacher")},
+        "flops_sequence_length": length,
         "models": models,
     }
     if benchmark is not None:
@@ -97,3 +114,43 @@ def onnx_entry(exports: dict[str, dict], name: str) -> dict:
         return {}
     return {"onnx": {k: v for k, v in exports[name].items() if k != "predictions"}}
 
+
+
+def flops_sequence_length(benchmark: dict | None, teacher: ModelBundle, task: TaskData | None,
+                          max_eval_samples: int | None) -> int:
+    """The length `flops` are counted at: the benchmark's first fixed sequence length; for
+    real test batches, the test examples' mean token count (rounded)."""
+    for row in (benchmark or {}).get("measurements", []):
+        if isinstance(row["sequence_length"], int):
+            return row["sequence_length"]
+    max_length = usable_length(teacher.model)
+    if task is None:
+        return max_length
+    lengths = encode(teacher.tokenizer, task.split("test").head(max_eval_samples), max_length).lengths()
+    return max(1, round(float(np.mean(lengths))))
+
+
+def model_cost(bundle: ModelBundle, sequence_length: int) -> dict:
+    """`flops` (multiply-adds per example) of a model, and its `sparsity` when its encoder
+    Linears hold more than SPARSE_THRESHOLD zeros (unstructured pruning)."""
+    cost: dict = {"flops": multiply_adds(bundle.model, sequence_length, bundle.deploy.get("embedding_rank"))}
+    sparsity = encoder_sparsity(bundle.model)
+    if sparsity is not None and sparsity > SPARSE_THRESHOLD:
+        cost["sparsity"] = round(sparsity, 4)
+    return cost
+
+
+def with_cost(entry: dict, cost: dict) -> dict:
+    """The entry with its cost; a sparse model's deployed file also compressed, its only saving."""
+    entry["flops"] = cost["flops"]
+    if "sparsity" in cost:
+        entry["sparsity"] = cost["sparsity"]
+        entry["compressed_size_bytes"] = compressed_size(deployed_files(Path(entry["path"])))
+    return entry
+
+
+def deployed_files(path: Path) -> list[Path]:
+    """The weight files of a deployed model: its ONNX graph, else its torch weights."""
+    if (path / ONNX_FILE).is_file():
+        return [path / ONNX_FILE]
+    return sorted(f for pattern in WEIGHT_FILES for f in path.glob(pattern))

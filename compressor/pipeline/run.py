@@ -67,7 +67,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
-    report = build_report(recipe, teacher, variants, exports, baselines, benchmark)
+    report = build_report(recipe, teacher, variants, exports, baselines, benchmark, task=task)
     with disk_errors(out_dir):
         write_json(out_dir / "report.json", report)
         write_human_reports(report, out_dir)

@@ -27,17 +27,24 @@ def summary_table(report: dict) -> Table:
     """Every model and baseline: accuracy, retention, size, and size ratios vs each baseline."""
     teacher = report["teacher"]
     bases = baselines_of(report)
-    head = ["model", "kind", "precision", "accuracy", "retention", "agreement with teacher", "params", "MB"]
+    head = ["model", "kind", "precision", "accuracy", "retention", "agreement with teacher", "params",
+            "M mult-adds", "MB", "compressed MB"]
     head += [f"size vs {b['name']}" for b in bases]
     rows = [["teacher (PyTorch)", "torch", "fp32", f"{teacher['accuracy']:.4f}", "1.000", "1.000",
-             f"{teacher['params']:,}", f"{teacher['size_bytes'] / 1e6:.1f}"] +
+             f"{teacher['params']:,}", millions(teacher.get("flops")), f"{teacher['size_bytes'] / 1e6:.1f}", "-"] +
             [ratio(teacher["size_bytes"], b["size_bytes"]) for b in bases]]
     for m in report["models"]:
         rows.append([m["name"] + (" (baseline)" if m.get("baseline") else ""), m.get("kind", "torch"),
                      m.get("precision", "fp32"), f"{m['accuracy']:.4f}", fmt(m.get("retention"), 3),
-                     fmt(m.get("agreement"), 3), f"{m['params']:,}", f"{m['size_bytes'] / 1e6:.1f}"] +
+                     fmt(m.get("agreement"), 3), f"{m['params']:,}", millions(m.get("flops")),
+                     f"{m['size_bytes'] / 1e6:.1f}", millions(m.get("compressed_size_bytes"))] +
                     [ratio(m["size_bytes"], b["size_bytes"]) for b in bases])
     return head, rows
+
+
+def millions(value: float | None) -> str:
+    """Multiply-adds or bytes in millions; '-' where the report has none (older reports, dense models)."""
+    return fmt(None if value is None else value / 1e6, 1)
 
 
 def latency_table(report: dict, key: tuple) -> Table:

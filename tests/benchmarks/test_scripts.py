@@ -356,6 +356,24 @@ def test_finetune_strategies(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     assert record["settings"]["target_steps"] == 1
 
 
+def test_sparsity_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    out = tmp_path / "sparsity.json"
+    run_script_exit("sparsity_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--sparsities", 0.5,
+                                          "--train-samples", 32, "--eval-samples", 16, "--int8",
+                                          "--only", "movement-0.5", "teacher",
+                                          "--work", tmp_path / "work", "--out", out], monkeypatch)
+    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(rows) == ["movement-0.5", "teacher"]
+    moved, teacher = rows["movement-0.5"], rows["teacher"]
+    assert "error" not in moved, moved.get("error")
+    assert moved["encoder_sparsity"] == pytest.approx(0.5, abs=1e-3) and teacher["encoder_sparsity"] == 0
+    assert moved["config"]["max_train_samples"] == 32 and moved["eval_samples"] == 16
+    assert moved["fp32_size_bytes"] == teacher["fp32_size_bytes"]             # zeros are stored densely
+    assert moved["fp32_compressed_size_bytes"] < teacher["fp32_compressed_size_bytes"]
+    assert moved["int8_compressed_size_bytes"] < teacher["int8_compressed_size_bytes"]
+    assert 0 <= moved["accuracy"] <= 1 and "--train-samples 32" in moved["command"]
+
+
 def test_finetune_throughput_profile(tmp_path, monkeypatch):
     out = tmp_path / "profile.json"
     run_script("finetune_throughput.py", ["--rounds", 1, "--train-samples", 32, "--eval-samples", 8,

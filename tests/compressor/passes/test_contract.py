@@ -36,6 +36,8 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
                           "max_train_samples": 48},
     "prune-heads": {"fraction": 0.5, "samples": 32},
     "prune-ffn": {"fraction": 0.5, "samples": 32},
+    "prune-magnitude": {"sparsity": 0.5, "epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
+    "prune-movement": {"sparsity": 0.5, "epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).
@@ -46,6 +48,9 @@ FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     "quantize": ({"mode": "inc"}, frozenset(f for f, record in FAMILIES.items() if not record.supports("inc"))),
     **{name: (EXAMPLE_CONFIGS[name], frozenset(f for f, record in FAMILIES.items() if not record.supports(name)))
        for name in ("prune-heads", "prune-ffn")},
+    # XLNet's attention projections are einsum weights, not Linear layers
+    **{name: (EXAMPLE_CONFIGS[name], NO_TRANSFORMER_LAYERS | {"xlnet"})
+       for name in ("prune-magnitude", "prune-movement")},
 }
 
 # Every pass output must export behind the real gate: parity for fp32 graphs; a quantized

@@ -121,6 +121,10 @@ def test_report_schema_and_values(done, tiny_task):
     assert [p["pass"] for p in small["passes"]] == ["drop-layers", "finetune"]
     assert small["passes"][0]["config"] == {"keep": [0, 1]}
     assert small["passes"][1]["config"]["epochs"] == 1
+    # analytic cost at the test examples' mean length; dense models have no sparsity fields
+    assert teacher["flops"] > 0 and report["flops_sequence_length"] >= 1
+    assert same["flops"] == teacher["flops"] and small["flops"] < 0.6 * teacher["flops"]
+    assert not any("sparsity" in m or "compressed_size_bytes" in m for m in models.values())
 
 
 def test_stage_metrics_match_an_independent_evaluation(done, tiny_csv):

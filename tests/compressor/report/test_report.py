@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from compressor.report.analysis import pareto_fronts, runtime_warnings
-from compressor.report.render import render_report_md
+from compressor.report.render import markdown_table, render_report_md
 
 
 def entry(name, accuracy, p50, *, size=100, params=1000, precision="fp32", baseline=False, model_dir=None):
@@ -79,3 +79,29 @@ def test_markdown_report_has_every_section():
                  "| a | 0.8000 | 3.00 |", "2.00x", "![Pareto chart](pareto.png)", "arm64: needs arm", "- w1",
                  "CPU: X (2 cores"):
         assert text in md, text
+
+
+def test_the_compute_warning_compares_multiply_adds_with_speed():
+    base = entry("onnxruntime-fp32", 0.8, 10.0, size=1000, params=1200, baseline=True)
+    slow = {**entry("slow", 0.78, 9.0, params=1100, size=900), "flops": 1000}    # 3x less compute, 1.11x faster
+    fast = {**entry("fast", 0.78, 4.0, params=1100, size=900), "flops": 1000}    # 2.5x faster: as expected
+    report = {"teacher": {"path": None, "params": 1200, "flops": 3000}, "models": [base, slow, fast],
+              "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
+    warnings = runtime_warnings(report)
+    assert ("slow needs 67% fewer multiply-adds per example than the teacher (3.0x less compute) but runs only "
+            "1.11x as fast as onnxruntime-fp32 on cpu at batch 8") in warnings
+    assert not any(w.startswith("fast") for w in warnings)
+
+
+def test_unstructured_sparsity_is_always_warned_about():
+    base = entry("onnxruntime-fp32", 0.8, 10.0, size=1000, params=1200, baseline=True)
+    sparse = {**entry("sparse", 0.78, 5.0, size=1000, params=1200), "flops": 3000, "sparsity": 0.9,
+              "compressed_size_bytes": 400}
+    report = {"teacher": {"path": None, "params": 1200, "flops": 3000}, "models": [base, sparse],
+              "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
+    table = markdown_table({**report, "teacher": {**report["teacher"], "accuracy": 0.8, "size_bytes": 1000}})
+    assert "| sparse | onnx | fp32 | 0.7800 | 0.780 | 1.000 | 1,200 | 0.0 | 0.0 | 0.0 |" in table
+    (warning,) = runtime_warnings(report)   # even though it measured faster here (noise, or another change)
+    assert warning.startswith("sparse has 90% of its encoder weights at zero (unstructured sparsity): "
+                              "dense runtimes do not run it faster; 2.00x as fast as onnxruntime-fp32 on cpu")
+    assert warning.endswith("the saving is compressed size (0.0 MB compressed vs 0.0 MB as stored)")

@@ -1,0 +1,122 @@
+"""Unstructured pruning: magnitude (Gordon et al.) vs movement (Sanh et al.) at the same budget.
+
+From the fine-tuned teacher, each method prunes the encoder's Linear weights to each
+sparsity while training the same number of steps (the passes' cubic schedule, 10% warm-up,
+20% cool-down), then the test split scores the result. Sizes: the saved fp32 weights and,
+with --int8, the dynamic-int8 ONNX export, each as stored and compressed with zlib level 6.
+Dense runtimes do not run these models faster (the zeros are multiplied like any number):
+the saving is compressed size only. No latency is measured here.
+
+    nice -n 19 .venv/bin/python benchmarks/sparsity_study.py --teacher /work/teacher-ft \
+        --train-samples 8000 --sparsities 0.9 0.5 --int8 \
+        --out benchmarks/results/sparsity_study.json
+
+`--only METHOD-SPARSITY ...` (e.g. movement-0.9) runs those rows; rows already in --out are
+kept unless run again (two processes may fill one file, each writing after every row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from compressor.bench.environment import environment
+from compressor.bundle import ModelBundle, weights_size
+from compressor.export.onnx import ONNX_FILE, ExportSettings, export_scored
+from compressor.modeling.cost import compressed_size, encoder_sparsity
+from compressor.passes import Context, apply_pass, get_pass
+from pretrain.atomic import write_json
+from pretrain.data import load_task
+from pretrain.finetune import evaluate
+from pretrain.models import set_threads
+
+INT8 = {"quantize": {"mode": "dynamic-int8", "per_channel": True}}
+OPEN_GATE = ExportSettings(optimize=True, accuracy_tolerance=1.0)   # every row gets a number
+
+
+def rows_wanted(args) -> list[tuple[str, str, float]]:
+    """(row name, pass, sparsity): the highest sparsity first, the dense teacher (the reference) last."""
+    rows = [(f"{method}-{s:g}", f"prune-{method}", s) for s in args.sparsities for method in args.methods]
+    rows += [("teacher", "", 0.0)]
+    return [r for r in rows if not args.only or r[0] in args.only]
+
+
+def sizes(bundle: ModelBundle, directory: Path, task, args) -> dict:
+    """The saved fp32 weights, and with --int8 the int8 ONNX export, as stored and compressed."""
+    bundle.save(directory)
+    files = sorted(directory.glob("*.safetensors"))
+    out = {"fp32_size_bytes": weights_size(directory), "fp32_compressed_size_bytes": compressed_size(files)}
+    if args.int8:
+        export = export_scored(bundle.replace(deploy=INT8), directory.with_name(directory.name + "-int8"),
+                               OPEN_GATE, task, args.eval_samples).record
+        onnx = Path(export["path"]) / ONNX_FILE
+        out.update(int8_onnx_accuracy=export["accuracy"], int8_size_bytes=onnx.stat().st_size,
+                   int8_compressed_size_bytes=compressed_size([onnx]))
+    return out
+
+
+def run_row(name: str, pass_name: str, sparsity: float, teacher: ModelBundle, task, ctx: Context, args) -> dict:
+    start = time.perf_counter()
+    row: dict = {"name": name, "method": pass_name or "none (dense teacher)", "sparsity_target": sparsity}
+    bundle = teacher
+    if pass_name:
+        config = {"sparsity": sparsity, "epochs": args.epochs, "max_train_samples": args.train_samples,
+                  **({"scores_lr": args.scores_lr} if pass_name == "prune-movement" else {})}
+        row["config"] = config
+        bundle = apply_pass(teacher, pass_name, get_pass(pass_name).config_type.model_validate(config), ctx)
+        row["train_seconds"] = round(time.perf_counter() - start, 1)
+    test = task.split("test").head(args.eval_samples)
+    metrics, _ = evaluate(bundle.model, bundle.tokenizer, test)
+    row.update(accuracy=metrics["accuracy"], macro_f1=metrics["macro_f1"], eval_samples=len(test),
+               encoder_sparsity=encoder_sparsity(bundle.model))
+    row.update(sizes(bundle, args.work / name, task, args))
+    row["seconds"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teacher", type=Path, required=True)
+    parser.add_argument("--task", default="wordnet-supersense",
+                        help="a built-in task name or a CSV/JSONL file (text,label) of the teacher's labels")
+    parser.add_argument("--methods", nargs="+", default=["magnitude", "movement"], choices=["magnitude", "movement"])
+    parser.add_argument("--sparsities", nargs="+", type=float, default=[0.9, 0.5])
+    parser.add_argument("--train-samples", type=int, default=8000)
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--scores-lr", type=float, default=1e-2)
+    parser.add_argument("--eval-samples", type=int, default=5000)
+    parser.add_argument("--int8", action="store_true", help="also export dynamic-int8 ONNX and size it")
+    parser.add_argument("--only", nargs="*", help="run only these rows (teacher, magnitude-0.9, ...)")
+    parser.add_argument("--work", type=Path, default=Path("runs/sparsity-study"))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    set_threads(None)
+    teacher = ModelBundle.load(args.teacher)
+    task = load_task({"path": args.task} if Path(args.task).is_file() else args.task)
+    ctx = Context(task=task, seed=0, show_progress=True)
+    for name, pass_name, sparsity in rows_wanted(args):
+        try:
+            row = run_row(name, pass_name, sparsity, teacher, task, ctx, args)
+        except Exception as err:   # one failed row must not lose the others
+            row = {"name": name, "error": f"{type(err).__name__}: {err}"}
+        row.update(command=" ".join(sys.argv), environment=environment())
+        print(json.dumps({k: v for k, v in row.items() if k != "environment"}), flush=True)
+        save_row(args.out, row, args)
+    return 0
+
+
+def save_row(out: Path, row: dict, args) -> None:
+    """Replace the row's namesake in --out (read again now: another process may have written)."""
+    prior = json.loads(out.read_text()) if out.exists() else {}
+    rows = [r for r in prior.get("results", []) if r["name"] != row["name"]] + [row]
+    write_json(out, {"study": "unstructured pruning, magnitude vs movement at the same training budget",
+                     "teacher": str(args.teacher), "task": args.task,
+                     "note": "dense runtimes do not run sparse models faster; the saving is compressed size",
+                     "results": rows})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""report.json's cost fields from real saved models: flops, sparsity, compressed size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compressor.bundle import ModelBundle
+from compressor.modeling.cost import compressed_size, multiply_adds
+from compressor.passes import Context, apply_pass, get_pass
+from compressor.pipeline.recipe import parse_recipe
+from compressor.pipeline.report_data import build_report
+from compressor.pipeline.stages import Stage
+from pretrain.batching import encode
+
+
+def stage(name: str, path, bundle: ModelBundle, test_size: int) -> Stage:
+    metrics = {"accuracy": 0.5, "macro_f1": 0.4, "samples": test_size}
+    return Stage(name, path, name, metrics, np.zeros(test_size, dtype=int), bundle.params, list(bundle.history))
+
+
+def latency(model: str, p50: float) -> dict:
+    return {"model": model, "profile": "cpu", "batch_size": 8, "sequence_length": "real", "p50_ms": p50,
+            "p90_ms": p50, "p99_ms": p50, "throughput": 8e3 / p50}
+
+
+@pytest.fixture
+def report(bert_bundle, tiny_bert_dir, tiny_csv, tiny_task, tmp_path):
+    sparse = apply_pass(bert_bundle, "prune-magnitude",
+                        get_pass("prune-magnitude").config_type.model_validate({"sparsity": 0.9, "epochs": 0}),
+                        Context(task=tiny_task, show_progress=False))
+    n = len(tiny_task.split("test"))
+    recipe, _ = parse_recipe({"name": "r", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
+                              "variants": {"sparse": [{"prune-magnitude": {"sparsity": 0.9, "epochs": 0}}]}})
+    baseline = {"name": "onnxruntime-fp32", "path": "b", "kind": "onnx", "precision": "fp32", "params": 1,
+                "metrics": {"accuracy": 0.5, "macro_f1": 0.4}, "size_bytes": 10, "predictions": [0] * n}
+    benchmark = {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}], "skipped": [],
+                 "measurements": [latency("sparse", 9.5), latency("onnxruntime-fp32", 10.0)]}
+    return build_report(recipe, stage("teacher", tiny_bert_dir, bert_bundle, n),
+                        [stage("sparse", sparse.save(tmp_path / "sparse"), sparse, n)],
+                        baselines=[baseline], benchmark=benchmark, task=tiny_task)
+
+
+def test_every_entry_has_its_flops_at_the_mean_test_length(report, bert_bundle, tiny_task):
+    length = report["flops_sequence_length"]
+    lengths = encode(bert_bundle.tokenizer, tiny_task.split("test")).lengths()
+    assert length == round(float(np.mean(lengths)))
+    teacher_flops = multiply_adds(bert_bundle.model, length)
+    assert report["teacher"]["flops"] == teacher_flops
+    sparse, baseline = report["models"]
+    assert baseline["flops"] == teacher_flops and "sparsity" not in baseline
+    assert sparse["flops"] == teacher_flops       # the zeros are multiplied all the same
+
+
+def test_a_sparse_model_reports_its_sparsity_compressed_size_and_a_warning(report, tmp_path):
+    sparse = report["models"][0]
+    assert sparse["sparsity"] == pytest.approx(0.9, abs=1e-3)
+    files = sorted((tmp_path / "sparse").glob("*.safetensors"))
+    assert sparse["compressed_size_bytes"] == compressed_size(files) < sparse["size_bytes"]
+    (warning,) = [w for w in report["warnings"] if w.startswith("sparse ")]
+    assert "dense runtimes do not run it faster" in warning and "1.05x as fast" in warning
