@@ -21,7 +21,7 @@ class DropLayers(PassConfig):
         return keep
 
 
-@register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family))
+@register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"))
 def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBundle:
     """Keep only the listed encoder layers (a DistilBERT-style shallow student init)."""
     n_layers = len(encoder_layers(bundle.model))
