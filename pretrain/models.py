@@ -190,7 +190,7 @@ def check_transformer_family(family: str, capability: str | None = None) -> None
     record = families.FAMILIES.get(family)
     if capability is not None and record is not None and \
             record.refusals.get(capability, families.NO_TRANSFORMER_LAYERS) != families.NO_TRANSFORMER_LAYERS:
-        record.check(capability, capability)
+        record.check(capability, f"{capability} on model family {family!r}")
     if family not in TRANSFORMER_FAMILIES:
         raise UserError(f"this step needs Transformer layers, which model family {family!r} does not have; "
                         f"supported families: {', '.join(TRANSFORMER_FAMILIES)}")

@@ -100,7 +100,7 @@ def check_rankable(cfg: SensitivityConfig, family: str) -> None:
     head in float and say nothing about the LSTMs.
     """
     if family in FAMILIES:
-        FAMILIES[family].check("sensitivity", "sensitivity")   # ALBERT: why not
+        FAMILIES[family].check("sensitivity", f"sensitivity on model family {family!r}")   # ALBERT: why not
     if family not in TRANSFORMER_FAMILIES:
         raise UserError(f"sensitivity: a {family!r} model has no Linear layers to rank but its classifier "
                         f"head (its LSTMs are not scored); expected a model with Linear layers in every "

@@ -39,7 +39,7 @@ def check_shareable(cfg: ShareLayers, family: str) -> None:
     """Refuse up front a family without (unshared) layers, or a sublayer it does not define."""
     check_transformer_family(family, "share-layers")
     record = FAMILIES[family]
-    record.check("share-layers", "share-layers")
+    record.check("share-layers", f"share-layers on model family {family!r}")
     if cfg.mode != "all":
         sublayer_modules(record, cfg.mode)
 
