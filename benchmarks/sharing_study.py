@@ -53,7 +53,7 @@ VARIANTS = {
 
 def run(name: str, passes: list[tuple[str, dict]], bundle: ModelBundle, task, ctx, args) -> dict:
     start = time.perf_counter()
-    row: dict = {"name": name, "passes": passes}
+    row: dict = {"name": name, "passes": passes, "command": " ".join(sys.argv)}   # rows of --merge runs differ
     for pass_name, config in passes:
         bundle = apply_pass(bundle, pass_name, get_pass(pass_name).config_type.model_validate(config), ctx)
         if pass_name == "share-layers":   # before recovery: what sharing alone does
