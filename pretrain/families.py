@@ -8,7 +8,12 @@ attention projections are parameters, not modules (einsum weights [hidden, heads
 
 `refusals` names each capability the family lacks and why (the reason ends up in the
 one-line error a user sees). Capabilities: "inc", "optimum-export", "scalar-mix",
-"drop-layers", "prune-heads", "prune-ffn", "share-layers", "adapters", "domain-mlm", "fusion".
+"drop-layers", "prune-heads", "prune-ffn", "share-layers", "adapters", "domain-mlm", "fusion",
+"sensitivity".
+
+ALBERT has no per-layer modules: its `num_hidden_layers` layers apply the weights of
+`num_hidden_groups` shared layer groups (one, as released), so `layers` is None and the
+capabilities that act on one layer's weights are refused with that reason.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Mapping
 from pretrain.errors import UserError
 
 CAPABILITIES = ("inc", "optimum-export", "scalar-mix", "drop-layers", "prune-heads", "prune-ffn",
-                "share-layers", "adapters", "domain-mlm", "fusion")
+                "share-layers", "adapters", "domain-mlm", "fusion", "sensitivity")
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,9 @@ class Family:
     mlm_head: tuple[str, ...] = ()
     einsum_projections: bool = False               # attention weights are einsums (export rewrites them)
     builtin_scalar_mix: bool = False               # the classifier reads a scalar mix already
+    # Per layer: the modules (paths under one layer) of each sublayer that `share-layers`
+    # may share alone: "attention" (with its LayerNorm) and "ffn" (with its LayerNorm).
+    sublayers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     refusals: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -63,6 +71,7 @@ class Family:
         if unknown:
             raise ValueError(f"family {self.name}: unknown capabilities {sorted(unknown)}")
         object.__setattr__(self, "refusals", MappingProxyType(dict(self.refusals)))
+        object.__setattr__(self, "sublayers", MappingProxyType(dict(self.sublayers)))
 
     def supports(self, capability: str) -> bool:
         return capability not in self.refusals
@@ -77,14 +86,17 @@ BERT_ATTENTION = Attention("attention.self.query", "attention.self.key", "attent
                            "attention.output.dense")
 BERT_FFN = FeedForward("intermediate.dense", "output.dense")
 BERT_ADAPTER_SITES = (("attention.output.dropout", "attention.output"), ("output.dropout", "output"))
+BERT_SUBLAYERS = {"attention": ("attention",), "ffn": ("intermediate", "output")}
 NO_TRANSFORMER_LAYERS = "this family has no Transformer layers"
+ALBERT_SHARED = ("ALBERT's layers are one shared layer group applied at every depth, so there are no "
+                 "per-layer weights to ")
 
 
 def bert_like(name: str, mlm_head: tuple[str, ...]) -> Family:
     """BERT's layer layout, shared by RoBERTa, XLM-RoBERTa and ELECTRA."""
     return Family(name, "encoder.layer", BERT_ATTENTION, BERT_FFN, ("num_hidden_layers",),
                   "num_attention_heads", "hidden_size", "intermediate_size", ort_model_type="bert",
-                  adapter_sites=BERT_ADAPTER_SITES, mlm_head=mlm_head)
+                  adapter_sites=BERT_ADAPTER_SITES, mlm_head=mlm_head, sublayers=BERT_SUBLAYERS)
 
 
 FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
@@ -96,7 +108,8 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
            Attention("attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin"),
            FeedForward("ffn.lin1", "ffn.lin2"), ("n_layers",), "n_heads", "dim", "hidden_dim",
            ort_model_type="bert", adapter_sites=(("attention.out_lin", "attention"), ("ffn.dropout", "ffn")),
-           mlm_head=("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")),
+           mlm_head=("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector"),
+           sublayers={"attention": ("attention", "sa_layer_norm"), "ffn": ("ffn", "output_layer_norm")}),
     # BART's layers are its encoder's: the decoder stays whole (its last EOS state is what
     # BartForSequenceClassification classifies), so drop-layers shortens the part that reads
     # the whole input.
@@ -104,6 +117,7 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
            Attention("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj"),
            FeedForward("fc1", "fc2"), ("encoder_layers", "num_hidden_layers"), "encoder_attention_heads",
            "d_model", "encoder_ffn_dim", ort_model_type="bart",
+           sublayers={"attention": ("self_attn", "self_attn_layer_norm"), "ffn": ("fc1", "fc2", "final_layer_norm")},
            refusals={"scalar-mix": "BART classifies from its decoder's state at the last EOS, not from a mix "
                                    "of encoder layers",
                      "prune-heads": "Transformers has no head pruning for BART",
@@ -111,7 +125,7 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
                      "domain-mlm": "BART has no masked-LM head (it is a denoising seq2seq model)"}),
     Family("xlnet", "layer", Attention("rel_attn.q", "rel_attn.k", "rel_attn.v", "rel_attn.o"),
            FeedForward("ff.layer_1", "ff.layer_2"), ("num_hidden_layers",), "n_head", "d_model", "d_inner",
-           einsum_projections=True,
+           einsum_projections=True, sublayers={"attention": ("rel_attn",), "ffn": ("ff",)},
            refusals={"optimum-export": "Optimum's ONNX exporter does not support that family",
                      "prune-heads": "Transformers has no head pruning for XLNet",
                      "adapters": "no adapter sites are defined for XLNet layers",
@@ -119,6 +133,20 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
                      # relative attention, which ORT's transformer optimizer has no pattern for
                      "fusion": "ONNX Runtime's transformer optimizer has no fusion for model family 'xlnet'; "
                                "the unfused graph is kept"}),
+    # ALBERT: BERT's layer and its ONNX graph (ORT fuses it as 'bert'), with a factorized
+    # embedding and one set of layer weights (see the module doc).
+    Family("albert", None, None, None, heads_field="num_attention_heads", hidden_field="hidden_size",
+           intermediate_field="intermediate_size", ort_model_type="bert", refusals={
+               "drop-layers": ALBERT_SHARED + "drop (lower num_hidden_layers in its config instead)",
+               "prune-heads": ALBERT_SHARED + "prune head by head",
+               "prune-ffn": ALBERT_SHARED + "prune neuron by neuron",
+               "share-layers": "ALBERT's layers already share one set of weights (num_hidden_groups)",
+               "scalar-mix": ALBERT_SHARED + "mix (the strategy counts layers by their modules)",
+               "adapters": "no adapter sites are defined for ALBERT layers",
+               "domain-mlm": "domain MLM is not wired to ALBERT's masked-LM head",
+               # one torch Linear is many graph nodes (one per depth); the export keeps one in float
+               "sensitivity": ALBERT_SHARED + "rank: each Linear runs at every depth and the int8 export "
+                              "would keep only one of its graph nodes in float"}),
     # The ELMo-style BiLM pretrained here (pretrain/objectives/bilm.py): LSTMs, not
     # Transformer layers, so layer and attention passes refuse it.
     Family("bilm", None, None, None, builtin_scalar_mix=True, refusals={

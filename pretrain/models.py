@@ -185,7 +185,13 @@ def encoder_layers(model: PreTrainedModel) -> nn.ModuleList:
     return module
 
 
-def check_transformer_family(family: str) -> None:
+def check_transformer_family(family: str, capability: str | None = None) -> None:
+    """Refuse a family without Transformer layer modules; with the family's own reason for
+    `capability` where it has a more specific one (ALBERT's layers are shared)."""
+    record = families.FAMILIES.get(family)
+    if capability is not None and record is not None and \
+            record.refusals.get(capability, families.NO_TRANSFORMER_LAYERS) != families.NO_TRANSFORMER_LAYERS:
+        record.check(capability, f"{capability} on model family {family!r}")
     if family not in TRANSFORMER_FAMILIES:
         raise UserError(f"this step needs Transformer layers, which model family {family!r} does not have; "
                         f"supported families: {', '.join(TRANSFORMER_FAMILIES)}")

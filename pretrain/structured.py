@@ -8,13 +8,19 @@ weights. A model with either carries a record in its config:
         "layers": "encoder.layer",                      # the layers' nn.ModuleList, under the base model
         "ffn": ["intermediate.dense", "output.dense"],  # one layer's FFN: hidden->width, width->hidden
         "intermediate_sizes": [37, 64, 20],             # FFN width of each layer
-        "shared_layers": [[0, 2]]                       # layers that share one set of parameters
+        "shared_layers": [[0, 2]],                      # layers that share one set of parameters
+        "shared_sublayers": {                           # only when some: sublayers shared alone
+            "attention": {"modules": ["attention"], "groups": [[0, 1, 2]]}
+        }
     }
 
 and `Structured<Classifier>` (a subclass of the Transformers classifier) applies it in
 `__init__`, after the full-size model is built and before `from_pretrained` loads the
 weights, so the state dict's shapes fit. The first layer of a group owns the shared
-parameters; the others point at them, so `save_pretrained` stores them once.
+parameters; the others point at them, so `save_pretrained` stores them once. A shared
+sublayer (`share-layers` with mode attention or ffn) names its modules under one layer, so
+that only their parameters are shared; records written before sublayers existed have no
+`shared_sublayers` and load as before.
 
 This file imports only torch and transformers: it is copied as `compressor_structure.py` into
 every saved model dir with a record, and `config.auto_map` names its class, so a plain
@@ -68,53 +74,82 @@ def intermediate_sizes(model: nn.Module, layers_path: str, ffn: tuple[str, str])
     return [submodule(layer, ffn[0]).out_features for layer in layer_list(model, layers_path)]
 
 
-def share_layers(model: nn.Module, layers_path: str, groups: list[list[int]]) -> None:
-    """Point every layer of a group at the parameters of the group's first layer.
+def share_layers(model: nn.Module, layers_path: str, groups: list[list[int]],
+                 modules: tuple[str, ...] = ("",)) -> list[str]:
+    """Point every layer of a group at the parameters of the group's first layer: all of
+    them, or those of the listed modules (paths under one layer; "" is the whole layer).
 
     Parameters, not modules, are shared: each layer keeps its own module (its own hooks,
-    its own position for KV caching). `_dynamic_tied_weights_keys` tells `save_pretrained`
-    that the followers' tensors are known duplicates, so it stores the leader's once.
+    its own position for KV caching). Returns the state-dict patterns of the followers'
+    tensors: `tie_shared` hands them to `save_pretrained` as known duplicates
+    (`_dynamic_tied_weights_keys`), so it stores the leader's once.
     """
     layers = layer_list(model, layers_path)
     qualified = {id(m): name for name, m in model.named_modules()}[id(layers)]
     duplicates = []
     for leader, *followers in groups:
-        owned = dict(layers[leader].named_parameters())
-        for index in followers:
-            for name, param in owned.items():
-                owner_path, _, attr = name.rpartition(".")
-                target = submodule(layers[index], owner_path)
-                if getattr(target, attr).shape != param.shape:
-                    raise ValueError(f"layers {leader} and {index} cannot share {name}: shapes "
-                                     f"{tuple(param.shape)} and {tuple(getattr(target, attr).shape)} differ")
-                setattr(target, attr, param)
-            duplicates.append("^" + re.escape(f"{qualified}.{index}."))
+        for module in modules:
+            owned = dict(submodule(layers[leader], module).named_parameters())
+            for index in followers:
+                for name, param in owned.items():
+                    owner_path, _, attr = name.rpartition(".")
+                    target = submodule(submodule(layers[index], module), owner_path)
+                    if getattr(target, attr).shape != param.shape:
+                        raise ValueError(f"layers {leader} and {index} cannot share {module}.{name}: shapes "
+                                         f"{tuple(param.shape)} and {tuple(getattr(target, attr).shape)} differ")
+                    setattr(target, attr, param)
+                prefix = f"{qualified}.{index}.{module}." if module else f"{qualified}.{index}."
+                duplicates.append("^" + re.escape(prefix))
+    return duplicates
+
+
+def tie_shared(model: nn.Module, record: dict) -> None:
+    """Share what `record` says is shared: whole layers, then sublayers."""
+    duplicates = share_layers(model, record["layers"], record.get("shared_layers") or [])
+    for part in (record.get("shared_sublayers") or {}).values():
+        duplicates += share_layers(model, record["layers"], part["groups"], tuple(part["modules"]))
     model._dynamic_tied_weights_keys = duplicates
 
 
-def shared_groups(model: nn.Module, layers_path: str) -> list[list[int]]:
-    """Groups (of 2 or more) of layers whose parameters are the same tensors, by first layer."""
-    owner_of: dict[int, int] = {}
-    groups: dict[int, list[int]] = {}
+def shared_groups(model: nn.Module, layers_path: str, modules: tuple[str, ...] = ("",)) -> list[list[int]]:
+    """Groups (of 2 or more) of layers whose parameters (those of `modules`, or all) are the
+    very same tensors, in layer order."""
+    groups: dict[tuple[int, ...], list[int]] = {}
     for index, layer in enumerate(layer_list(model, layers_path)):
-        first = next(layer.parameters())
-        leader = owner_of.setdefault(id(first), index)
-        groups.setdefault(leader, []).append(index)
+        tensors = tuple(id(p) for path in modules
+                        for _, p in submodule(layer, path).named_parameters(remove_duplicate=False))
+        groups.setdefault(tensors, []).append(index)
     return [group for group in groups.values() if len(group) > 1]
 
 
-def describe(model: nn.Module, layers_path: str, ffn: tuple[str, str]) -> dict:
-    """The record of `model` as it is now."""
-    return {"layers": layers_path, "ffn": list(ffn),
-            "intermediate_sizes": intermediate_sizes(model, layers_path, ffn),
-            "shared_layers": shared_groups(model, layers_path)}
+def describe(model: nn.Module, layers_path: str, ffn: tuple[str, str],
+             sublayers: dict[str, tuple[str, ...]] | None = None) -> dict:
+    """The record of `model` as it is now. `sublayers` (name -> module paths under one
+    layer) are the sublayers that may be shared alone; a sublayer group that is a group of
+    whole layers already is not repeated."""
+    whole = shared_groups(model, layers_path)
+    record = {"layers": layers_path, "ffn": list(ffn),
+              "intermediate_sizes": intermediate_sizes(model, layers_path, ffn), "shared_layers": whole}
+    parts = {}
+    for name, modules in (sublayers or {}).items():
+        groups = [g for g in shared_groups(model, layers_path, tuple(modules)) if g not in whole]
+        if groups:
+            parts[name] = {"modules": list(modules), "groups": groups}
+    if parts:
+        record["shared_sublayers"] = parts
+    return record
+
+
+def recorded_sublayers(record: dict) -> dict[str, tuple[str, ...]]:
+    return {name: tuple(part["modules"]) for name, part in (record.get("shared_sublayers") or {}).items()}
 
 
 def refresh_record(model: nn.Module) -> None:
     """Keep an existing record in step with the model (after layers were dropped, say)."""
     record = record_of(model.config)
     if record is not None:
-        setattr(model.config, RECORD_FIELD, describe(model, record["layers"], tuple(record["ffn"])))
+        setattr(model.config, RECORD_FIELD, describe(model, record["layers"], tuple(record["ffn"]),
+                                                     recorded_sublayers(record)))
 
 
 def apply_structure(model: nn.Module, record: dict) -> None:
@@ -125,8 +160,7 @@ def apply_structure(model: nn.Module, record: dict) -> None:
         device = submodule(layer, ffn[0]).weight.device
         if width != submodule(layer, ffn[0]).out_features:
             keep_ffn_neurons(layer, ffn, torch.arange(width, device=device))
-    if record.get("shared_layers"):
-        share_layers(model, record["layers"], record["shared_layers"])
+    tie_shared(model, record)
 
 
 def structured_class(base: type) -> type:
@@ -144,8 +178,8 @@ def structured_class(base: type) -> type:
             # calls tie_weights: point the other layers at the loaded tensors again.
             super().tie_weights()
             record = record_of(self.config)
-            if record is not None and record.get("shared_layers"):
-                share_layers(self, record["layers"], record["shared_layers"])
+            if record is not None:
+                tie_shared(self, record)
 
     # save_pretrained writes the class's __name__ into config.architectures: keep the plain
     # Transformers name there (what a reader of config.json and Optimum expect), while

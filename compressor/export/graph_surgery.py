@@ -55,6 +55,57 @@ def unshare_initializers(path: Path, quantized: set[str]) -> None:
         onnx.save(model, str(path))
 
 
+def deduplicate_initializers(path: Path) -> int:
+    """Store identical constants once: every node reads the first of a set of initializers
+    with the same type, shape and bytes; the others go. Returns how many went.
+
+    The TorchScript exporter stores a tensor that several layers share once, but ORT's
+    fusions and quantizers build new constants per node: a fused Attention concatenates its
+    layer's Q, K and V weights, a quantizer writes each MatMul's int8 weight and scale, so
+    layers that share weights (`share-layers`, ALBERT) would get one copy per layer again.
+    Merging equal constants changes no value, so it is safe on any graph (run it after the
+    quantizer: before, unshare_initializers may have split constants on purpose).
+    """
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+    model = onnx.load(str(path))
+    graph = model.graph
+    overridable = {i.name for i in graph.input}   # an initializer that is also an input stays
+    first: dict[tuple, str] = {}
+    renamed: dict[str, str] = {}
+    for tensor in graph.initializer:
+        if tensor.name in overridable:
+            continue
+        array = numpy_helper.to_array(tensor)
+        key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(array.tobytes()).hexdigest())
+        kept = first.setdefault(key, tensor.name)
+        if kept != tensor.name:
+            renamed[tensor.name] = kept
+    if renamed:
+        for node in all_nodes(graph):
+            node.input[:] = [renamed.get(name, name) for name in node.input]
+        kept_tensors = [t for t in graph.initializer if t.name not in renamed]
+        del graph.initializer[:]
+        graph.initializer.extend(kept_tensors)
+        onnx.save(model, str(path))
+    return len(renamed)
+
+
+def all_nodes(graph):
+    """Every node of `graph` and of the subgraphs its nodes hold (If/Loop bodies)."""
+    from onnx import AttributeProto
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == AttributeProto.GRAPH:
+                yield from all_nodes(attribute.g)
+            elif attribute.type == AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    yield from all_nodes(subgraph)
+
+
 def keep_float_elsewhere(path: Path, quantized: set[str]) -> None:
     """Rewrite a QDQ graph so that int8 reaches only the `quantized` nodes.
 

@@ -35,7 +35,7 @@ from compressor.bundle import ModelBundle
 from compressor.export.embedding import factorize_graph
 from compressor.export.gate import Gate, GateFailure
 from compressor.export.graph_map import embedding_gathers, linear_nodes
-from compressor.export.graph_surgery import has_op
+from compressor.export.graph_surgery import deduplicate_initializers, has_op
 from compressor.export.optimize import Fusion, fuse
 from compressor.export.quantize import (LINEAR_SCOPE_UNFUSED, DynamicInt8Config, Fp16Config, IncConfig,
                                         Int4WeightOnlyConfig, Plan, QuantizeConfig, StaticInt8Config,
@@ -146,6 +146,7 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
             record.update(plan_record)
             quantized = work / "quantized.onnx"
             quantize_onnx(graph, quantized, realised, plan)
+            record["quantized_duplicates_merged"] = deduplicate_initializers(quantized)
             if has_op(graph, "LSTM"):
                 record["lstm_quantization"] = lstm_handling(realised)
             shipped_logits = gate.onnx_logits(quantized)
@@ -250,14 +251,15 @@ def warn_fp16_on_cpu() -> None:
 def optimized(graph: Path, target: Path, gate: Gate, unfused: tuple[str, ...] = (),
               config=None) -> tuple[Path, dict]:
     """The fused graph if fusion applies and keeps parity; otherwise the input graph."""
-    fusion, parity = fuse(graph, target, unfused, config), {}
+    fusion, parity, merged = fuse(graph, target, unfused, config), {}, 0
     if fusion.path is not None:
+        merged = deduplicate_initializers(fusion.path)   # fused layers that share weights
         try:
             parity = gate.parity(fusion.path, "the fused graph")   # the shipped graph's parity
         except GateFailure as err:
             fusion = Fusion(None, {}, f"fused graph failed parity: {err}")
     record = {"optimized": fusion.path is not None, "fusions": fusion.fusions,
-              "fusion_fallback": fusion.fallback, **parity}
+              "fusion_fallback": fusion.fallback, "fused_duplicates_merged": merged, **parity}
     if unfused:
         record["fusions_left_out"] = list(unfused)
     return (fusion.path or graph), record

@@ -34,9 +34,11 @@ AUTO_CLASS = "AutoModelForSequenceClassification"
 
 def family_for(model: PreTrainedModel, capability: str) -> Family:
     family = FAMILIES.get(model.config.model_type)
-    if family is None or family.layers is None:
+    if family is None:
         raise UserError(f"{capability}: model family {model.config.model_type!r} has no Transformer layers")
     family.check(capability, f"{capability} is not available for model family {family.name!r}")
+    if family.layers is None:
+        raise UserError(f"{capability}: model family {family.name!r} has no Transformer layers")
     return family
 
 
@@ -85,18 +87,32 @@ def set_intermediate_size(model: PreTrainedModel, layer: int, keep: Sequence[int
     update_record(model)
 
 
-def tie_layers(model: PreTrainedModel, groups: Sequence[Sequence[int]]) -> None:
-    """Make each group's layers share the first layer's parameters (cross-layer sharing)."""
+def tie_layers(model: PreTrainedModel, groups: Sequence[Sequence[int]], sublayer: str | None = None) -> None:
+    """Make each group's layers share the first layer's parameters (cross-layer sharing):
+    all of them, or only those of one sublayer (the family's "attention" or "ffn")."""
     family = family_for(model, "share-layers")
     count = len(encoder_layers(model))
     flat = [i for group in groups for i in group]
     if len(set(flat)) != len(flat) or not all(0 <= i < count for i in flat) or any(len(g) < 2 for g in groups):
         raise UserError(f"layer groups to share must be disjoint groups of 2 or more layer indices "
                         f"in [0, {count}); got {[list(g) for g in groups]}")
-    existing = structured.shared_groups(model, family.layers)
-    merged = [list(g) for g in existing] + [sorted(g) for g in groups]
-    structured.share_layers(model, family.layers, merged)
+    modules = sublayer_modules(family, sublayer)
+    # shared_layers raises ValueError on a shape mismatch before it changes a layer's tensor
+    # (the pass checks shapes up front; this guards direct callers)
+    structured.share_layers(model, family.layers, [sorted(g) for g in groups], modules)
     update_record(model)
+    structured.tie_shared(model, structured.record_of(model.config))
+
+
+def sublayer_modules(family: Family, sublayer: str | None) -> tuple[str, ...]:
+    """The module paths (under one layer) of `sublayer`; ("",), the whole layer, for None."""
+    if sublayer is None:
+        return ("",)
+    if sublayer not in family.sublayers:
+        known = ", ".join(family.sublayers) or "none"
+        raise UserError(f"share-layers: family {family.name!r} has no sublayer {sublayer!r} to share; "
+                        f"expected one of: {known}")
+    return family.sublayers[sublayer]
 
 
 def record_for(model: PreTrainedModel) -> dict | None:
@@ -104,9 +120,10 @@ def record_for(model: PreTrainedModel) -> dict | None:
     family = FAMILIES.get(model.config.model_type)
     if family is None or family.layers is None:
         return None
-    record = structured.describe(model, family.layers, (family.ffn.inner, family.ffn.outer))
+    record = structured.describe(model, family.layers, (family.ffn.inner, family.ffn.outer), family.sublayers)
     configured = getattr(model.config, family.intermediate_field)
-    if all(w == configured for w in record["intermediate_sizes"]) and not record["shared_layers"]:
+    shared = record["shared_layers"] or record.get("shared_sublayers")
+    if all(w == configured for w in record["intermediate_sizes"]) and not shared:
         return None
     return record
 

@@ -37,7 +37,7 @@ class DropLayers(PassConfig):
         return self
 
 
-@register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family))
+@register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"))
 def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBundle:
     """Keep only the listed encoder layers (a DistilBERT-style shallow student init), or the
     `count` layers whose removal would cost the most."""

@@ -28,7 +28,7 @@ from compressor.passes.registry import Context, PassConfig, register
 from pretrain.batching import Encoded, in_data_order
 from pretrain.data import TaskData
 from pretrain.errors import UserError
-from pretrain.families import TRANSFORMER_FAMILIES
+from pretrain.families import FAMILIES, TRANSFORMER_FAMILIES
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
 from pretrain.train import accepts_token_types
 
@@ -100,6 +100,8 @@ def check_rankable(cfg: SensitivityConfig, family: str) -> None:
     quantization error arises, are not Linear layers, so a ranking would always keep the
     head in float and say nothing about the LSTMs.
     """
+    if family in FAMILIES:
+        FAMILIES[family].check("sensitivity", f"sensitivity on model family {family!r}")   # ALBERT: why not
     if family not in TRANSFORMER_FAMILIES:
         raise UserError(f"sensitivity: a {family!r} model has no Linear layers to rank but its classifier "
                         f"head (its LSTMs are not scored); expected a model with Linear layers in every "

@@ -4,7 +4,7 @@ Each script is run in this process (runpy, as `python benchmarks/X.py ...` would
 the heavy imports are paid once): every one parses `--help`, and every one also runs end to
 end on a tiny budget and its output is checked. The scripts that read a finished recipe run
 (deploy_latency, int8_side_by_side, harness_overhead, plain_speedups, repeatability,
-quantization_accuracy) share one tiny run built by a module fixture.
+quantization_accuracy, sharing_study) share one tiny run built by a module fixture.
 
 The scripts that chain `compressor` commands (pretraining, pretraining_objectives) run their
 steps in this process (`--in-process`: `compressor.cli.main` instead of one child process
@@ -499,3 +499,17 @@ def test_pruned_latency(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     assert set(result["p50_ratio_pruned_to_teacher"]) == {"fp32", "int8"}
     assert result["params"]["pruned"] < result["params"]["teacher"]
     assert {row["model"] for row in result["latency"]} == {"teacher-fp32", "teacher-int8", "pruned-fp32", "pruned-int8"}
+def test_sharing_study(finished_run, tiny_csv, tmp_path, monkeypatch):
+    out = tmp_path / "sharing.json"
+    teacher = json.loads((finished_run[1] / "report.json").read_text())["teacher"]["path"]
+    run_script_exit("sharing_study.py", [
+        "--teacher", teacher, "--task", tiny_csv, "--eval-samples", 16, "--recovery-samples", 16,
+        "--only", "all-g1", "--work", tmp_path / "work", "--out", out], monkeypatch)
+    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(rows) == ["teacher", "all-g1"] and not any("error" in r for r in rows.values())
+    teacher_row, shared = rows["teacher"], rows["all-g1"]
+    assert shared["encoder_params"] * 4 == teacher_row["encoder_params"]   # 4 layers, one set of weights
+    assert shared["safetensors_bytes"] < teacher_row["safetensors_bytes"]
+    assert shared["onnx_fp32"]["size_bytes"] < teacher_row["onnx_fp32"]["size_bytes"]
+    assert shared["onnx_int8"]["size_bytes"] < teacher_row["onnx_int8"]["size_bytes"]
+    assert 0 <= shared["accuracy_before_recovery"] <= 1 and 0 <= shared["onnx_int8"]["accuracy"] <= 1

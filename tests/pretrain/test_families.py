@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import (AutoModelForMaskedLM, AutoModelForSequenceClassification, BartConfig, BertConfig,
+from transformers import (AlbertConfig, AutoModelForMaskedLM, AutoModelForSequenceClassification, BartConfig, BertConfig,
                           DistilBertConfig, ElectraConfig, RobertaConfig, XLMRobertaConfig, XLNetConfig)
 
 from pretrain.domain import mlm_head
@@ -31,6 +31,8 @@ TINY_CONFIGS = {
     "xlnet": lambda: XLNetConfig(vocab_size=64, d_model=16, n_layer=2, n_head=2, d_inner=24, num_labels=3),
     "bilm": lambda: BiLMConfig(vocab_size=64, embedding_dim=8, hidden_size=16, num_labels=3),
     "textcnn": lambda: TextCNNConfig(vocab_size=64, embedding_dim=8, filters=4, num_labels=3),
+    "albert": lambda: AlbertConfig(embedding_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=24, **SMALL),
 }
 
 
@@ -85,6 +87,11 @@ def test_paths_and_fields_resolve_on_a_tiny_model(name):
         assert (outer_linear.in_features, outer_linear.out_features) == (inner, hidden)
         for hooked, owner in family.adapter_sites:
             assert isinstance(submodule(layer, hooked), nn.Module) and isinstance(submodule(layer, owner), nn.Module)
+        # share-layers: attention and ffn together are the whole layer (mode all)
+        assert set(family.sublayers) == {"attention", "ffn"}
+        in_parts = [id(p) for paths in family.sublayers.values() for path in paths
+                    for p in submodule(layer, path).parameters()]
+        assert sorted(in_parts) == sorted(id(p) for p in layer.parameters())
 
 
 @pytest.mark.parametrize("name", [n for n in SUPPORTED_FAMILIES if FAMILIES[n].mlm_head])

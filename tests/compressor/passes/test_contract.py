@@ -38,6 +38,7 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "prune-ffn": {"fraction": 0.5, "samples": 32},
     "prune-magnitude": {"sparsity": 0.5, "epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
     "prune-movement": {"sparsity": 0.5, "epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
+    "share-layers": {"mode": "all", "groups": 1},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).
@@ -45,6 +46,8 @@ NO_TRANSFORMER_LAYERS = frozenset(FAMILIES) - set(TRANSFORMER_FAMILIES)
 FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     "drop-layers": (EXAMPLE_CONFIGS["drop-layers"], NO_TRANSFORMER_LAYERS),
     "sensitivity": (EXAMPLE_CONFIGS["sensitivity"], NO_TRANSFORMER_LAYERS),
+    # ALBERT: its layers are shared already
+    "share-layers": (EXAMPLE_CONFIGS["share-layers"], NO_TRANSFORMER_LAYERS),
     "quantize": ({"mode": "inc"}, frozenset(f for f, record in FAMILIES.items() if not record.supports("inc"))),
     **{name: (EXAMPLE_CONFIGS[name], frozenset(f for f, record in FAMILIES.items() if not record.supports(name)))
        for name in ("prune-heads", "prune-ffn")},

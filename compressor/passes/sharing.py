@@ -1,0 +1,106 @@
+"""Cross-layer parameter sharing: `share-layers` (ALBERT, Lan et al. 2020).
+
+Layer i of L joins group floor(i * G / L) (ALBERT's assignment; G = 1 shares one layer across
+all), and every layer of a group computes with one set of weights: the whole layer
+(`mode: all`), or only its attention or its FFN sublayer (each with its LayerNorm). The
+layers stay separate modules whose parameters are the same tensors, so the model keeps its
+depth (and its compute) and loses the other layers' weights: `save_pretrained`, the ONNX
+export and `bundle.params` count each shared tensor once (compressor/modeling/structure.py
+records the sharing so that it survives a reload). Follow it with `finetune` to recover:
+the optimizer sees each shared tensor once and updates it with the sum of its layers'
+gradients, as ALBERT trains.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, NonNegativeInt
+
+from compressor.bundle import ModelBundle
+from compressor.modeling.structure import sublayer_modules, tie_layers
+from compressor.passes.registry import Context, PassConfig, register
+from pretrain.errors import UserError
+from pretrain.families import FAMILIES
+from pretrain.models import check_transformer_family, encoder_layers
+from pretrain.structured import submodule
+
+
+class ShareLayers(PassConfig):
+    mode: Literal["all", "attention", "ffn"] = "all"   # what a group shares: whole layers or one sublayer
+    groups: int = Field(1, ge=1)                        # G: layer i joins group floor(i * G / L)
+    # The shared weights start as the group's first layer's, the mean of its layers', or
+    # those of the layer at this position in each group (0 = first).
+    init: Literal["first", "average"] | NonNegativeInt = "first"
+
+
+def check_shareable(cfg: ShareLayers, family: str) -> None:
+    """Refuse up front a family without (unshared) layers, or a sublayer it does not define."""
+    check_transformer_family(family, "share-layers")
+    record = FAMILIES[family]
+    record.check("share-layers", f"share-layers on model family {family!r}")
+    if cfg.mode != "all":
+        sublayer_modules(record, cfg.mode)
+
+
+def layer_groups(layers: int, groups: int) -> list[list[int]]:
+    """ALBERT's assignment: layer i belongs to group floor(i * groups / layers)."""
+    return [[i for i in range(layers) if i * groups // layers == g] for g in range(groups)]
+
+
+@register("share-layers", ShareLayers, check_family=check_shareable)
+def share_layers(bundle: ModelBundle, cfg: ShareLayers, ctx: Context) -> ModelBundle:
+    """Share each group's weights (the mode's part of every layer), initialized per `init`."""
+    layers = encoder_layers(bundle.model)
+    if cfg.groups >= len(layers):
+        raise UserError(f"share-layers: groups={cfg.groups} shares nothing in a model of {len(layers)} layers; "
+                        f"expected 1 to {len(layers) - 1}")
+    groups = layer_groups(len(layers), cfg.groups)
+    if isinstance(cfg.init, int) and cfg.init >= min(map(len, groups)):
+        raise UserError(f"share-layers: init={cfg.init} is no position in every group (the smallest of "
+                        f"{len(groups)} groups of {len(layers)} layers has {min(map(len, groups))}); "
+                        f"expected first, average or 0 to {min(map(len, groups)) - 1}")
+    family = FAMILIES[bundle.model.config.model_type]
+    sublayer = None if cfg.mode == "all" else cfg.mode
+    modules = sublayer_modules(family, sublayer)
+    check_same_shapes(layers, groups, modules)
+    model = bundle.copy_model()
+    layers = encoder_layers(model)
+    with torch.no_grad():
+        for group in groups:
+            initialize_leader(layers, group, modules, cfg.init)
+    tie_layers(model, groups, sublayer)
+    return bundle.replace(model=model)
+
+
+def shared_tensors(layer: torch.nn.Module, modules: tuple[str, ...]) -> dict[str, torch.nn.Parameter]:
+    """The parameters of `modules` (paths under `layer`; "" is the whole layer), by name."""
+    return {f"{path}.{name}" if path else name: param for path in modules
+            for name, param in submodule(layer, path).named_parameters(remove_duplicate=False)}
+
+
+def check_same_shapes(layers, groups: list[list[int]], modules: tuple[str, ...]) -> None:
+    """One-line refusal when layers of a group differ in shape (pruned heads or FFN widths)."""
+    for group in groups:
+        leader = shared_tensors(layers[group[0]], modules)
+        for index in group[1:]:
+            for name, param in shared_tensors(layers[index], modules).items():
+                if name not in leader or leader[name].shape != param.shape:
+                    theirs = tuple(leader[name].shape) if name in leader else "absent"
+                    raise UserError(f"share-layers: layers {group[0]} and {index} differ in shape ({name}: "
+                                    f"{theirs} vs {tuple(param.shape)}, after pruning?); sharing needs "
+                                    f"layers of one shape: share before pruning, or share fewer layers")
+
+
+def initialize_leader(layers, group: list[int], modules: tuple[str, ...], init: str | int) -> None:
+    """Set the group's first layer (whose tensors the others will share) to the chosen start."""
+    if init == "first":
+        return
+    members = [shared_tensors(layers[i], modules) for i in group]
+    for name, param in members[0].items():
+        if init == "average":
+            start = torch.stack([m[name].detach() for m in members]).mean(dim=0)
+        else:
+            start = members[init][name].detach().clone()
+        param.copy_(start)

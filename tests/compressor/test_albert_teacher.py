@@ -1,0 +1,93 @@
+"""ALBERT as a recipe teacher: a tiny AlbertConfig classifier (3 layers applying one shared
+layer group, a factorized 16-wide embedding) fine-tuned by the recipe, quantized (dynamic
+int8), exported with ORT's 'bert' fusions behind the parity gate and benchmarked; and the
+passes that act on one layer's weights refused up front, with the reason, writing nothing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+import torch
+from transformers import AlbertConfig, AlbertForSequenceClassification
+
+from compressor import Pipeline
+from compressor.bench.baselines import check_baselines
+from compressor.export.quantize import QuantizeConfig
+from compressor.modeling.structure import prune_heads, set_intermediate_size
+from compressor.passes.layers import DropLayers
+from compressor.passes.quantization import SensitivityConfig
+from compressor.passes.sharing import ShareLayers
+from pretrain.errors import UserError
+from pretrain.finetune import FinetuneConfig
+
+pytestmark = pytest.mark.usefixtures("family_test_size")   # one torch thread for the recipe
+
+LAYERS = 3
+
+
+@pytest.fixture(scope="module")
+def albert_dir(tokenizer, tmp_path_factory):
+    torch.manual_seed(0)
+    model = AlbertForSequenceClassification(AlbertConfig(
+        vocab_size=len(tokenizer), embedding_size=16, hidden_size=32, num_hidden_layers=LAYERS,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=128))
+    path = tmp_path_factory.mktemp("tiny-albert")
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def test_albert_teacher_fine_tunes_exports_fused_quantizes_and_benchmarks(albert_dir, tiny_csv, tmp_path):
+    pipe = Pipeline("albert-teacher", teacher=str(albert_dir), task={"path": str(tiny_csv)},
+                    finetune=FinetuneConfig(epochs=1, batch_size=16, lr=1e-3), max_train_samples=120)
+    pipe.variant("int8", QuantizeConfig(mode="dynamic-int8")).export(accuracy_tolerance=0.2)
+    pipe.benchmark(profiles=["cpu"], batch_sizes=[2], iterations=2, baselines=["onnxruntime-fp32"])
+    report = pipe.run(tmp_path / "out", show_progress=False)
+    teacher = report["teacher"]
+    assert 0 <= teacher["accuracy"] <= 1 and teacher["eval_samples"] == 30
+    shared = AlbertForSequenceClassification.from_pretrained(str(tmp_path / "out" / "teacher"))
+    assert teacher["params"] == sum(p.numel() for p in shared.parameters())   # one layer group, counted once
+    fp32 = json.loads((tmp_path / "out" / "teacher-onnx" / "export.json").read_text())
+    int8 = json.loads((tmp_path / "out" / "int8-onnx" / "export.json").read_text())
+    for record in (fp32, int8):
+        assert record["parity_max_abs_diff"] <= record["parity_tolerance"]
+    # ORT's 'bert' patterns fuse every attention but the first (it reads the embedding
+    # projection, not a LayerNorm) and no EmbedLayerNormalization (the projection sits
+    # between the embedding LayerNorm and the encoder); the per-layer copies that fusion and
+    # quantization make of the one shared layer are merged back.
+    assert fp32["fusions"]["Attention"] == LAYERS - 1 and "EmbedLayerNormalization" not in fp32["fusions"]
+    assert fp32["fusions"]["SkipLayerNormalization"] == 2 * LAYERS
+    assert fp32["fused_duplicates_merged"] > 0 and int8["quantized_duplicates_merged"] > 0
+    assert int8["size_bytes"] < 0.5 * int8["fp32_size_bytes"]
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "out" / "int8-onnx" / "model.onnx")).graph.node}
+    assert "MatMulInteger" in ops or "QAttention" in ops
+    latencies = {m["name"]: m["latency"] for m in report["models"]}
+    assert {"int8", "onnxruntime-fp32"} <= set(latencies)
+    check_baselines(["optimum-default-int8"], "albert")   # Optimum exports ALBERT: that baseline is allowed
+
+
+@pytest.mark.parametrize("name, config, reason", [
+    ("share-layers", ShareLayers(), "ALBERT's layers already share one set of weights"),
+    ("drop-layers", DropLayers(keep=(0,)), "no per-layer weights to drop"),
+    ("sensitivity", SensitivityConfig(samples=16), "keep only one of its graph nodes in float"),
+])
+def test_passes_on_one_layers_weights_are_refused_before_anything_runs(albert_dir, tiny_csv, tmp_path,
+                                                                       name, config, reason):
+    pipe = Pipeline("albert-refused", teacher=str(albert_dir), task={"path": str(tiny_csv)},
+                    finetune=FinetuneConfig(epochs=1, batch_size=16, lr=1e-3))
+    pipe.variant("v", config)
+    with pytest.raises(UserError, match=f"{name} on model family 'albert': .*{reason}") as err:
+        pipe.run(tmp_path / "out", show_progress=False)
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+
+
+def test_structured_pruning_names_albert_s_reason(albert_dir):
+    """What the pruning passes' checks read: the family record refuses both capabilities."""
+    model = AlbertForSequenceClassification.from_pretrained(str(albert_dir))
+    with pytest.raises(UserError, match="prune-heads is not available for model family 'albert': ALBERT's layers"):
+        prune_heads(model, {0: [0]})
+    with pytest.raises(UserError, match="prune-ffn is not available for model family 'albert'"):
+        set_intermediate_size(model, 0, [0, 1])
