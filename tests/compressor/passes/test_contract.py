@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from compressor.bundle import ModelBundle
 from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
-from compressor.passes import Context, apply_pass, check_pass_family, get_pass, pass_names
+from compressor.passes import Context, LazyTeacher, apply_pass, check_pass_family, get_pass, pass_names
 from compressor.passes import training as training_passes
 from compressor.pipeline.recipe import parse_step
 from pretrain.batching import encode
@@ -31,6 +31,9 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "qat": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
     "sensitivity": {"keep_fraction": 0.25, "samples": 32},
     "factorize-embedding": {"rank": 8},
+    "student": {"layers": [0, 2]},
+    "distill": {"losses": ["soft", "hidden", "attention"], "epochs": 1, "batch_size": 16, "lr": 1e-3,
+                "max_train_samples": 48},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).
@@ -39,6 +42,9 @@ FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     "drop-layers": (EXAMPLE_CONFIGS["drop-layers"], NO_TRANSFORMER_LAYERS),
     "sensitivity": (EXAMPLE_CONFIGS["sensitivity"], NO_TRANSFORMER_LAYERS),
     "quantize": ({"mode": "inc"}, frozenset(f for f, record in FAMILIES.items() if not record.supports("inc"))),
+    "student": (EXAMPLE_CONFIGS["student"], NO_TRANSFORMER_LAYERS),
+    # layer losses read q/k/v modules: none in a BiLM, einsum weights in XLNet
+    "distill": (EXAMPLE_CONFIGS["distill"], NO_TRANSFORMER_LAYERS | {"xlnet"}),
 }
 
 # Every pass output must export behind the real gate: parity for fp32 graphs; a quantized
@@ -73,7 +79,7 @@ def test_every_example_config_names_a_registered_pass():
 
 
 @pytest.mark.parametrize("name", pass_names())
-def test_pass_contract(name, bundle, tiny_task, tmp_path):
+def test_pass_contract(name, bundle, tiny_task, model_dirs, tmp_path):
     if name not in EXAMPLE_CONFIGS:
         pytest.fail(f"pass {name!r} is registered but has no example config: add one to "
                     f"EXAMPLE_CONFIGS in {__file__} so the contract test can run it")
@@ -90,7 +96,9 @@ def test_pass_contract(name, bundle, tiny_task, tmp_path):
     before_history = tuple(dict(h) for h in bundle.history)
     before_logits = _logits(bundle, test)
 
-    out = apply_pass(bundle, name, cfg, _ctx(tiny_task))
+    # Passes that learn from the teacher get the input's own model, loaded apart.
+    teacher = LazyTeacher.from_dir(model_dirs[bundle.model.config.model_type])
+    out = apply_pass(bundle, name, cfg, _ctx(tiny_task, teacher_source=teacher))
 
     # The input bundle is untouched.
     state = bundle.model.state_dict()
