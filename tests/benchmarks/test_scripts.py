@@ -402,3 +402,17 @@ def test_stream_memory(tmp_path, wordnet_corpus_file, monkeypatch):
     assert whole["chunks_taken"] >= 100 and whole["rss_by_chunks"]
     assert tail["mode"] == "read whole, tokenize last 50 documents (resume path)"
     assert tail["read_phase_peak_rss_mb"] > 0
+
+
+def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    out = tmp_path / "distill.json"
+    run_script("distill_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--rows", "hard,tinybert",
+                                    "--layers", "0,2", "--train-samples", 32, "--batch-size", 16,
+                                    "--max-eval-samples", 16, "--out", out], monkeypatch)
+    record = json.loads(out.read_text())
+    rows = {row["name"]: row for row in record["runs"]}
+    assert set(rows) == {"hard", "tinybert"} and record["teacher"]["source"] == "measured"
+    for row in rows.values():
+        assert 0 <= row["accuracy"] <= 1 and row["test_samples"] == 16
+        assert row["distill"]["stages"][0]["steps"] == 2
+    assert rows["tinybert"]["distill"]["layer_map"] == [1, 3]

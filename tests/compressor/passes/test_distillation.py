@@ -253,3 +253,16 @@ def test_the_cache_key_follows_the_named_teacher_content(tiny_bert_dir, tmp_path
     assert step_key(step) != before
     plain = parse_step({"distill": {"losses": ["soft"]}}, "v")
     assert len(step_key(plain)) == 2     # no named dir: the key is the step's config alone
+
+
+def test_progressive_runs_one_phase_per_layer_with_lower_layers_frozen(bert_bundle):
+    stages = distillation_module.plan_stages(_distill(losses=["progressive", "soft"]), 4)
+    assert [s.name for s in stages] == ["layer-0", "layer-1", "layer-2", "layer-3", "prediction"]
+    assert [s.frozen_below for s in stages] == [0, 1, 2, 3, 0] and stages[1].layers == (1,)
+    assert sum(s.epochs_share for s in stages[:4]) == pytest.approx(1.0)
+    model = bert_bundle.model
+    with distillation_module.frozen_below(model, 2):
+        assert not any(p.requires_grad for p in encoder_layers(model)[1].parameters())
+        assert not model.get_input_embeddings().weight.requires_grad
+        assert all(p.requires_grad for p in encoder_layers(model)[2].parameters())
+    assert all(p.requires_grad for p in model.parameters())
