@@ -28,11 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS: dict[str, dict] = {
     "hard": {"losses": ["hard"]},
     "soft": {"losses": ["soft"]},
+    "soft-hard": {"losses": ["soft", "hard"]},      # DistilBERT's classification recipe (CE for its MLM)
     "tinybert": {"losses": ["soft", "hidden", "attention"]},
     # TinyBERT's score MSE is ~10x the other terms on this teacher: scaled down, or MiniLM's KL
     "tinybert-weighted": {"losses": ["soft", "hidden", "attention"], "weights": {"attention": 0.05}},
     "tinybert-kl": {"losses": ["soft", "hidden", "attention"], "attention_kind": "distribution"},
-    "tinybert-auto": {"losses": ["soft", "hidden", "attention"], "layer_map": "auto"},
+    "tinybert-auto": {"losses": ["soft", "hidden", "attention"], "weights": {"attention": 0.05}, "layer_map": "auto"},
     "tinybert-two-stage": {"losses": ["soft", "hidden", "attention"], "two_stage": True, "epochs_share": 0.5},
     "minilm": {"losses": ["soft", "attention", "value-relation"], "attention_kind": "distribution",
                "attention_layers": "last"},
