@@ -22,7 +22,7 @@ def resolve_path(ref: str, base_dir: Path, keep: tuple[str, ...] = ()) -> str:
 
 
 def resolve_step_paths(step: Step, base_dir: Path) -> Step:
-    """A pass's data paths (another task's files, a domain corpus) resolved like the teacher's."""
+    """A pass's data paths (another task's files, a domain corpus, a teacher dir) resolved like the teacher's."""
     config, update = step.config, {}
     if getattr(config, "intermediate_task", None) is not None:
         update["intermediate_task"] = resolve_task_paths(config.intermediate_task, base_dir)
@@ -30,6 +30,8 @@ def resolve_step_paths(step: Step, base_dir: Path) -> Step:
         update["tasks"] = tuple(resolve_task_paths(t, base_dir) for t in config.tasks)
     if getattr(config, "domain_corpus", None) is not None:
         update["domain_corpus"] = resolve_path(config.domain_corpus, base_dir)
+    if getattr(config, "teacher", None) is not None:      # distill's own teacher (a model dir)
+        update["teacher"] = resolve_path(config.teacher, base_dir)
     changed = {k: v for k, v in update.items() if v != getattr(config, k)}
     return Step(name=step.name, config=config.model_copy(update=changed)) if changed else step
 

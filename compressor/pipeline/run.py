@@ -36,10 +36,11 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
         check_baselines(recipe.benchmark.baselines, family)
         if OPTIMUM in recipe.benchmark.baselines:
             presets = optimum_presets(recipe.benchmark)     # a preset this CPU cannot run stops here
-    check_steps_fit(steps, family, teacher_path)
-    task = load_task(resolve_task_paths(recipe.teacher.task, base_dir), seed=recipe.seed)
+    # Paths first: a family check may read a model dir a step names (distill's teacher).
     steps = {name: [resolve_step_paths(step, base_dir) for step in variant_steps]
              for name, variant_steps in steps.items()}
+    check_steps_fit(steps, family, teacher_path)
+    task = load_task(resolve_task_paths(recipe.teacher.task, base_dir), seed=recipe.seed)
     created = claim_out_dir(out_dir, recipe, force)
     try:
         teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)

@@ -24,7 +24,8 @@ from compressor.bundle import ModelBundle, read_provenance
 from compressor.evaluate import load_predictor, predict_classes
 from compressor.export.onnx import ExportSettings, export_into
 from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
-from compressor.pipeline.cache import STAGE_FILE, cached, content_key, fingerprint, key_fields, task_fingerprint
+from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerprint, fingerprint_file, key_fields,
+                                      task_fingerprint)
 from compressor.pipeline.outdir import read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
 from pretrain.data import TaskData
@@ -74,7 +75,7 @@ def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[St
     def key_of(prefix: list[Step]) -> str:
         return content_key({"input": teacher.key, "seed": recipe.seed,
                             "max_train_samples": recipe.data.max_train_samples,
-                            "steps": [[s.name, key_fields(s.config)] for s in prefix]})
+                            "steps": [step_key(s) for s in prefix]})
 
     def build() -> ModelBundle:
         known = {stage.key: stage.path for stage in earlier}
@@ -90,6 +91,15 @@ def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[St
     stage = model_stage(name, key_of(steps), build, task, recipe, out_dir)
     remove_work_dirs(out_dir, [key_of(steps[:n]) for n in range(1, len(steps) + 1)])
     return stage
+
+
+def step_key(step: Step) -> list:
+    """A step as it enters a cache key: its name and config, plus the content of every dir the
+    config names as an input (`input_paths()`, e.g. distill's `teacher: PATH`), so that a
+    teacher retrained in place is a new key. Steps without such dirs keep their old key."""
+    paths = step.config.input_paths() if hasattr(step.config, "input_paths") else {}
+    key = [step.name, key_fields(step.config)]
+    return key + [{name: fingerprint_file(path) for name, path in paths.items()}] if paths else key
 
 
 def remove_work_dirs(out_dir: Path, keys: list[str]) -> None:

@@ -513,3 +513,15 @@ def test_sharing_study(finished_run, tiny_csv, tmp_path, monkeypatch):
     assert shared["onnx_fp32"]["size_bytes"] < teacher_row["onnx_fp32"]["size_bytes"]
     assert shared["onnx_int8"]["size_bytes"] < teacher_row["onnx_int8"]["size_bytes"]
     assert 0 <= shared["accuracy_before_recovery"] <= 1 and 0 <= shared["onnx_int8"]["accuracy"] <= 1
+def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    out = tmp_path / "distill.json"
+    run_script("distill_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--rows", "hard,tinybert",
+                                    "--layers", "0,2", "--train-samples", 32, "--batch-size", 16,
+                                    "--max-eval-samples", 16, "--out", out], monkeypatch)
+    record = json.loads(out.read_text())
+    rows = {row["name"]: row for row in record["runs"]}
+    assert set(rows) == {"hard", "tinybert"} and record["teacher"]["source"] == "measured"
+    for row in rows.values():
+        assert 0 <= row["accuracy"] <= 1 and row["test_samples"] == 16
+        assert row["distill"]["stages"][0]["steps"] == 2
+    assert rows["tinybert"]["distill"]["layer_map"] == [1, 3]

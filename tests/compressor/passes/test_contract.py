@@ -39,6 +39,9 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "prune-magnitude": {"sparsity": 0.5, "epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
     "prune-movement": {"sparsity": 0.5, "epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
     "share-layers": {"mode": "all", "groups": 1},
+    "student": {"layers": [0, 2]},
+    "distill": {"losses": ["soft", "hidden", "attention"], "epochs": 1, "batch_size": 16, "lr": 1e-3,
+                "max_train_samples": 48},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).
@@ -54,6 +57,9 @@ FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     # XLNet's attention projections are einsum weights, not Linear layers
     **{name: (EXAMPLE_CONFIGS[name], NO_TRANSFORMER_LAYERS | {"xlnet"})
        for name in ("prune-magnitude", "prune-movement")},
+    "student": (EXAMPLE_CONFIGS["student"], NO_TRANSFORMER_LAYERS),
+    # layer losses read q/k/v modules: none in a BiLM, einsum weights in XLNet
+    "distill": (EXAMPLE_CONFIGS["distill"], NO_TRANSFORMER_LAYERS | {"xlnet"}),
 }
 
 # Every pass output must export behind the real gate: parity for fp32 graphs; a quantized
@@ -88,7 +94,7 @@ def test_every_example_config_names_a_registered_pass():
 
 
 @pytest.mark.parametrize("name", pass_names())
-def test_pass_contract(name, bundle, tiny_task, tmp_path):
+def test_pass_contract(name, bundle, tiny_task, model_dirs, tmp_path):
     if name not in EXAMPLE_CONFIGS:
         pytest.fail(f"pass {name!r} is registered but has no example config: add one to "
                     f"EXAMPLE_CONFIGS in {__file__} so the contract test can run it")
@@ -105,8 +111,8 @@ def test_pass_contract(name, bundle, tiny_task, tmp_path):
     before_history = tuple(dict(h) for h in bundle.history)
     before_logits = _logits(bundle, test)
 
-    # Passes that learn from the teacher get a copy of the input (loaded only if they ask).
-    teacher = LazyTeacher(lambda: bundle.replace(model=bundle.copy_model()))
+    # Passes that learn from the teacher get the input's own model, loaded apart.
+    teacher = LazyTeacher.from_dir(model_dirs[bundle.model.config.model_type])
     out = apply_pass(bundle, name, cfg, _ctx(tiny_task, teacher_source=teacher))
 
     # The input bundle is untouched.

@@ -1,0 +1,146 @@
+"""Distillation study: one 3-layer student of the fine-tuned teacher, trained by each method
+with the same budget, scored on the held-out test split.
+
+Every row starts from the same student, the teacher's layers [0, 2, 4] (the `student`
+pass), and trains it with the `distill` pass for the same number of steps (train samples x
+epochs / batch size; progressive and two-stage rows share those epochs out over their
+phases), seed and test examples; only the losses differ. `hard` (task cross-entropy alone)
+is what `drop-layers` + `finetune` does. The results file is rewritten after every row, so a
+partial sweep is still recorded. Accuracy only: the machine is shared, times are no figure.
+
+    python benchmarks/distill_study.py --teacher /work/teacher-ft --rows tinybert,hard,soft \
+        --train-samples 20000 --epochs 1 --out benchmarks/results/distill_study.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# row -> the distill pass's config (besides the shared budget)
+ROWS: dict[str, dict] = {
+    "hard": {"losses": ["hard"]},
+    "soft": {"losses": ["soft"]},
+    "soft-hard": {"losses": ["soft", "hard"]},      # DistilBERT's classification recipe (CE for its MLM)
+    "tinybert": {"losses": ["soft", "hidden", "attention"]},
+    # TinyBERT's score MSE is ~10x the other terms on this teacher: scaled down, or MiniLM's KL
+    "tinybert-weighted": {"losses": ["soft", "hidden", "attention"], "weights": {"attention": 0.05}},
+    "tinybert-kl": {"losses": ["soft", "hidden", "attention"], "attention_kind": "distribution"},
+    "tinybert-auto": {"losses": ["soft", "hidden", "attention"], "weights": {"attention": 0.05}, "layer_map": "auto"},
+    "tinybert-two-stage": {"losses": ["soft", "hidden", "attention"], "two_stage": True, "epochs_share": 0.5},
+    "minilm": {"losses": ["soft", "attention", "value-relation"], "attention_kind": "distribution",
+               "attention_layers": "last"},
+    "progressive": {"losses": ["progressive", "soft"], "epochs_share": 0.5},
+    "soft-auto": {"losses": ["soft", "hidden"], "layer_map": "auto"},
+    "soft-uniform": {"losses": ["soft", "hidden"], "layer_map": "uniform"},
+}
+
+
+def student_layers(text: str) -> list[int]:
+    return [int(i) for i in text.split(",")]
+
+
+def run_row(name: str, args, teacher_dir: Path, task, seed: int) -> dict:
+    from compressor.bundle import ModelBundle
+    from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
+    from pretrain.finetune import evaluate
+
+    row = dict(ROWS[name])
+    # Phased rows (two-stage, progressive: layer phases then prediction) get half the epochs per
+    # part, so every row takes the same number of steps.
+    share = row.pop("epochs_share", 1.0)
+    ctx = Context(task=task, seed=seed, show_progress=True, teacher_source=LazyTeacher.from_dir(teacher_dir),
+                  work_dir=args.work / f"{name}-seed{seed}" if args.work else None)
+    teacher = ModelBundle.load(teacher_dir)
+    student_cfg = get_pass("student").config_type.model_validate({"layers": args.layers})
+    student = apply_pass(teacher, "student", student_cfg, ctx)
+    config = {**row, "epochs": args.epochs * share, "max_train_samples": args.train_samples,
+              "batch_size": args.batch_size, "seed": seed, **({"lr": args.lr} if args.lr else {})}
+    start = time.perf_counter()
+    out = apply_pass(student, "distill", get_pass("distill").config_type.model_validate(config), ctx)
+    seconds = time.perf_counter() - start
+    test = task.split("test").head(args.max_eval_samples)
+    metrics, _ = evaluate(out.model, out.tokenizer, test)
+    return {"name": name, "seed": seed, "config": config, "accuracy": metrics["accuracy"],
+            "macro_f1": metrics["macro_f1"], "test_samples": len(test), "params": out.params,
+            "distill": out.deploy["distill"], "train_seconds": round(seconds, 1)}
+
+
+def teacher_accuracy(teacher_dir: Path, task, max_eval: int) -> dict:
+    """The teacher's test accuracy: from its stage.json when that scored the same test examples
+    (a recipe's teacher stage), else measured here."""
+    stage = teacher_dir / "stage.json"
+    if stage.is_file():
+        metrics = json.loads(stage.read_text()).get("metrics") or {}
+        if metrics.get("samples") == min(max_eval, len(task.split("test"))):
+            return {"accuracy": metrics["accuracy"], "macro_f1": metrics.get("macro_f1"),
+                    "samples": metrics["samples"], "source": "stage.json"}
+    from compressor.bundle import ModelBundle
+    from pretrain.finetune import evaluate
+    teacher = ModelBundle.load(teacher_dir)
+    metrics, _ = evaluate(teacher.model, teacher.tokenizer, task.split("test").head(max_eval))
+    return {**metrics, "source": "measured"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teacher", type=Path, default=Path("/work/teacher-ft"), help="a fine-tuned model dir")
+    parser.add_argument("--task", help="a built-in task or a data file (default: the teacher's recorded task)")
+    parser.add_argument("--rows", default="tinybert,hard,soft", help=f"known: {', '.join(ROWS)}")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--layers", type=student_layers, default=[0, 2, 4], help="teacher layers of the student")
+    parser.add_argument("--train-samples", type=int, default=20000)
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, help="default: the distill pass's (fine-tuning's 1e-4)")
+    parser.add_argument("--max-eval-samples", type=int, default=5000)
+    parser.add_argument("--work", type=Path, help="checkpoint dir per row (a killed sweep resumes)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "distill_study.json")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.rows.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
+
+    import torch
+    import transformers
+    from compressor.bundle import read_provenance
+    from pretrain.data import load_task
+    spec = args.task or read_provenance(args.teacher).get("task") or "wordnet-supersense"
+    task = load_task({"path": spec} if Path(spec).suffix in (".csv", ".tsv", ".jsonl") else spec)
+    teacher_metrics = teacher_accuracy(args.teacher, task, args.max_eval_samples)
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for name in names:
+            print(f"running {name} seed {seed}", file=sys.stderr, flush=True)
+            row = run_row(name, args, args.teacher, task, seed)
+            row["kept_of_teacher"] = round(row["accuracy"] / teacher_metrics["accuracy"], 4)
+            # Re-read before writing: sweeps of other rows may run beside this one.
+            previous = json.loads(args.out.read_text())["runs"] if args.out.is_file() else []
+            results = {(r["name"], r["seed"]): r for r in previous}
+            results[(name, seed)] = row
+            print(json.dumps({k: row[k] for k in ("name", "seed", "accuracy", "kept_of_teacher", "train_seconds")}),
+                  file=sys.stderr, flush=True)
+            record = {"command": " ".join(["python", "benchmarks/distill_study.py", *sys.argv[1:]]),
+                      "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                      "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                                  "cpus": os.cpu_count(), "note": "2 cores shared with other jobs"},
+                      "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                                   "transformers": transformers.__version__},
+                      "teacher": {"dir": str(args.teacher), **teacher_metrics},
+                      "settings": {"student_layers": args.layers, "train_samples": args.train_samples,
+                                   "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+                                   "max_eval_samples": args.max_eval_samples},
+                      "runs": list(results.values())}
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
