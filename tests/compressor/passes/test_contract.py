@@ -31,6 +31,8 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "qat": {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
     "sensitivity": {"keep_fraction": 0.25, "samples": 32},
     "factorize-embedding": {"rank": 8},
+    # one successor for the whole encoder: divides both tiny depths (4 and 3)
+    "theseus": {"successor_layers": 1, "epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).
@@ -38,6 +40,7 @@ NO_TRANSFORMER_LAYERS = frozenset(FAMILIES) - set(TRANSFORMER_FAMILIES)
 FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     "drop-layers": (EXAMPLE_CONFIGS["drop-layers"], NO_TRANSFORMER_LAYERS),
     "sensitivity": (EXAMPLE_CONFIGS["sensitivity"], NO_TRANSFORMER_LAYERS),
+    "theseus": (EXAMPLE_CONFIGS["theseus"], NO_TRANSFORMER_LAYERS),
     "quantize": ({"mode": "inc"}, frozenset(f for f, record in FAMILIES.items() if not record.supports("inc"))),
 }
 
