@@ -2,7 +2,7 @@
 
 Accuracy (any machine; rows are written as each finishes): every row starts from the
 teacher, runs its passes with one training budget (train samples x epochs, batch 32, the
-passes' default rates) and goes through the real export path (ONNX, parity gate, ORT
+passes' default rates unless the row names one) and goes through the real export path (ONNX, parity gate, ORT
 fusion); its accuracy is the shipped graph's on the first --eval-samples test examples.
 The `teacher` row is the same export of the teacher itself (the reference, and the
 latency baseline). A rerun skips rows whose export is already in --work; a killed Theseus
@@ -16,13 +16,14 @@ student, timed together (interleaved) with `measure_models` at batch 8 on real t
 (the `cpu` profile: all cores, full graph optimization); the target is a p50 ratio <= 0.55.
 
     .venv/bin/python benchmarks/theseus_study.py --latency --teacher /work/teacher-ft \
-        --out benchmarks/results/theseus_latency.json
+        --work runs/theseus-study [--student theseus-lr3e-4] --out benchmarks/results/theseus_latency.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,10 @@ def rows(args, depth: int) -> dict[str, list[tuple[str, dict]]]:
         "drop-layers+finetune": [("drop-layers", {"keep": keep}), ("finetune", budget)],
         "theseus-first-init": [("theseus", {**theseus, "schedule": "linear", "init": "first"})],
         "theseus-constant": [("theseus", {**theseus, "schedule": "constant"})],
+        # only the successors train: a rate above full fine-tuning's (1e-4)
+        "theseus-lr3e-4": [("theseus", {**theseus, "schedule": "linear", "lr": 3e-4})],
+        "theseus-constant-lr3e-4": [("theseus", {**theseus, "schedule": "constant", "lr": 3e-4})],
+        "theseus-lr1e-3": [("theseus", {**theseus, "schedule": "linear", "lr": 1e-3})],
     }
 
 
@@ -66,6 +71,7 @@ def run_row(name: str, steps: list[tuple[str, dict]], teacher: ModelBundle, task
         bundle = apply_pass(bundle, pass_name, get_pass(pass_name).config_type.model_validate(config), ctx)
     trained = time.perf_counter() - start
     exported = export_scored(bundle, args.work / name, OPEN_GATE, task, args.eval_samples)
+    shutil.rmtree(ctx.work_dir, ignore_errors=True)    # the row is done: its checkpoint is not needed
     labels = np.asarray(task.split("test").head(args.eval_samples).labels)
     return {"name": name, "passes": steps, "accuracy": float(np.mean(exported.predictions == labels)),
             "layers": bundle.model.config.num_hidden_layers, "params": bundle.params,
@@ -105,18 +111,19 @@ def latency_study(args) -> None:
     profile = load_profile("cpu").model_copy(update={"batch_sizes": [args.batch_size], "iterations": args.iterations,
                                                      "sequence_lengths": ["real"]})
     set_threads(profile.thread_count())
-    names = ("teacher", "theseus")
+    names = ("teacher", args.student)
     missing = [n for n in names if not (args.work / n / ONNX_FILE).exists()]
     if missing:
         sys.exit(f"no export of {missing} in {args.work}; run the accuracy study first")
     models = [Deployable(n, "onnx", args.work / n / ONNX_FILE, "fp32") for n in names]
     measured = measure_models(models, profile, teacher.tokenizer, test)
     p50 = {row["model"]: row["p50_ms"] for row in measured.rows}
+    ratio = p50[args.student] / p50["teacher"]
     write_json(args.out, {"command": " ".join(sys.argv), "profile": profile.model_dump(mode="json"),
-                          "rows": measured.rows, "rankings": measured.rankings,
-                          "p50_ratio_theseus_vs_teacher": p50["theseus"] / p50["teacher"],
+                          "student": args.student, "rows": measured.rows, "rankings": measured.rankings,
+                          "p50_ratio_student_vs_teacher": ratio, "target": 0.55,
                           "eval_samples": len(test), "environment": environment()})
-    print(json.dumps({"p50_ms": p50, "ratio": p50["theseus"] / p50["teacher"]}, indent=2))
+    print(json.dumps({"p50_ms": p50, "ratio": ratio}, indent=2))
 
 
 def main() -> int:
@@ -131,6 +138,7 @@ def main() -> int:
     parser.add_argument("--runs", nargs="*", help="only these rows (default: all, in order)")
     parser.add_argument("--work", type=Path, default=Path("runs/theseus-study"))
     parser.add_argument("--latency", action="store_true", help="time the exported teacher and Theseus graphs")
+    parser.add_argument("--student", default="theseus", help="with --latency: the row whose export is timed")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--out", type=Path, required=True)
