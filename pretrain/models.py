@@ -185,6 +185,15 @@ def encoder_layers(model: PreTrainedModel) -> nn.ModuleList:
     return module
 
 
+def set_encoder_layers(model: PreTrainedModel, layers: nn.ModuleList) -> None:
+    """Put `layers` where the family keeps its Transformer layers (config left as it is)."""
+    parent_path, _, attr = families.FAMILIES[model.config.model_type].layers.rpartition(".")
+    parent: nn.Module = model.base_model
+    for name in filter(None, parent_path.split(".")):
+        parent = getattr(parent, name)
+    setattr(parent, attr, layers)
+
+
 def check_transformer_family(family: str, capability: str | None = None) -> None:
     """Refuse a family without Transformer layer modules; with the family's own reason for
     `capability` where it has a more specific one (ALBERT's layers are shared)."""
@@ -216,11 +225,7 @@ def keep_encoder_layers(model: PreTrainedModel, keep: list[int]) -> None:
     """Restructure `model` in place to the listed layers, keeping config consistent."""
     layers = encoder_layers(model)
     kept = nn.ModuleList(layers[i] for i in keep)
-    parent_path, _, attr = families.FAMILIES[model.config.model_type].layers.rpartition(".")
-    parent: nn.Module = model.base_model
-    for name in filter(None, parent_path.split(".")):
-        parent = getattr(parent, name)
-    setattr(parent, attr, kept)
+    set_encoder_layers(model, kept)
     # Layers remember their position for KV caching; keep that in step with the new order.
     for new_index, layer in enumerate(kept):
         for module in layer.modules():

@@ -175,12 +175,16 @@ class EpochBatches:
         if len(data) == 0:
             raise ValueError("no training examples")
         self.data, self.with_token_types = data, with_token_types
-        steps_per_epoch = math.ceil(len(data) / cfg.batch_size)
-        self.steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+        self.steps = epoch_steps(len(data), cfg)
         self.plan = epoch_batches(data, cfg, np.random.default_rng(cfg.seed), self.steps)
 
     def batch(self, step: int) -> Batch:
         return collate(self.data, self.plan[step], self.with_token_types)
+
+
+def epoch_steps(examples: int, cfg: TrainConfig) -> int:
+    """Optimizer steps of cfg.epochs epochs over `examples` (a partial last batch is a step)."""
+    return max(1, math.ceil(cfg.epochs * math.ceil(examples / cfg.batch_size)))
 
 
 def task_loss(model: nn.Module, batch: Batch) -> torch.Tensor:

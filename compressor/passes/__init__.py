@@ -2,7 +2,9 @@
 
 from compressor.passes.registry import (Context, LazyTeacher, PassConfig, PassSpec, apply_pass,
                                         check_pass_family, get_pass, pass_name_of, pass_names, register)
-from compressor.passes import distillation, embedding, layers, pruning, quantization, shallow_students, sharing, sparsity, training  # noqa: F401  (registration side effect)
+# Importing each family's module registers its passes.
+from compressor.passes import (distillation, embedding, layers, pruning, quantization,  # noqa: F401
+                               shallow_students, sharing, sparsity, theseus, training)
 
 __all__ = ["Context", "LazyTeacher", "PassConfig", "PassSpec", "apply_pass", "check_pass_family", "get_pass",
            "pass_name_of", "pass_names", "register"]

@@ -310,6 +310,28 @@ def test_latency_model(finished_run, tiny_csv, tmp_path, monkeypatch):
     result = json.loads(out.read_text())
     assert result["held_out_structures"] >= 1 and result["median_abs_relative_error"] >= 0
     assert set(result["model"]["coefficients"]) == {"fp32", "int8"} and result["environment"]["cpu"]
+def test_theseus_study(finished_run, tmp_path, monkeypatch):
+    from compressor.bench import measure
+    monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
+    teacher = json.loads((finished_run[1] / "report.json").read_text())["teacher"]["path"]
+    common = ["--teacher", teacher, "--eval-samples", 16, "--work", tmp_path / "work"]
+    out = tmp_path / "theseus.json"
+    run_script_exit("theseus_study.py", [*common, "--successor-layers", 2, "--train-samples", 16,
+                                         "--runs", "teacher", "theseus", "--out", out],
+                    monkeypatch)
+    result = json.loads(out.read_text())
+    rows = {r["name"]: r for r in result["results"]}
+    assert list(rows) == ["teacher", "theseus"] and result["eval_samples"] == 16
+    assert rows["teacher"]["retention"] == 1.0 and rows["teacher"]["layers"] == 4
+    assert rows["theseus"]["layers"] == 2 and rows["theseus"]["model_class"] == rows["teacher"]["model_class"]
+    assert rows["theseus"]["passes"] == [["theseus", {"successor_layers": 2, "epochs": 1.0, "max_train_samples": 16,
+                                                      "schedule": "linear"}]]
+    assert all(0 <= r["accuracy"] <= 1 and r["optimized"] for r in rows.values())
+    latency = tmp_path / "latency.json"
+    run_script_exit("theseus_study.py", [*common, "--latency", "--iterations", 4, "--out", latency], monkeypatch)
+    timed = json.loads(latency.read_text())
+    assert {r["model"] for r in timed["rows"]} == {"teacher", "theseus"}
+    assert {r["batch_size"] for r in timed["rows"]} == {8} and timed["p50_ratio_student_vs_teacher"] > 0
 
 
 # --- Scripts that train or stream a corpus: the smallest budget their flags allow.

@@ -42,6 +42,8 @@ EXAMPLE_CONFIGS: dict[str, dict] = {
     "student": {"layers": [0, 2]},
     "distill": {"losses": ["soft", "hidden", "attention"], "epochs": 1, "batch_size": 16, "lr": 1e-3,
                 "max_train_samples": 48},
+    # one successor for the whole encoder: divides both tiny depths (4 and 3)
+    "theseus": {"successor_layers": 1, "epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 48},
 }
 
 # pass name -> (a config, the model families its registered check must refuse for it).
@@ -51,6 +53,7 @@ FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     "sensitivity": (EXAMPLE_CONFIGS["sensitivity"], NO_TRANSFORMER_LAYERS),
     # ALBERT: its layers are shared already
     "share-layers": (EXAMPLE_CONFIGS["share-layers"], NO_TRANSFORMER_LAYERS),
+    "theseus": (EXAMPLE_CONFIGS["theseus"], NO_TRANSFORMER_LAYERS),
     "quantize": ({"mode": "inc"}, frozenset(f for f, record in FAMILIES.items() if not record.supports("inc"))),
     **{name: (EXAMPLE_CONFIGS[name], frozenset(f for f, record in FAMILIES.items() if not record.supports(name)))
        for name in ("prune-heads", "prune-ffn")},
