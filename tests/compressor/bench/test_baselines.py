@@ -96,8 +96,8 @@ def test_each_profile_is_measured_against_its_own_preset(tiny_bert_dir, tiny_csv
     loaded = []
     real = measure.load_runner
     monkeypatch.setattr(measure, "load_runner",
-                        lambda model, profile: loaded.append((profile.name, model.name, model.path)) or
-                        real(model, profile))
+                        lambda model, profile, ids=None: loaded.append((profile.name, model.name, model.path)) or
+                        real(model, profile, ids))
     raw = tiny_recipe(tiny_bert_dir, tiny_csv, ["cpu", profile_file(tmp_path, "cpu-avx2", other)])
     recipe, steps = parse_recipe(raw)
     report = run_recipe(recipe, steps, tmp_path / "out", show_progress=False)
