@@ -21,6 +21,7 @@ from pathlib import Path
 
 from compressor.bench.profiles import load_profile
 from compressor.bundle import ModelBundle
+from compressor.cli.commands import task_arg
 from compressor.search import structures
 from compressor.search.latency import Structure
 from pretrain.atomic import write_json
@@ -42,8 +43,7 @@ def main() -> int:
     args = parser.parse_args()
 
     teacher = ModelBundle.load(args.teacher)
-    spec = args.task or teacher.task
-    task = load_task({"path": spec} if isinstance(spec, str) and Path(spec).is_file() else spec)
+    task = load_task(task_arg(args.task) if args.task else teacher.task)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if args.export_only:
         shape = structures.teacher_shape(teacher)

@@ -27,6 +27,7 @@ from compressor.bench.measure import measure_models
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable
 from compressor.bundle import ModelBundle
+from compressor.cli.commands import task_arg
 from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
 from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
 from pretrain.atomic import write_json
@@ -53,8 +54,7 @@ def main() -> int:
     args = parser.parse_args()
 
     teacher = ModelBundle.load(args.teacher)
-    spec = args.task or teacher.task
-    task = load_task({"path": spec} if isinstance(spec, str) and Path(spec).is_file() else spec)
+    task = load_task(task_arg(args.task) if args.task else teacher.task)
     ctx = Context(task=task, seed=0, show_progress=False, teacher_source=LazyTeacher.from_dir(args.teacher))
     rows = [exported("teacher", teacher, task, args, seconds=0.0)]
     for kind in args.kinds:
