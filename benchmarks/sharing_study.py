@@ -29,7 +29,7 @@ import numpy as np
 
 from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle
-from compressor.export.onnx import ExportSettings, export_scored
+from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.atomic import write_json
 from pretrain.batching import encode, usable_length
@@ -64,7 +64,7 @@ def run(name: str, passes: list[tuple[str, dict]], bundle: ModelBundle, task, ct
         shipped = bundle
         for pass_name, config in extra:
             shipped = apply_pass(shipped, pass_name, get_pass(pass_name).config_type.model_validate(config), ctx)
-        exported = export_scored(shipped, args.work / name / f"onnx-{precision}", OPEN_GATE, task, args.eval_samples)
+        exported = export_bundle(shipped, args.work / name / f"onnx-{precision}", OPEN_GATE, task, args.eval_samples)
         record = exported.record
         row[f"onnx_{precision}"] = {
             "accuracy": float(np.mean(exported.predictions == labels)), "size_bytes": record["size_bytes"],

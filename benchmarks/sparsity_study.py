@@ -25,7 +25,7 @@ from pathlib import Path
 
 from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle, weights_size
-from compressor.export.onnx import ONNX_FILE, ExportSettings, export_scored
+from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
 from compressor.modeling.cost import compressed_size, encoder_sparsity
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.atomic import write_json
@@ -50,7 +50,7 @@ def sizes(bundle: ModelBundle, directory: Path, task, args) -> dict:
     files = sorted(directory.glob("*.safetensors"))
     out = {"fp32_size_bytes": weights_size(directory), "fp32_compressed_size_bytes": compressed_size(files)}
     if args.int8:
-        export = export_scored(bundle.replace(deploy=INT8), directory.with_name(directory.name + "-int8"),
+        export = export_bundle(bundle.replace(deploy=INT8), directory.with_name(directory.name + "-int8"),
                                OPEN_GATE, task, args.eval_samples).record
         onnx = Path(export["path"]) / ONNX_FILE
         out.update(int8_onnx_accuracy=export["accuracy"], int8_size_bytes=onnx.stat().st_size,

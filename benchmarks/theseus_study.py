@@ -35,7 +35,7 @@ from compressor.bench.measure import measure_models
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable
 from compressor.bundle import ModelBundle
-from compressor.export.onnx import ONNX_FILE, ExportSettings, export_scored
+from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.atomic import write_json
 from pretrain.data import load_task
@@ -70,7 +70,7 @@ def run_row(name: str, steps: list[tuple[str, dict]], teacher: ModelBundle, task
     for pass_name, config in steps:
         bundle = apply_pass(bundle, pass_name, get_pass(pass_name).config_type.model_validate(config), ctx)
     trained = time.perf_counter() - start
-    exported = export_scored(bundle, args.work / name, OPEN_GATE, task, args.eval_samples)
+    exported = export_bundle(bundle, args.work / name, OPEN_GATE, task, args.eval_samples)
     shutil.rmtree(ctx.work_dir, ignore_errors=True)    # the row is done: its checkpoint is not needed
     labels = np.asarray(task.split("test").head(args.eval_samples).labels)
     return {"name": name, "passes": steps, "accuracy": float(np.mean(exported.predictions == labels)),

@@ -90,7 +90,7 @@ def test_emptied_layer_is_dropped_and_the_result_reloads_and_fuses(bert_bundle, 
     directory = out.save(tmp_path / "m")
     plain = load_in_plain_process(directory, inputs, tmp_path)
     np.testing.assert_allclose(np.array(plain["logits"]), logits(out.model, inputs), atol=1e-5)
-    record = export_bundle(out, tmp_path / "onnx", ExportSettings(), tiny_task)
+    record = export_bundle(out, tmp_path / "onnx", ExportSettings(), tiny_task).record
     assert record["optimized"] and record["fusions"].get("Attention") == 3, record.get("fusion_fallback")
 
 

@@ -144,15 +144,15 @@ def duplicated_initializers(path) -> int:
 def test_onnx_stores_each_shared_tensor_once_fused_and_int8(bert_bundle, tiny_task, tmp_path):
     shared = share(bert_bundle, tiny_task, groups=1)
     settings = ExportSettings(accuracy_tolerance=1.0)
-    fp32 = export_bundle(shared, tmp_path / "fp32", settings, tiny_task)
+    fp32 = export_bundle(shared, tmp_path / "fp32", settings, tiny_task).record
     # Fusion concatenates each layer's Q, K and V into a new constant: 4 equal copies, merged.
     assert fp32["fusions"]["Attention"] == 4 and fp32["fused_duplicates_merged"] >= 3
     assert duplicated_initializers(tmp_path / "fp32" / ONNX_FILE) == 0
-    full = export_bundle(bert_bundle, tmp_path / "full", settings, tiny_task)
+    full = export_bundle(bert_bundle, tmp_path / "full", settings, tiny_task).record
     layer_bytes = 4 * count_params(encoder_layers(bert_bundle.model)[0])
     assert fp32["size_bytes"] <= full["size_bytes"] - 3 * layer_bytes + 4096
     int8 = apply_pass(shared, "quantize", QuantizeConfig(mode="dynamic-int8", per_channel=True), ctx(tiny_task))
-    record = export_bundle(int8, tmp_path / "int8", settings, tiny_task)
+    record = export_bundle(int8, tmp_path / "int8", settings, tiny_task).record
     graph = onnx.load(str(tmp_path / "int8" / ONNX_FILE)).graph
     assert {"QAttention", "MatMulInteger"} & {n.op_type for n in graph.node}
     assert duplicated_initializers(tmp_path / "int8" / ONNX_FILE) == 0 and record["quantized_duplicates_merged"] >= 0

@@ -171,10 +171,10 @@ def test_resumes_after_a_kill_with_identical_weights(bert_bundle, tiny_task, ext
 def test_output_exports_fused_and_quantizes(bert_bundle, tiny_task, tmp_path):
     out = apply_pass(bert_bundle.replace(task=tiny_task.spec), "theseus", config(max_train_samples=32),
                      ctx(tiny_task))
-    record = export_bundle(out, tmp_path / "fp32", ExportSettings(optimize=True), tiny_task)
+    record = export_bundle(out, tmp_path / "fp32", ExportSettings(optimize=True), tiny_task).record
     assert record["format"] == "onnx" and record["optimized"]
     int8 = apply_pass(out, "quantize", get_pass("quantize").config_type(mode="dynamic-int8"), ctx(tiny_task))
-    record = export_bundle(int8, tmp_path / "int8", ExportSettings(optimize=True, accuracy_tolerance=1.0), tiny_task)
+    record = export_bundle(int8, tmp_path / "int8", ExportSettings(optimize=True, accuracy_tolerance=1.0), tiny_task).record
     assert record["quantization"]["mode"] == "dynamic-int8"
 
 
