@@ -76,6 +76,11 @@ def test_each_mode_shares_exactly_its_tensors(bert_bundle, tiny_task, mode):
     assert not same(encoder_layers(bert_bundle.model), 0, 1, ATTENTION)
 
 
+def test_groups_of_one_layer_stay_unshared(bert_bundle, tiny_task):
+    layers = encoder_layers(share(bert_bundle, tiny_task, groups=3).model)   # [0, 1], [2], [3]
+    assert same(layers, 0, 1, FFN) and not same(layers, 1, 2, FFN) and not same(layers, 2, 3, FFN)
+
+
 def test_init_first_average_or_a_position(bert_bundle, tiny_task):
     layers = encoder_layers(bert_bundle.model)
     original = [tensor(layer, FFN).detach().clone() for layer in layers]
