@@ -8,8 +8,7 @@ attention projections are parameters, not modules (einsum weights [hidden, heads
 
 `refusals` names each capability the family lacks and why (the reason ends up in the
 one-line error a user sees). Capabilities: "inc", "optimum-export", "scalar-mix",
-"drop-layers", "prune-heads", "prune-ffn", "share-layers", "adapters", "domain-mlm", "fusion",
-"sensitivity".
+"drop-layers", "prune-heads", "prune-ffn", "share-layers", "adapters", "domain-mlm", "fusion".
 
 ALBERT has no per-layer modules: its `num_hidden_layers` layers apply the weights of
 `num_hidden_groups` shared layer groups (one, as released), so `layers` is None and the
@@ -25,7 +24,7 @@ from typing import Mapping
 from pretrain.errors import UserError
 
 CAPABILITIES = ("inc", "optimum-export", "scalar-mix", "drop-layers", "prune-heads", "prune-ffn",
-                "share-layers", "adapters", "domain-mlm", "fusion", "sensitivity")
+                "share-layers", "adapters", "domain-mlm", "fusion")
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,9 @@ class Family:
     # Per layer: the modules (paths under one layer) of each sublayer that `share-layers`
     # may share alone: "attention" (with its LayerNorm) and "ffn" (with its LayerNorm).
     sublayers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # ALBERT: its shared layer groups (`layers` is None), num_hidden_groups modules that the
+    # encoder applies at num_hidden_layers depths
+    layer_groups: str | None = None
     refusals: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -136,17 +138,15 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
     # ALBERT: BERT's layer and its ONNX graph (ORT fuses it as 'bert'), with a factorized
     # embedding and one set of layer weights (see the module doc).
     Family("albert", None, None, None, heads_field="num_attention_heads", hidden_field="hidden_size",
-           intermediate_field="intermediate_size", ort_model_type="bert", refusals={
+           intermediate_field="intermediate_size", ort_model_type="bert", layer_groups="encoder.albert_layer_groups",
+           refusals={
                "drop-layers": ALBERT_SHARED + "drop (lower num_hidden_layers in its config instead)",
                "prune-heads": ALBERT_SHARED + "prune head by head",
                "prune-ffn": ALBERT_SHARED + "prune neuron by neuron",
                "share-layers": "ALBERT's layers already share one set of weights (num_hidden_groups)",
                "scalar-mix": ALBERT_SHARED + "mix (the strategy counts layers by their modules)",
                "adapters": "no adapter sites are defined for ALBERT layers",
-               "domain-mlm": "domain MLM is not wired to ALBERT's masked-LM head",
-               # one torch Linear is many graph nodes (one per depth); the export keeps one in float
-               "sensitivity": ALBERT_SHARED + "rank: each Linear runs at every depth and the int8 export "
-                              "would keep only one of its graph nodes in float"}),
+               "domain-mlm": "domain MLM is not wired to ALBERT's masked-LM head"}),
     # The ELMo-style BiLM pretrained here (pretrain/objectives/bilm.py): LSTMs, not
     # Transformer layers, so layer and attention passes refuse it.
     Family("bilm", None, None, None, builtin_scalar_mix=True, refusals={

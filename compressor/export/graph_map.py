@@ -25,8 +25,10 @@ class LinearNode:
     activation: str    # the node's activation input: the tensor the Linear reads
 
 
-def linear_nodes(graph: Path, model: nn.Module) -> dict[str, LinearNode]:
-    """Linear module name -> the node computing it, for every Linear found in the graph."""
+def linear_nodes(graph: Path, model: nn.Module) -> dict[str, tuple[LinearNode, ...]]:
+    """Linear module name -> the nodes computing it, for every Linear found in the graph:
+    one, or one per layer that applies the Linear's weight (layers that share weights:
+    `share-layers`, ALBERT's one layer group at every depth)."""
     import onnx
     from onnx import numpy_helper
     proto = onnx.load(str(graph))
@@ -42,10 +44,10 @@ def linear_nodes(graph: Path, model: nn.Module) -> dict[str, LinearNode]:
         if not isinstance(module, nn.Linear):
             continue
         weight = module.weight.detach().float().numpy().T   # (in, out)
-        for node, matrix in candidates:
-            if holds_block(matrix, weight):
-                found[name] = LinearNode(node.name, node.input[0])
-                break
+        nodes = tuple(LinearNode(node.name, node.input[0]) for node, matrix in candidates
+                      if holds_block(matrix, weight))
+        if nodes:
+            found[name] = nodes
     return found
 
 

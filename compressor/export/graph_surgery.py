@@ -93,6 +93,32 @@ def deduplicate_initializers(path: Path) -> int:
     return len(renamed)
 
 
+def read_initializers_directly(path: Path) -> int:
+    """Point the readers of `Identity(initializer)` at the initializer itself; drop the Identity.
+
+    The TorchScript exporter stores a parameter that several layers share once and hands
+    every layer after the first an Identity of it. ORT's quantizers and the graph map
+    (graph_map.py) only see a weight that is an initializer, so those layers' MatMuls would
+    stay float. Returns how many Identity nodes went.
+    """
+    import onnx
+    model = onnx.load(str(path))
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    source = {n.output[0]: n.input[0] for n in graph.node
+              if n.op_type == "Identity" and n.input[0] in initializers and n.output[0] not in outputs}
+    if not source:
+        return 0
+    for node in all_nodes(graph):
+        node.input[:] = [source.get(name, name) for name in node.input]
+    kept = [n for n in graph.node if not (n.op_type == "Identity" and n.output[0] in source)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    onnx.save(model, str(path))
+    return len(source)
+
+
 def all_nodes(graph):
     """Every node of `graph` and of the subgraphs its nodes hold (If/Loop bodies)."""
     from onnx import AttributeProto

@@ -35,7 +35,7 @@ from compressor.bundle import ModelBundle
 from compressor.export.embedding import factorize_graph
 from compressor.export.gate import Gate, GateFailure
 from compressor.export.graph_map import embedding_gathers, linear_nodes
-from compressor.export.graph_surgery import deduplicate_initializers, has_op
+from compressor.export.graph_surgery import deduplicate_initializers, has_op, read_initializers_directly
 from compressor.export.optimize import Fusion, fuse
 from compressor.export.quantize import (LINEAR_SCOPE_UNFUSED, DynamicInt8Config, Fp16Config, IncConfig,
                                         Int4WeightOnlyConfig, Plan, QuantizeConfig, StaticInt8Config,
@@ -123,6 +123,7 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         graph = work / "fp32.onnx"
         names = input_names(bundle.model, bundle.tokenizer.model_input_names)
         write_onnx(bundle.model, graph, names)
+        read_initializers_directly(graph)   # layers that share a weight: int8 must reach them all
         rank = bundle.deploy.get("embedding_rank")
         factorized = factorize_graph(graph, bundle.model.get_input_embeddings().weight, rank) if rank else None
         record = {"format": "onnx", "opset": OPSET, "inputs": list(names), "embedding_factorized": factorized,
@@ -195,18 +196,19 @@ def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,
     if not keep and not ranges and not linears or not isinstance(cfg, (DynamicInt8Config, StaticInt8Config)):
         return Plan(calibration=calibration), {}
     nodes = linear_nodes(graph, bundle.model)
-    exclude = sorted({nodes[name].node for name in keep if name in nodes})
+    exclude = sorted({n.node for name in keep for n in nodes.get(name, ())})
     scope = {}
     if linears:
-        scope = {"linear_nodes": tuple(sorted({n.node for n in nodes.values()})),
+        scope = {"linear_nodes": tuple(sorted({n.node for found in nodes.values() for n in found})),
                  "embedding_gathers": tuple(embedding_gathers(graph, bundle.model))}
     activation_ranges = {}
     if isinstance(cfg, StaticInt8Config):
         for name, threshold in ranges.items():
-            if name in nodes and nodes[name].node not in exclude:
-                # Q, K and V read one tensor: the widest of their ranges covers all three.
-                tensor = nodes[name].activation
-                activation_ranges[tensor] = max(threshold, activation_ranges.get(tensor, 0.0))
+            for node in nodes.get(name, ()):
+                if node.node not in exclude:
+                    # Q, K and V read one tensor: the widest of their ranges covers all three.
+                    tensor = node.activation
+                    activation_ranges[tensor] = max(threshold, activation_ranges.get(tensor, 0.0))
     record = {"kept_in_float": exclude, "kept_layers": list(keep),
               "qat_ranges_applied": len(activation_ranges)}
     if linears:

@@ -97,8 +97,8 @@ def tie_layers(model: PreTrainedModel, groups: Sequence[Sequence[int]], sublayer
         raise UserError(f"layer groups to share must be disjoint groups of 2 or more layer indices "
                         f"in [0, {count}); got {[list(g) for g in groups]}")
     modules = sublayer_modules(family, sublayer)
-    # shared_layers raises ValueError on a shape mismatch before it changes a layer's tensor
-    # (the pass checks shapes up front; this guards direct callers)
+    # share_layers raises ValueError on a shape mismatch (the pass refuses it up front, in one
+    # line, before copying the model; this guards direct callers)
     structured.share_layers(model, family.layers, [sorted(g) for g in groups], modules)
     update_record(model)
     structured.tie_shared(model, structured.record_of(model.config))

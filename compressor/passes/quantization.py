@@ -100,9 +100,7 @@ def check_rankable(cfg: SensitivityConfig, family: str) -> None:
     quantization error arises, are not Linear layers, so a ranking would always keep the
     head in float and say nothing about the LSTMs.
     """
-    if family in FAMILIES:
-        FAMILIES[family].check("sensitivity", f"sensitivity on model family {family!r}")   # ALBERT: why not
-    if family not in TRANSFORMER_FAMILIES:
+    if family not in TRANSFORMER_FAMILIES and not (family in FAMILIES and FAMILIES[family].layer_groups):
         raise UserError(f"sensitivity: a {family!r} model has no Linear layers to rank but its classifier "
                         f"head (its LSTMs are not scored); expected a model with Linear layers in every "
                         f"block (families {', '.join(TRANSFORMER_FAMILIES)})")

@@ -70,7 +70,7 @@ def share_layers(bundle: ModelBundle, cfg: ShareLayers, ctx: Context) -> ModelBu
     with torch.no_grad():
         for group in groups:
             initialize_leader(layers, group, modules, cfg.init)
-    tie_layers(model, groups, sublayer)
+    tie_layers(model, [g for g in groups if len(g) > 1], sublayer)   # a group of one shares nothing
     return bundle.replace(model=model)
 
 

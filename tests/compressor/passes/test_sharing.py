@@ -76,6 +76,11 @@ def test_each_mode_shares_exactly_its_tensors(bert_bundle, tiny_task, mode):
     assert not same(encoder_layers(bert_bundle.model), 0, 1, ATTENTION)
 
 
+def test_groups_of_one_layer_stay_unshared(bert_bundle, tiny_task):
+    layers = encoder_layers(share(bert_bundle, tiny_task, groups=3).model)   # [0, 1], [2], [3]
+    assert same(layers, 0, 1, FFN) and not same(layers, 1, 2, FFN) and not same(layers, 2, 3, FFN)
+
+
 def test_init_first_average_or_a_position(bert_bundle, tiny_task):
     layers = encoder_layers(bert_bundle.model)
     original = [tensor(layer, FFN).detach().clone() for layer in layers]
@@ -185,3 +190,18 @@ def test_families_without_layers_of_their_own_are_refused_up_front():
         check_pass_family("share-layers", ShareLayers(mode="ffn"), "bilm")
     for family in ("bert", "distilbert", "bart", "xlnet"):
         check_pass_family("share-layers", ShareLayers(mode="attention"), family)
+
+
+def test_int8_plans_reach_every_layer_that_applies_a_shared_linear(bert_bundle, tiny_task, tmp_path):
+    """sensitivity, qat and static int8 `scope: linears` name torch Linears; with shared
+    weights one Linear is a graph node per layer, and the plan must reach all of them."""
+    from compressor.export.graph_map import linear_nodes
+    from compressor.export.graph_surgery import read_initializers_directly
+    from compressor.export.trace import write_onnx
+    shared = share(bert_bundle, tiny_task, groups=1)
+    write_onnx(shared.model, tmp_path / "graph.onnx")
+    # the exporter hands layers 1-3 an Identity of layer 0's weight; the export reads it directly
+    assert read_initializers_directly(tmp_path / "graph.onnx") >= 3 * 6   # + biases, LayerNorms
+    found = linear_nodes(tmp_path / "graph.onnx", shared.model)
+    assert len(found["bert.encoder.layer.2.intermediate.dense"]) == 4
+    assert len({n.node for nodes in found.values() for n in nodes}) == 4 * 6 + 2   # + pooler, classifier
