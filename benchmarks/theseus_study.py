@@ -52,7 +52,8 @@ def rows(args, depth: int) -> dict[str, list[tuple[str, dict]]]:
     keep = list(range(0, depth, depth // args.successor_layers))
     return {
         "teacher": [],
-        "theseus": [("theseus", {**theseus, "schedule": "linear"})],
+        "theseus": [("theseus", {**theseus, "schedule": "linear"})],   # the pass's default rate (3e-4 now)
+        "theseus-lr1e-4": [("theseus", {**theseus, "schedule": "linear", "lr": 1e-4})],
         "drop-layers+finetune": [("drop-layers", {"keep": keep}), ("finetune", budget)],
         "theseus-first-init": [("theseus", {**theseus, "schedule": "linear", "init": "first"})],
         "theseus-constant": [("theseus", {**theseus, "schedule": "constant"})],

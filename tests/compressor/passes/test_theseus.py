@@ -139,6 +139,11 @@ def test_each_block_runs_its_successor_with_probability_p(bert_bundle, tiny_task
     assert type(encoder_layers(model)) is torch.nn.ModuleList and len(encoder_layers(model)) == 2
 
 
+def test_default_rate_is_the_measured_one_and_an_explicit_rate_wins():
+    assert theseus.TheseusConfig(successor_layers=2).lr == 3e-4
+    assert theseus.TheseusConfig(successor_layers=2, lr=1e-4).lr == 1e-4
+
+
 def test_schedules():
     linear = config(schedule="linear")                       # b = 0.3, p = 1 at half the run
     assert [round(theseus.replacing_rate(linear, t, 100), 6) for t in (0, 25, 50, 99)] == [0.3, 0.65, 1.0, 1.0]
