@@ -61,6 +61,7 @@ def main() -> int:
         "profile": args.profile, "batch_sizes": batch_sizes, "fit_structures_per_precision": args.fit,
         "held_out_structures": held.get("structures"),
         "median_abs_relative_error": held.get("median_abs_relative_error"), "spearman": held.get("spearman"),
+        "spearman_by_batch_size": held.get("spearman_by_batch_size"),
         "targets": {"median_abs_relative_error": 0.15, "spearman": 0.9},
         "met": bool(held) and held["median_abs_relative_error"] <= 0.15 and (held["spearman"] or 0) >= 0.9,
         "held_out": held.get("rows"), "model": model.model_dump(mode="json", exclude={"machine"}),

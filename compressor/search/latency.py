@@ -143,27 +143,41 @@ def fit(points: Sequence[Point], teacher: TeacherShape, machine: dict, key: str)
                         scales=scales.tolist(), points=len(points))
 
 
-def p50_by_structure(points: Sequence[Point]) -> dict[Structure, tuple[float, list[tuple[int, int]]]]:
-    """Measured p50 (median over its batches' medians) and the batch shapes, per structure."""
-    grouped: dict[Structure, list[Point]] = {}
+def p50_by_structure(points: Sequence[Point]) -> dict[tuple[Structure, int], tuple[float, list[tuple[int, int]]]]:
+    """Measured p50 (median over its batches' medians) and the batch shapes, per structure and
+    batch size (a benchmark reports each batch size on its own)."""
+    grouped: dict[tuple[Structure, int], list[Point]] = {}
     for p in points:
-        grouped.setdefault(p.structure, []).append(p)
-    return {s: (float(np.median([p.ms for p in ps])), [(p.batch, p.length) for p in ps])
-            for s, ps in grouped.items()}
+        grouped.setdefault((p.structure, p.batch), []).append(p)
+    return {key: (float(np.median([p.ms for p in ps])), [(p.batch, p.length) for p in ps])
+            for key, ps in grouped.items()}
 
 
 def held_out_error(model: LatencyModel, points: Sequence[Point]) -> dict:
-    """Median absolute relative error of predicted p50s and their Spearman rank correlation."""
+    """Median absolute relative error of predicted p50s (one per structure and batch size) and
+    their Spearman rank correlation."""
     rows = []
-    for structure, (measured, shapes) in p50_by_structure(points).items():
+    for (structure, batch), (measured, shapes) in p50_by_structure(points).items():
         predicted = model.predict_p50(structure, shapes)
-        rows.append({"structure": structure.name, "measured_p50_ms": measured, "predicted_p50_ms": predicted,
-                     "relative_error": abs(predicted - measured) / measured})
+        rows.append({"structure": structure.name, "batch_size": batch, "measured_p50_ms": measured,
+                     "predicted_p50_ms": predicted, "relative_error": abs(predicted - measured) / measured})
     errors = [r["relative_error"] for r in rows]
-    rank = spearmanr([r["measured_p50_ms"] for r in rows], [r["predicted_p50_ms"] for r in rows])[0] \
-        if len(rows) > 2 else None
-    return {"structures": len(rows), "median_abs_relative_error": float(np.median(errors)),
-            "spearman": None if rank is None or np.isnan(rank) else float(rank), "rows": rows}
+    # Ranks within one batch size: across batch sizes any model would rank batch 1 first.
+    # (keys as JSON writes them, so that a saved model reads back equal)
+    by_batch = {str(b): rank_correlation([r for r in rows if r["batch_size"] == b])
+                for b in sorted({r["batch_size"] for r in rows})}
+    known = [rho for rho in by_batch.values() if rho is not None]
+    return {"structures": len({r["structure"] for r in rows}), "measurements": len(rows),
+            "median_abs_relative_error": float(np.median(errors)),
+            "spearman": min(known) if known else None, "spearman_by_batch_size": by_batch, "rows": rows}
+
+
+def rank_correlation(rows: list[dict]) -> float | None:
+    """Spearman's rho between measured and predicted p50s (None for fewer than 3 rows)."""
+    if len(rows) < 3:
+        return None
+    rho = spearmanr([r["measured_p50_ms"] for r in rows], [r["predicted_p50_ms"] for r in rows])[0]
+    return None if np.isnan(rho) else float(rho)
 
 
 def model_key(machine: dict, profile: dict, teacher: TeacherShape) -> str:
