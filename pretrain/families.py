@@ -101,6 +101,16 @@ def bert_like(name: str, mlm_head: tuple[str, ...]) -> Family:
                   adapter_sites=BERT_ADAPTER_SITES, mlm_head=mlm_head, sublayers=BERT_SUBLAYERS)
 
 
+def without_layers(name: str, made_of: str, own: dict[str, str]) -> dict[str, str]:
+    """The refusals every family without Transformer layers shares, plus its own."""
+    layer_passes = ("drop-layers", "prune-heads", "prune-ffn", "share-layers", "adapters")
+    return {"optimum-export": "Optimum's ONNX exporter does not support that family",
+            **dict.fromkeys(layer_passes, NO_TRANSFORMER_LAYERS),
+            "fusion": f"fusion does not apply to family {name!r}: ONNX Runtime's transformer "
+                      f"optimizer fuses Transformer layers and this model is {made_of}",
+            **own}
+
+
 FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
     bert_like("bert", ("cls",)),
     bert_like("roberta", ("lm_head",)),
@@ -149,31 +159,19 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
                "domain-mlm": "domain MLM is not wired to ALBERT's masked-LM head"}),
     # The ELMo-style BiLM pretrained here (pretrain/objectives/bilm.py): LSTMs, not
     # Transformer layers, so layer and attention passes refuse it.
-    Family("bilm", None, None, None, builtin_scalar_mix=True, refusals={
+    Family("bilm", None, None, None, builtin_scalar_mix=True, refusals=without_layers("bilm", "LSTMs", {
         # torch.export unrolls an LSTM over the example's length (the sequence axis cannot stay
         # dynamic), and INC's PT2E quantizer has no LSTM: it would tune only the classifier
         # head while ONNX Runtime ships int8 LSTMs it never evaluated.
         "inc": "torch.export cannot keep an LSTM's sequence length dynamic and INC's PT2E quantizer has "
                "no LSTM; expected quantize mode dynamic-int8 (int8 LSTMs) for a bilm model",
-        "optimum-export": "Optimum's ONNX exporter does not support that family",
-        "drop-layers": NO_TRANSFORMER_LAYERS, "prune-heads": NO_TRANSFORMER_LAYERS,
-        "prune-ffn": NO_TRANSFORMER_LAYERS, "share-layers": NO_TRANSFORMER_LAYERS,
-        "adapters": NO_TRANSFORMER_LAYERS,
-        "domain-mlm": "the BiLM has no masked-LM head",
-        "fusion": "fusion does not apply to family 'bilm': ONNX Runtime's transformer "
-                  "optimizer fuses Transformer layers and this model is LSTMs"}),
+        "domain-mlm": "the BiLM has no masked-LM head"})),
     # The 1-D CNN student of `distill-structure` (pretrain/textcnn.py).
-    Family("textcnn", None, None, None, refusals={
+    Family("textcnn", None, None, None, refusals=without_layers("textcnn", "convolutions", {
         "inc": "Neural Compressor's tuning is set up here for Transformer and LSTM models, not for "
                "convolutions over text; expected quantize mode dynamic-int8 for a textcnn model",
-        "optimum-export": "Optimum's ONNX exporter does not support that family",
         "scalar-mix": "a textcnn classifier has no layers to mix",
-        "drop-layers": NO_TRANSFORMER_LAYERS, "prune-heads": NO_TRANSFORMER_LAYERS,
-        "prune-ffn": NO_TRANSFORMER_LAYERS, "share-layers": NO_TRANSFORMER_LAYERS,
-        "adapters": NO_TRANSFORMER_LAYERS,
-        "domain-mlm": "the textcnn classifier has no masked-LM head",
-        "fusion": "fusion does not apply to family 'textcnn': ONNX Runtime's transformer "
-                  "optimizer fuses Transformer layers and this model is convolutions"}),
+        "domain-mlm": "the textcnn classifier has no masked-LM head"})),
 )})
 
 SUPPORTED_FAMILIES = tuple(FAMILIES)
