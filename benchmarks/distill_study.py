@@ -8,7 +8,7 @@ phases), seed and test examples; only the losses differ. `hard` (task cross-entr
 is what `drop-layers` + `finetune` does. The results file is rewritten after every row, so a
 partial sweep is still recorded. Accuracy only: the machine is shared, times are no figure.
 
-    python benchmarks/distill_study.py --teacher /work/teacher-ft --rows tinybert,hard,soft \
+    python benchmarks/distill_study.py --teacher runs/demo/teacher --rows tinybert,hard,soft \
         --train-samples 20000 --epochs 1 --out benchmarks/results/distill_study.json
 """
 
@@ -91,7 +91,7 @@ def teacher_accuracy(teacher_dir: Path, task, max_eval: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--teacher", type=Path, default=Path("/work/teacher-ft"), help="a fine-tuned model dir")
+    parser.add_argument("--teacher", type=Path, default=Path("runs/demo/teacher"), help="a fine-tuned model dir")
     parser.add_argument("--task", help="a built-in task or a data file (default: the teacher's recorded task)")
     parser.add_argument("--rows", default="tinybert,hard,soft", help=f"known: {', '.join(ROWS)}")
     parser.add_argument("--seeds", default="0")

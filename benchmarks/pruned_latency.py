@@ -10,7 +10,7 @@ the export gate. The four graphs are then timed together, interleaved, on real t
 
 LATENCY NEEDS A QUIET MACHINE; run it alone:
 
-    nice -n 0 .venv/bin/python benchmarks/pruned_latency.py --teacher /work/teacher-ft \
+    nice -n 0 .venv/bin/python benchmarks/pruned_latency.py --teacher runs/demo/teacher \
         --out benchmarks/results/pruned_latency.json
 
 The pruned model and the exports are kept in --work, so a rerun only times (delete it to rebuild).

@@ -6,7 +6,7 @@ fine-tune (the `finetune` pass: --recovery-epochs over the first --recovery-samp
 examples at --recovery-lr). `prune-ffn` is swept the same way at --ffn-fractions. Accuracy only;
 no latency here (benchmarks/pruned_latency.py times the pruned model).
 
-    nice -n 19 .venv/bin/python benchmarks/pruning_sweep.py --teacher /work/teacher-ft \
+    nice -n 19 .venv/bin/python benchmarks/pruning_sweep.py --teacher runs/demo/teacher \
         --out benchmarks/results/pruning_sweep.json --plot benchmarks/results/pruning_sweep.png
 
 Points run in priority order (the issue's targets first) and the file is rewritten after each,

@@ -9,7 +9,7 @@ dynamic int8 (per-channel) export, with the test accuracy of the torch model bef
 recovery and of both exports after it (the exports' own scoring on the test split, behind
 an open accuracy gate). No latency is measured here (sharing keeps every layer's compute).
 
-    .venv/bin/python benchmarks/sharing_study.py --teacher /work/teacher-ft --eval-samples 5000 \
+    .venv/bin/python benchmarks/sharing_study.py --teacher runs/demo/teacher --eval-samples 5000 \
         --recovery-samples 20000 --out benchmarks/results/sharing_study.json
 
 Results are written after each variant, so a run cut short keeps the rows it finished;

@@ -7,7 +7,7 @@ with --int8, the dynamic-int8 ONNX export, each as stored and compressed with zl
 Dense runtimes do not run these models faster (the zeros are multiplied like any number):
 the saving is compressed size only. No latency is measured here.
 
-    nice -n 19 .venv/bin/python benchmarks/sparsity_study.py --teacher /work/teacher-ft \
+    nice -n 19 .venv/bin/python benchmarks/sparsity_study.py --teacher runs/demo/teacher \
         --train-samples 8000 --sparsities 0.9 0.5 --int8 \
         --out benchmarks/results/sparsity_study.json
 

@@ -8,14 +8,14 @@ The `teacher` row is the same export of the teacher itself (the reference, and t
 latency baseline). A rerun skips rows whose export is already in --work; a killed Theseus
 run resumes from its checkpoint there.
 
-    nice -n 19 .venv/bin/python benchmarks/theseus_study.py --teacher /work/teacher-ft \
+    nice -n 19 .venv/bin/python benchmarks/theseus_study.py --teacher runs/demo/teacher \
         --train-samples 20000 --epochs 1 --out benchmarks/results/theseus_study.json
 
 Latency (a quiet machine): the exported fused fp32 graphs of the teacher and the Theseus
 student, timed together (interleaved) with `measure_models` at batch 8 on real test batches
 (the `cpu` profile: all cores, full graph optimization); the target is a p50 ratio <= 0.55.
 
-    .venv/bin/python benchmarks/theseus_study.py --latency --teacher /work/teacher-ft \
+    .venv/bin/python benchmarks/theseus_study.py --latency --teacher runs/demo/teacher \
         --work runs/theseus-study [--student theseus-lr3e-4] --out benchmarks/results/theseus_latency.json
 """
 
