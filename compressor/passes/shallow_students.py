@@ -32,6 +32,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from compressor.bundle import ModelBundle
+from compressor.passes.distill_losses import soft_kl
 from compressor.passes.registry import Context, register
 from pretrain.errors import UserError
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
@@ -191,6 +192,4 @@ def student_loss(teacher: nn.Module | None, cfg: DistillStructure):
 def logit_loss(student: torch.Tensor, teacher: torch.Tensor, cfg: DistillStructure) -> torch.Tensor:
     if cfg.logit_loss == "mse":
         return F.mse_loss(student, teacher)
-    t = cfg.temperature
-    return F.kl_div(F.log_softmax(student / t, -1), F.log_softmax(teacher / t, -1),
-                    log_target=True, reduction="batchmean") * t * t
+    return soft_kl(student, teacher, cfg.temperature)

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 from torch.nn.utils import parametrize
@@ -36,6 +35,7 @@ from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.modeling.cost import encoder_linears
+from compressor.passes.distill_losses import soft_kl
 from compressor.passes.registry import Context, register
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES, TRANSFORMER_FAMILIES
@@ -227,9 +227,7 @@ def soft_target_loss(teacher: nn.Module, temperature: float) -> Callable[[nn.Mod
         out = model(**batch)
         with torch.no_grad():
             target = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
-        kl = F.kl_div(F.log_softmax(out.logits / temperature, dim=-1), F.softmax(target / temperature, dim=-1),
-                      reduction="batchmean")
-        return 0.5 * kl * temperature ** 2 + 0.5 * out.loss
+        return 0.5 * soft_kl(out.logits, target, temperature) + 0.5 * out.loss
     return loss
 
 
