@@ -1,4 +1,4 @@
-"""The `compressor` command: finetune, evaluate, export, run, bench, tokenizer, pretrain, embeddings.
+"""The `compressor` command: finetune, evaluate, export, run, search, bench, tokenizer, pretrain, embeddings.
 
 Bad input ends with one line on stderr and exit code 2; nothing half-written is left.
 """
@@ -168,8 +168,52 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
     be.add_argument("--out", type=Path, help="also write the result JSON to this file")
     be.set_defaults(handler=cmd_bench)
+    add_search_command(sub)
     add_pretraining_commands(sub)
     return parser
+
+
+def add_search_command(sub) -> None:
+    from compressor.search.settings import SearchSettings
+    se = sub.add_parser("search", help="search pruning, recovery and precision for a latency budget")
+    se.add_argument("--teacher", required=True, help="the fine-tuned teacher's HF model dir")
+    se.add_argument("--task", required=True, help="wordnet-supersense, wordnet-wsd, or a CSV/TSV/JSONL file")
+    se.add_argument("--profile", default="cpu", help="where latency is measured: a profile name or file")
+    se.add_argument("--batch-size", type=positive_int, **from_config(SearchSettings, "batch_size"))
+    se.add_argument("--latency-budget-ms", type=float, required=True, help="p50 at --batch-size on the profile")
+    se.add_argument("--min-retention", type=float,
+                    **from_config(SearchSettings, "min_retention", "least share of the teacher's test accuracy"))
+    se.add_argument("--time-budget-min", type=float,
+                    **from_config(SearchSettings, "time_budget_min", "wall time of this command"))
+    se.add_argument("--out", required=True, type=Path)
+    se.add_argument("--storage", help="Optuna storage URL (default: sqlite:///OUT/study.db)")
+    se.add_argument("--study-name", **from_config(SearchSettings, "study_name"))
+    se.add_argument("--join", action="store_true",
+                    help="run proxy trials of an existing study in --storage until its lead starts the finals")
+    se.add_argument("--finalists", type=positive_int,
+                    **from_config(SearchSettings, "finalists", "plans trained fully and benchmarked"))
+    se.add_argument("--max-trials", type=positive_int, help="proxy trials (all workers) before the finals")
+    se.add_argument("--proxy-train-samples", type=positive_int, **from_config(SearchSettings, "proxy_train_samples"))
+    se.add_argument("--validation-samples", type=positive_int, **from_config(SearchSettings, "validation_samples"))
+    se.add_argument("--train-samples", type=positive_int, **from_config(SearchSettings, "train_samples"))
+    se.add_argument("--scoring-samples", type=positive_int, **from_config(SearchSettings, "scoring_samples"))
+    se.add_argument("--latency-structures", type=positive_int,
+                    **from_config(SearchSettings, "latency_structures", "random structures per precision timed to "
+                                  "fit the latency model"))
+    se.add_argument("--latency-held-out", type=positive_int,
+                    **from_config(SearchSettings, "latency_held_out", "more timed to score it"))
+    se.add_argument("--baselines", type=name_list, help="measured beside the finalists (default: all three)")
+    se.add_argument("--recoveries", type=name_list, help="e.g. finetune,distill (default: finetune,distill,theseus)")
+    se.add_argument("--precisions", type=name_list, help="e.g. int8 (default: fp32,int8)")
+    se.add_argument("--max-eval-samples", type=positive_int, **from_config(SearchSettings, "max_eval_samples"))
+    se.add_argument("--threads", type=positive_int, help="torch and ONNX Runtime threads (default: every core)")
+    se.add_argument("--seed", type=int, default=0)
+    se.add_argument("--quiet", action="store_true", help="no progress bars")
+    se.set_defaults(handler=cmd_search)
+
+
+def name_list(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 def int_list(value: str) -> list[int]:
@@ -339,6 +383,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     for warning in report.get("warnings", []):
         print(f"warning: {warning}")
     print(f"report: {args.out / 'report.json'} (also report.md, report.html)")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from compressor.pipeline.recipe import describe_validation_error
+    from compressor.search import SearchSettings, run_search
+    fields = {"latency_budget_ms": args.latency_budget_ms, "batch_size": args.batch_size,
+              "min_retention": args.min_retention, "time_budget_min": args.time_budget_min,
+              "storage": args.storage, "study_name": args.study_name, "finalists": args.finalists,
+              "max_trials": args.max_trials, "proxy_train_samples": args.proxy_train_samples,
+              "validation_samples": args.validation_samples, "train_samples": args.train_samples,
+              "recoveries": args.recoveries, "precisions": args.precisions,
+              "max_eval_samples": args.max_eval_samples, "seed": args.seed, "scoring_samples": args.scoring_samples,
+              "latency_structures": args.latency_structures, "latency_held_out": args.latency_held_out,
+              "baselines": args.baselines}
+    try:
+        settings = SearchSettings(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err, "search")) from None
+    result = run_search(args.teacher, task_arg(args.task), args.profile, settings, args.out, join=args.join,
+                        threads=args.threads, show_progress=not args.quiet)
+    if args.join:
+        print(f"search: this worker is done; the study holds {result['trials']} trained trials")
+        return 0
+    print(f"search: {result['outcome']}")
+    print(f"report: {args.out / 'report.json'} (also report.md, report.html); "
+          f"recipe: {args.out / result['recipe_file']}")
     return 0
 
 

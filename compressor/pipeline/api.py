@@ -60,6 +60,12 @@ class Pipeline:
         self._raw["benchmark"] = as_dict(settings) if settings is not None else fields
         return self
 
+    def search(self, settings: BaseModel | None = None, **fields: Any) -> "Pipeline":
+        """Search to a latency budget from the teacher (SearchSettings, or its fields as keywords),
+        into OUT/search/ on the benchmark's first profile."""
+        self._raw["search"] = as_dict(settings) if settings is not None else fields
+        return self
+
     def to_dict(self) -> dict:
         raw = {k: v for k, v in self._raw.items() if v is not None}
         raw["teacher"] = {k: v for k, v in raw["teacher"].items() if v is not None}

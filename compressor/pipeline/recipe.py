@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from compressor.bench.baselines import BASELINES
 from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
+from compressor.search.settings import SearchSettings
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig
 
@@ -29,8 +30,9 @@ BENCHMARK_DIR = "benchmark"        # DIR/benchmark/benchmark.json
 PREFIXES_DIR = "prefixes"          # DIR/prefixes/<key>/: shared variant prefixes
 WORK_DIR = ".work"                 # DIR/.work/<key>/: a running pass's checkpoints (hidden: no
                                    # variant name can start with a dot, so none clashes with it)
+SEARCH_DIR = "search"              # DIR/search/: the recipe's `search:` run (its own report)
 RESERVED_NAMES = {"teacher", "report.json", "report.md", "report.html", "pareto.png", RUN_FILE,
-                  BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR}
+                  BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR, SEARCH_DIR}
 
 
 def export_dir_name(stage_name: str, quantize_mode: str | None = None) -> str:
@@ -109,6 +111,7 @@ class Recipe(Strict):
     passes: list[dict[str, Any] | str] | None = None     # shorthand: one variant named "main"
     export: ExportSettings | None = None                  # omitted: no export
     benchmark: BenchmarkSettings | None = None            # omitted: no benchmark
+    search: SearchSettings | None = None                  # a search to a latency budget from the teacher
 
     @field_validator("variants")
     @classmethod
@@ -200,6 +203,7 @@ def parse_recipe(raw: Any, source: str = "recipe") -> tuple[Recipe, dict[str, li
         steps = recipe.variant_steps()
     except UserError as err:
         raise UserError(f"{source}: {err}") from None
-    if not steps:
-        raise UserError(f"{source}: no variants: add `variants:` or `passes:` (an empty list is the teacher itself)")
+    if not steps and recipe.search is None:
+        raise UserError(f"{source}: no variants: add `variants:` or `passes:` (an empty list is the teacher "
+                        f"itself), or a `search:` section")
     return recipe, steps

@@ -13,7 +13,7 @@ from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_
                                                   optimum_presets, variant_deployable)
 from compressor.pipeline.outdir import WriteError, claim_out_dir, disk_errors
 from compressor.pipeline.paths import resolve_path, resolve_step_paths, resolve_task_paths
-from compressor.pipeline.recipe import Recipe, Step
+from compressor.pipeline.recipe import SEARCH_DIR, Recipe, Step
 from compressor.pipeline.report_data import build_report
 from compressor.pipeline.stages import Stage, export_stage, pass_context, teacher_stage, variant_stage
 from compressor.report.render import write_human_reports
@@ -72,7 +72,21 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     with disk_errors(out_dir):
         write_json(out_dir / "report.json", report)
         write_human_reports(report, out_dir)
+    if recipe.search is not None:
+        report["search"] = recipe_search(recipe, teacher, base_dir, out_dir, show_progress)
+        with disk_errors(out_dir):
+            write_json(out_dir / "report.json", report)
     return report
+
+
+def recipe_search(recipe: Recipe, teacher: Stage, base_dir: Path, out_dir: Path, show_progress: bool) -> dict:
+    """The recipe's `search:` from its teacher stage, into DIR/search/ (its own report there);
+    on the benchmark's first profile (`cpu` without a benchmark section)."""
+    from compressor.search.run import run_search
+    profile = recipe.benchmark.profiles[0] if recipe.benchmark is not None else "cpu"
+    result = run_search(teacher.path, resolve_task_paths(recipe.teacher.task, base_dir), profile, recipe.search,
+                        out_dir / SEARCH_DIR, show_progress=show_progress)
+    return {"dir": SEARCH_DIR, **{k: result[k] for k in ("outcome", "chosen", "best_effort", "recipe_file")}}
 
 
 def check_steps_fit(steps: dict[str, list[Step]], family: str, teacher_path: Path) -> None:

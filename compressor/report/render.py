@@ -42,6 +42,36 @@ def summary_table(report: dict) -> Table:
     return head, rows
 
 
+def search_table(search: dict) -> Table:
+    """Every finalist of a search: its plan, proxy, predicted and measured latency, accuracy."""
+    budget = search["budget"]
+    head = ["finalist", "trial", "proxy accuracy (validation)", "predicted p50 ms", "measured p50 ms",
+            "test accuracy", "retention", f"within {budget['latency_ms']:.2f} ms",
+            f"retention >= {budget['min_retention']:.2f}", "measured front"]
+    rows = [[r["name"], str(r["trial"]), f"{r['proxy_accuracy']:.4f}", f"{r['predicted_p50_ms']:.2f}",
+             fmt(r["measured_p50_ms"], 2), f"{r['accuracy']:.4f}", f"{r['retention']:.3f}",
+             "yes" if r["meets_budget"] else "no", "yes" if r["meets_retention"] else "no",
+             "yes" if r["name"] in search["front"] else ""] for r in search["finalists"]]
+    return head, rows
+
+
+def search_lines(search: dict) -> list[str]:
+    trials, held_out = search["trials"], search["latency_model"].get("held_out") or {}
+    lines = [search["outcome"],
+             f"trials: {trials['total']} ({trials['trained']} trained briefly, {trials['not_trained_over_budget']} "
+             f"predicted over budget and not trained, {trials['failed']} failed)"]
+    if held_out:
+        lines.append(f"latency model: median error {held_out['median_abs_relative_error']:.1%} on "
+                     f"{held_out['structures']} held-out structures, rank correlation {fmt(held_out['spearman'], 3)}")
+    if search["budget"]["searched_for_ms"] != search["budget"]["latency_ms"]:
+        lines.append(f"the budget is below the fastest plan's predicted {search['budget']['searched_for_ms']:.2f} ms: "
+                     "the fastest plans were searched")
+    picked = search["chosen"] or search["best_effort"]
+    if picked:
+        lines.append(f"recipe that rebuilds {picked}: {search['recipe_file']}")
+    return lines
+
+
 def millions(value: float | None) -> str:
     """Multiply-adds or bytes in millions; '-' where the report has none (older reports, dense models)."""
     return fmt(None if value is None else value / 1e6, 1)
@@ -183,6 +213,13 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
                     ranking_lines(report["benchmark"])))
     if report.get("pareto"):
         out.append(("chart", "Accuracy vs latency (marker area: file size; squares: baselines)", None))
+    search = report.get("search")
+    if search and "finalists" in search:
+        out.append(("lines", "Search to a latency budget", search_lines(search)))
+        out.append(("table", "Search finalists (predicted beside measured latency)", search_table(search)))
+    elif search:
+        out.append(("lines", "Search to a latency budget",
+                    [search["outcome"], f"its own report: {search['dir']}/report.json"]))
     skipped = report.get("benchmark", {}).get("skipped", [])
     if skipped:
         out.append(("lines", "Skipped profiles", [f"{s['profile']}: {s['reason']}" for s in skipped]))

@@ -124,7 +124,7 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
     shape = teacher_shape(teacher)
     machine = environment()
     profile_identity = {**profile.model_dump(mode="json", exclude={"name", "iterations", "warmup"}),
-                        "batch_sizes": sorted(batch_sizes)}
+                        "batch_sizes": sorted(batch_sizes), "precisions": sorted(precisions)}
     key = model_key(machine, profile_identity, shape)
     if cache is not None and (saved := load_or_none(cache, key)) is not None:
         log(f"latency model: reusing {cache} (fitted on this machine for this profile and teacher)")

@@ -38,6 +38,15 @@ class Split:
         pairs = self.text_pairs[:n] if self.text_pairs is not None else None
         return Split(self.texts[:n], self.labels[:n], pairs)
 
+    def tail(self, n: int) -> "Split":
+        """The last n examples: held out from anything that trains on a head of the split."""
+        if n < 1:
+            raise UserError(f"sample limit must be a positive integer, got {n}")
+        if n >= len(self):
+            return self
+        pairs = self.text_pairs[-n:] if self.text_pairs is not None else None
+        return Split(self.texts[-n:], self.labels[-n:], pairs)
+
 
 @dataclass(frozen=True)
 class TaskData:

@@ -1,0 +1,127 @@
+"""The compression plans the search chooses among, written as recipe steps.
+
+A plan says how many of the teacher's layers stay (evenly spaced, the first always kept:
+[0, 2, 4] of 6 for three), what share of the attention heads and of the FFN neurons goes
+(taylor importance, ranked across layers), how the smaller model recovers (`finetune` on the
+labels, `distill` from the teacher on soft targets and labels, or `theseus` module
+replacing, which replaces blocks of layers and so prunes nothing), and the precision it
+ships in. `plan_steps` turns it into the passes a recipe variant lists, so a plan is
+trained, exported and benchmarked by the same pipeline as a hand-written variant, and the
+chosen plan is handed back as a recipe.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from compressor.search.latency import Precision, Structure, TeacherShape
+
+Recovery = Literal["finetune", "distill", "theseus"]
+RECOVERIES: tuple[Recovery, ...] = ("finetune", "distill", "theseus")
+PRECISIONS: tuple[Precision, ...] = ("fp32", "int8")
+INT8_STEP = {"quantize": {"mode": "dynamic-int8", "per_channel": True}}
+DISTILL_LOSSES = {"losses": ["soft", "hard"], "temperature": 2.0}   # DistilBERT's pair, weights 1
+SCORING_SAMPLES = 512         # the pruning passes' own default
+MAX_HEADS_REMOVED = 0.75      # the search space's bounds (steps of 0.05)
+MAX_FFN_REMOVED = 0.9
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layers: int = Field(ge=1)
+    heads_removed: float = Field(0.0, ge=0, lt=1)     # share of the kept layers' heads
+    ffn_removed: float = Field(0.0, ge=0, lt=1)       # share of the kept layers' FFN neurons
+    recovery: Recovery = "finetune"
+    precision: Precision = "fp32"
+
+    @model_validator(mode="after")
+    def theseus_replaces_only(self) -> Plan:
+        if self.recovery == "theseus" and (self.heads_removed or self.ffn_removed):
+            raise ValueError("a theseus plan replaces blocks of layers; it removes no heads or FFN neurons")
+        return self
+
+    @property
+    def training_key(self) -> str:
+        """What the training depends on (not the precision): plans equal in it train the same."""
+        return f"L{self.layers}-h{self.heads_removed:.2f}-f{self.ffn_removed:.2f}-{self.recovery}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.training_key}-{self.precision}"
+
+
+def check_plan(plan: Plan, depth: int) -> None:
+    """A plan the teacher's depth allows (theseus: each successor replaces equally many layers)."""
+    if plan.layers > depth:
+        raise ValueError(f"plan {plan.name} keeps {plan.layers} layers; the teacher has {depth}")
+    if plan.recovery == "theseus" and (plan.layers == depth or depth % plan.layers):
+        raise ValueError(f"a theseus plan needs successor layers that divide the teacher's {depth} "
+                         f"layers into blocks of two or more; got {plan.layers}")
+
+
+def kept_layers(depth: int, layers: int) -> list[int]:
+    """Evenly spaced, first layer always: 3 of 6 -> [0, 2, 4] (the demo's three-layers)."""
+    return [i * depth // layers for i in range(layers)]
+
+
+def plan_steps(plan: Plan, depth: int, samples: int, epochs: float = 1.0,
+               scoring_samples: int = SCORING_SAMPLES) -> list[dict]:
+    """The recipe steps of a plan; its training runs `epochs` over the first `samples` train
+    rows, and pruning scores importance on the first `scoring_samples`."""
+    check_plan(plan, depth)
+    training = {"epochs": epochs, "max_train_samples": samples}
+    scoring = {} if scoring_samples == SCORING_SAMPLES else {"samples": scoring_samples}
+    if plan.recovery == "theseus":
+        steps: list[dict] = [{"theseus": {"successor_layers": plan.layers, **training}}]
+    else:
+        steps = [{"drop-layers": {"keep": kept_layers(depth, plan.layers)}}] if plan.layers < depth else []
+        if plan.heads_removed:
+            steps.append({"prune-heads": {"fraction": plan.heads_removed, **scoring}})
+        if plan.ffn_removed:
+            steps.append({"prune-ffn": {"fraction": plan.ffn_removed, **scoring}})
+        steps.append({"distill": {**DISTILL_LOSSES, **training}} if plan.recovery == "distill"
+                     else {"finetune": training})
+    return steps + ([INT8_STEP] if plan.precision == "int8" else [])
+
+
+def plan_structure(plan: Plan, shape: TeacherShape) -> Structure:
+    """The shape a plan deploys, for the latency model. Pruning ranks heads and neurons across
+    layers, so which layer loses what is known only after scoring; the latency model is
+    linear in the totals (costs in compressor/search/latency.py), so spreading the kept heads
+    and neurons evenly predicts the same time."""
+    heads = max(plan.layers, plan.layers * shape.heads - round(plan.heads_removed * plan.layers * shape.heads))
+    ffn = max(plan.layers, plan.layers * shape.ffn - round(plan.ffn_removed * plan.layers * shape.ffn))
+    return Structure(heads=spread(heads, plan.layers), ffn=spread(ffn, plan.layers), precision=plan.precision)
+
+
+def spread(total: int, parts: int) -> tuple[int, ...]:
+    return tuple(total // parts + (1 if i < total % parts else 0) for i in range(parts))
+
+
+def suggest_plan(trial, depth: int, recoveries: Sequence[Recovery], precisions: Sequence[Precision]) -> Plan:
+    """One plan from an Optuna trial (define-by-run: a theseus plan has no pruning parameters)."""
+    usable = [r for r in recoveries if r != "theseus" or theseus_depths(depth)]
+    recovery = trial.suggest_categorical("recovery", usable)
+    if recovery == "theseus":
+        layers, heads, ffn = trial.suggest_categorical("successor_layers", theseus_depths(depth)), 0.0, 0.0
+    else:
+        layers = trial.suggest_int("layers", 1, depth)
+        heads = trial.suggest_float("heads_removed", 0.0, MAX_HEADS_REMOVED, step=0.05)
+        ffn = trial.suggest_float("ffn_removed", 0.0, MAX_FFN_REMOVED, step=0.05)
+    precision = trial.suggest_categorical("precision", list(precisions))
+    return Plan(layers=layers, heads_removed=round(heads, 2), ffn_removed=round(ffn, 2), recovery=recovery,
+                precision=precision)
+
+
+def theseus_depths(depth: int) -> list[int]:
+    """Successor counts that split the teacher's layers into equal blocks of two or more."""
+    return [n for n in range(1, depth) if depth % n == 0]
+
+
+def fastest_plan(depth: int, precisions: Sequence[Precision]) -> Plan:
+    """The smallest plan of the space (one layer, the most pruning, int8 if allowed)."""
+    return Plan(layers=1, heads_removed=MAX_HEADS_REMOVED, ffn_removed=MAX_FFN_REMOVED,
+                precision="int8" if "int8" in precisions else "fp32")

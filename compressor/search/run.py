@@ -1,0 +1,310 @@
+"""run_search: a teacher, a latency budget on a profile, a retention floor and a time budget in;
+the model that meets them (trained, exported behind the gate, benchmarked beside the
+baselines), the measured front of every finalist and the recipe that rebuilds it out.
+
+Phases, all resumable with the same command:
+1. the profile's latency model (reused when this machine fitted it for the teacher's shape);
+2. proxy trials in the Optuna study until the time left is what the finals need (estimated
+   from the proxies' own training times), or the study's trial limit;
+3. the finals: the best few plans as variants of an ordinary recipe run (the pipeline's
+   stages, cache, export gate and benchmark, with the three baselines), then the choice by
+   measured latency and test accuracy. Predictions only ever decide what to train.
+Workers started with `join=True` run phase 2 only, until the lead starts the finals.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import optuna
+import yaml
+
+from compressor.bench.profiles import Profile, load_profile, unavailable_reason
+from compressor.bench.runners import input_batches
+from compressor.bundle import ModelBundle
+from compressor.passes import check_pass_family
+from compressor.pipeline.cache import fingerprint
+from compressor.pipeline.outdir import claim_out_dir, disk_errors
+from compressor.pipeline.recipe import parse_recipe, parse_step
+from compressor.report.render import write_human_reports
+from compressor.search.latency import LatencyModel
+from compressor.search.plans import Plan, fastest_plan, plan_steps, theseus_depths
+from compressor.search.settings import SearchSettings
+from compressor.search.structures import fit_latency_model, teacher_shape
+from compressor.search.study import (ProxyRunner, connect, default_storage, finalists, open_study,
+                                     progress_line, proxy_trials)
+from pretrain.atomic import atomic_file, write_json
+from pretrain.batching import usable_length
+from pretrain.data import load_task
+from pretrain.errors import UserError
+from pretrain.finetune import evaluate
+from pretrain.families import family_of
+from pretrain.models import check_model_ref, read_model_type, set_threads
+
+RECIPE_NAME = "search"           # the out dir's owner (run.json), as for `compressor run`
+FINALIST_EXPORT_S = 60.0         # a finalist's export and gate, beside its training
+FINALS_OVERHEAD_S = 300.0        # teacher scoring, baselines, benchmark, report
+LATENCY_WAIT_S = 10.0
+SEARCH_PASSES = ("drop-layers", "prune-heads", "prune-ffn", "finetune", "distill", "theseus")
+
+
+def run_search(teacher: str | Path, task: str | dict, profile: str, settings: SearchSettings, out_dir: Path, *,
+               join: bool = False, threads: int | None = None, show_progress: bool = True,
+               log: Callable[[str], None] = print) -> dict:
+    """The search's result (the report's `search` section; for a joining worker, its tally)."""
+    deadline = time.monotonic() + settings.time_budget_min * 60
+    set_threads(threads)
+    teacher_dir, target = check_inputs(teacher, profile, settings)
+    data = load_task(task, seed=settings.seed)
+    if not join:
+        claim_out_dir(out_dir, SimpleNamespace(name=RECIPE_NAME), force=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = connect(settings.storage or default_storage(out_dir))
+    identity = {"teacher": fingerprint(teacher_dir), "task": data.name, "profile": target.name,
+                "batch_size": settings.batch_size, "latency_budget_ms": settings.latency_budget_ms,
+                "min_retention": settings.min_retention}
+    seed = settings.seed if not join else settings.seed + 1 + os.getpid()   # joiners explore elsewhere
+    study = open_study(storage, settings.study_name, identity, join, seed)
+    bundle = ModelBundle.load(teacher_dir)
+    runner = proxy_runner(study, bundle, teacher_dir, data, target, settings, out_dir, join, deadline, log)
+    if study.user_attrs.get("phase") != "final":
+        run_proxies(study, runner, deadline, join, log)
+    if join:
+        return {"worker": "joined", "trials": len(proxy_trials(study))}
+    return run_finals(study, runner, teacher_dir, task, profile, settings, out_dir, show_progress, deadline, log)
+
+
+def check_inputs(teacher: str | Path, profile: str, settings: SearchSettings) -> tuple[Path, Profile]:
+    """Bad input stops here, before anything is written."""
+    teacher_dir = check_model_ref(str(teacher))
+    target = load_profile(profile)
+    reason = unavailable_reason(target)
+    if reason:
+        raise UserError(f"profile {target.name} cannot be measured on this machine: {reason}; "
+                        "expected a profile whose hardware is here (latency is measured on the target)")
+    family = read_model_type(teacher_dir)
+    depth = teacher_depth(teacher_dir)
+    for plan in example_plans(depth, settings):
+        for item in plan_steps(plan, depth, settings.proxy_train_samples, scoring_samples=settings.scoring_samples):
+            step = parse_step(item, "search")
+            check_pass_family(step.name, step.config, family)
+    return teacher_dir, target
+
+
+def teacher_depth(teacher_dir: Path) -> int:
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(teacher_dir)
+    return getattr(config, family_of(config.model_type).layer_count_fields[0])
+
+
+def example_plans(depth: int, settings: SearchSettings) -> list[Plan]:
+    """One plan per recovery the search may use, with every structural pass: the passes it
+    will run, for the family check."""
+    plans = [Plan(layers=max(1, depth // 2), heads_removed=0.5, ffn_removed=0.5, recovery=r)
+             for r in settings.recoveries if r != "theseus"]
+    if "theseus" in settings.recoveries and theseus_depths(depth):
+        plans.append(Plan(layers=theseus_depths(depth)[-1], recovery="theseus"))
+    return plans
+
+
+def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, data, target: Profile,
+                 settings: SearchSettings, out_dir: Path, join: bool, deadline: float, log) -> ProxyRunner:
+    """The latency model and teacher scores the proxies use: made by the lead and kept in the
+    study, read from it by joining workers (so every prediction is the target's)."""
+    validation = data.split("train").tail(settings.validation_samples)
+    if not join and "latency_model" not in study.user_attrs:
+        model = fit_latency_model(bundle, data, target, [settings.batch_size], work=out_dir / ".latency-structures",
+                                  cache=latency_cache(target, bundle), fit_count=settings.latency_structures,
+                                  held_out_count=settings.latency_held_out, precisions=settings.precisions,
+                                  seed=settings.seed, log=log)
+        model.save(out_dir / "latency_model.json")
+        study.set_user_attr("latency_model", model.model_dump(mode="json"))
+        study.set_user_attr("teacher_validation_accuracy", evaluate(bundle.model, bundle.tokenizer, validation)[0]["accuracy"])
+    while "latency_model" not in study.user_attrs or "teacher_validation_accuracy" not in study.user_attrs:
+        if time.monotonic() > deadline:
+            raise UserError("the lead never finished fitting the latency model within this worker's time budget")
+        log("search: waiting for the lead to fit the latency model")
+        time.sleep(LATENCY_WAIT_S)      # user_attrs reads the storage afresh each time
+    latency = LatencyModel.model_validate(study.user_attrs["latency_model"])
+    test = data.split("test").head(settings.max_eval_samples)
+    shapes = [tuple(b["input_ids"].shape) for b in input_batches(bundle.tokenizer, test, settings.batch_size, "real",
+                                                                 max_length=usable_length(bundle.model))]
+    runner = ProxyRunner(teacher=bundle, teacher_dir=teacher_dir, task=data, validation=validation,
+                         teacher_accuracy=study.user_attrs["teacher_validation_accuracy"], latency=latency,
+                         shapes=shapes, settings=settings, budget_ms=settings.latency_budget_ms, log=log)
+    fastest = runner.predicted_ms(fastest_plan(runner.depth, settings.precisions))
+    if fastest > settings.latency_budget_ms:
+        log(f"search: the latency budget {settings.latency_budget_ms:.2f} ms is below what the fastest plan "
+            f"reaches ({fastest:.2f} ms predicted); searching the fastest plans instead")
+        runner.budget_ms = fastest
+    return runner
+
+
+def latency_cache(target: Profile, bundle: ModelBundle) -> Path:
+    """One latency model per profile and teacher shape on this machine, reused by later searches
+    (the file's key checks the machine, so a copied cache is refitted, not trusted)."""
+    shape = teacher_shape(bundle)
+    root = Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor"))
+    return root / "latency" / f"{target.name}-L{shape.layers}-H{shape.hidden}-h{shape.heads}-f{shape.ffn}.json"
+
+
+def run_proxies(study: optuna.Study, runner: ProxyRunner, deadline: float, join: bool, log) -> None:
+    settings = runner.settings
+
+    def out_of_time() -> bool:
+        reserve = 0.0 if join else finals_reserve(study, runner)
+        return time.monotonic() + reserve >= deadline
+
+    def enough(study: optuna.Study, trial) -> None:
+        log(progress_line(study, trial, runner.budget_ms, deadline - time.monotonic()))
+        done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        if out_of_time() or study.user_attrs.get("phase") == "final" or \
+                (settings.max_trials is not None and done >= settings.max_trials):
+            study.stop()
+
+    if not out_of_time():
+        study.optimize(runner.objective, callbacks=[enough], catch=(UserError,))
+
+
+def finals_reserve(study: optuna.Study, runner: ProxyRunner) -> float:
+    """Seconds the finals will take: each finalist's full training, scaled from its proxy's
+    measured training time, plus its export, plus the benchmark and report."""
+    settings = runner.settings
+    scale = settings.train_samples / settings.proxy_train_samples * settings.epochs
+    times = [t.user_attrs["prep_seconds"] + t.user_attrs["train_seconds"] * scale + FINALIST_EXPORT_S
+             for t in finalists(study, runner.budget_ms, settings)]
+    if not times:       # nothing timed yet: the first proxy runs, then the estimate has data
+        return FINALS_OVERHEAD_S
+    return sum(times) + (settings.finalists - len(times)) * max(times) + FINALS_OVERHEAD_S
+
+
+def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task: str | dict, profile: str,
+               settings: SearchSettings, out_dir: Path, show_progress: bool, deadline: float, log) -> dict:
+    from compressor.pipeline.run import run_recipe
+    picks = finalists(study, runner.budget_ms, settings)
+    if not picks:
+        raise UserError(f"no plan was trained within the time budget ({settings.time_budget_min:g} min); "
+                        "expected enough time for at least one proxy and the finals: give a larger time budget")
+    study.set_user_attr("phase", "final")     # joined workers stop after their current trial
+    plans = [Plan.model_validate(t.user_attrs["plan"]) for t in picks]
+    log(f"search: finals: {', '.join(p.name for p in plans)} ({(deadline - time.monotonic()) / 60:.1f} min left)")
+    raw = finals_recipe(plans, teacher_dir, task, profile, settings, runner.depth)
+    recipe, steps = parse_recipe(raw, source="the search's finals")
+    report = run_recipe(recipe, steps, out_dir, show_progress=show_progress)
+    section = search_section(report, picks, plans, study, runner, settings)
+    report["search"] = section
+    for model in report["models"]:
+        if model["name"] in section["predicted_p50_ms"]:
+            model["predicted_p50_ms"] = section["predicted_p50_ms"][model["name"]]
+    with disk_errors(out_dir):
+        write_json(out_dir / "report.json", report)
+        write_human_reports(report, out_dir)
+        picked = section["chosen"] or section["best_effort"]
+        if picked:
+            atomic_file(out_dir / section["recipe_file"], yaml.safe_dump(
+                {**raw, "variants": {picked: raw["variants"][picked]}}, sort_keys=False).encode())
+    return section
+
+
+def finals_recipe(plans: list[Plan], teacher_dir: Path, task: str | dict, profile: str, settings: SearchSettings,
+                  depth: int) -> dict:
+    """An ordinary recipe: the teacher as it is, each finalist a variant, the baselines beside them."""
+    return {"name": RECIPE_NAME, "seed": settings.seed,
+            "teacher": {"model": str(teacher_dir.resolve()), "task": task},
+            "data": {"max_eval_samples": settings.max_eval_samples, "max_train_samples": settings.train_samples},
+            "export": {"onnx": True, "optimize": True},
+            "benchmark": {"profiles": [profile], "batch_sizes": [settings.batch_size],
+                          "baselines": list(settings.baselines)},
+            "variants": {p.name: plan_steps(p, depth, settings.train_samples, settings.epochs, settings.scoring_samples)
+                         for p in plans}}
+
+
+def measured_p50(entry: dict, batch_size: int) -> float | None:
+    """p50 on the finals' one profile at the search's batch size, real test batches."""
+    rows = [r for r in entry.get("latency", []) if r["batch_size"] == batch_size and r["sequence_length"] == "real"]
+    return rows[0]["p50_ms"] if rows else None
+
+
+def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, runner: ProxyRunner,
+                   settings: SearchSettings) -> dict:
+    """What the search did and found: budget, latency model, trials, every finalist measured,
+    the measured front, the choice (or which constraint failed and by how much)."""
+    by_name = {m["name"]: m for m in report["models"]}
+    rows = []
+    for trial, plan in zip(picks, plans):
+        entry = by_name[plan.name]
+        p50 = measured_p50(entry, settings.batch_size)
+        rows.append({"name": plan.name, "trial": trial.number, "plan": plan.model_dump(),
+                     "proxy_accuracy": trial.user_attrs["proxy_accuracy"],
+                     "proxy_retention": trial.user_attrs["proxy_retention"],
+                     "predicted_p50_ms": trial.user_attrs["predicted_ms"], "measured_p50_ms": p50,
+                     "accuracy": entry["accuracy"], "retention": entry["retention"],
+                     "meets_budget": p50 is not None and p50 <= settings.latency_budget_ms,
+                     "meets_retention": entry["retention"] >= settings.min_retention})
+    good = [r for r in rows if r["meets_budget"] and r["meets_retention"]]
+    chosen = max(good, key=lambda r: (r["accuracy"], -r["measured_p50_ms"]), default=None)
+    best_effort = None if chosen else best_effort_pick(rows)
+    trials = study.get_trials(deepcopy=False)
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    latency = runner.latency
+    return {
+        "budget": {"latency_ms": settings.latency_budget_ms, "batch_size": settings.batch_size,
+                   "min_retention": settings.min_retention, "time_budget_min": settings.time_budget_min,
+                   "searched_for_ms": runner.budget_ms},
+        "latency_model": {"key": latency.key, "points": latency.points,
+                          "held_out": {k: v for k, v in (latency.held_out or {}).items() if k != "rows"}},
+        "trials": {"total": len(trials), "complete": len(done), "trained": len(proxy_trials(study)),
+                   "not_trained_over_budget": sum(1 for t in done if "proxy_accuracy" not in t.user_attrs),
+                   "failed": sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL),
+                   "teacher_validation_accuracy": runner.teacher_accuracy,
+                   "validation_samples": settings.validation_samples,
+                   "proxy_train_samples": settings.proxy_train_samples},
+        "finalists": rows,
+        "front": measured_front(rows),
+        "predicted_p50_ms": {r["name"]: r["predicted_p50_ms"] for r in rows},
+        "chosen": chosen["name"] if chosen else None,
+        "best_effort": best_effort["name"] if best_effort else None,
+        "outcome": outcome(chosen, best_effort, settings),
+        "recipe_file": "chosen.yaml" if chosen else "best-effort.yaml",
+    }
+
+
+def best_effort_pick(rows: list[dict]) -> dict | None:
+    """Without a plan meeting both: the most accurate within budget, else the fastest."""
+    within = [r for r in rows if r["meets_budget"]]
+    if within:
+        return max(within, key=lambda r: r["accuracy"])
+    measured = [r for r in rows if r["measured_p50_ms"] is not None]
+    return min(measured, key=lambda r: r["measured_p50_ms"], default=None)
+
+
+def outcome(chosen: dict | None, best_effort: dict | None, settings: SearchSettings) -> str:
+    if chosen:
+        return (f"met: {chosen['name']} at {chosen['measured_p50_ms']:.2f} ms (budget {settings.latency_budget_ms:.2f}) "
+                f"and {chosen['retention']:.1%} of the teacher (floor {settings.min_retention:.0%})")
+    if best_effort is None:
+        return "not met: no finalist was measured"
+    failed = []
+    if not best_effort["meets_budget"]:
+        over = best_effort["measured_p50_ms"] / settings.latency_budget_ms - 1
+        failed.append(f"latency {best_effort['measured_p50_ms']:.2f} ms is {over:.1%} over the "
+                      f"{settings.latency_budget_ms:.2f} ms budget")
+    if not best_effort["meets_retention"]:
+        short = (settings.min_retention - best_effort["retention"]) * 100
+        failed.append(f"retention {best_effort['retention']:.1%} is {short:.1f} points under the "
+                      f"{settings.min_retention:.0%} floor")
+    return f"not met: best effort {best_effort['name']}: {'; '.join(failed)}"
+
+
+def measured_front(rows: list[dict]) -> list[str]:
+    """Finalists no other beats on both measured accuracy and measured latency."""
+    measured = [r for r in rows if r["measured_p50_ms"] is not None]
+    return [r["name"] for r in measured
+            if not any(o["accuracy"] >= r["accuracy"] and o["measured_p50_ms"] <= r["measured_p50_ms"]
+                       and (o["accuracy"], o["measured_p50_ms"]) != (r["accuracy"], r["measured_p50_ms"])
+                       for o in measured)]

@@ -1,0 +1,46 @@
+"""What a search is asked for: the recipe's `search:` section, the `compressor search` flags,
+and `compressor.search.run_search` from Python all validate through SearchSettings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from compressor.bench.baselines import BASELINES
+from compressor.search.plans import PRECISIONS, RECOVERIES, Precision, Recovery
+
+
+class SearchSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    latency_budget_ms: float = Field(gt=0)                 # p50 at `batch_size` on the profile
+    batch_size: int = Field(8, ge=1)
+    min_retention: float = Field(0.97, gt=0, le=1)          # of the teacher's test accuracy
+    time_budget_min: float = Field(60.0, gt=0)              # this command's wall time, all phases
+    storage: str | None = None                 # an Optuna storage URL; default sqlite under the out dir
+    study_name: str = Field("search", min_length=1)
+    finalists: int = Field(3, ge=1)            # plans trained fully, exported and benchmarked
+    proxy_train_samples: int = Field(2000, ge=1)   # a proxy trains 1 epoch on the first N train rows
+    validation_samples: int = Field(2000, ge=1)    # proxies are scored on the last N train rows
+    train_samples: int = Field(30000, ge=1)        # a finalist trains on the first N train rows
+    scoring_samples: int = Field(512, ge=1)        # pruning scores importance on the first N train rows
+    epochs: float = Field(1.0, gt=0)               # ... for this many epochs
+    recoveries: tuple[Recovery, ...] = Field(RECOVERIES, min_length=1)
+    precisions: tuple[Precision, ...] = Field(PRECISIONS, min_length=1)
+    max_trials: int | None = Field(None, ge=1)     # proxy trials of the study (every worker's) before finals
+    # Plans predicted up to this share over the budget still train: the latency model errs by
+    # a few percent, and measured numbers decide.
+    latency_slack: float = Field(0.1, ge=0, le=1)
+    latency_structures: int = Field(12, ge=2)      # random structures per precision the latency model is fitted on
+    latency_held_out: int = Field(6, ge=1)         # ... and scored on (its error is reported)
+    max_eval_samples: int | None = Field(5000, ge=1)   # test examples the finalists are scored on
+    baselines: list[Literal[BASELINES]] = list(BASELINES)    # type: ignore[valid-type]
+    seed: int = 0
+
+    @field_validator("recoveries", "precisions")
+    @classmethod
+    def _distinct(cls, values: tuple) -> tuple:
+        if len(set(values)) != len(values):
+            raise ValueError(f"a value is listed twice in {list(values)}")
+        return values

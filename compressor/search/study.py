@@ -1,0 +1,226 @@
+"""The search's Optuna study: storage, the proxy trials, and the finalists they point to.
+
+A trial proposes a plan (compressor/search/plans.py). Its latency comes from the latency
+model first: a plan predicted over the budget (plus the model's slack) is told to the study
+without training (accuracy 0 by convention, and its constraint marks it infeasible, so the
+sampler learns to avoid the region). The rest are trained briefly (the proxy: a short
+training, scored on held-out train rows) and told as (proxy accuracy, predicted latency)
+with their constraints. Plans that differ only in precision train the same model, so a
+proxy is trained once per `training_key` and reused from the study by every worker.
+
+The study lives in Optuna storage (SQLite under the out dir by default, or any URL Optuna
+takes), so workers on other machines join it with the same command plus `--join`. Heartbeats
+mark a killed worker's running trial failed and retry it, so a search killed at any point
+resumes from its storage. What the trials depend on (teacher, task, profile, budget) is
+kept in the study's user attributes and checked by whoever opens it, with the latency model
+fitted on the target, which joining workers use instead of fitting their own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import optuna
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from compressor.bundle import ModelBundle
+from compressor.passes import Context, LazyTeacher, apply_pass
+from compressor.pipeline.recipe import parse_step
+from compressor.search.latency import LatencyModel
+from compressor.search.plans import Plan, plan_steps, plan_structure, suggest_plan
+from compressor.search.settings import SearchSettings
+from pretrain.data import Split, TaskData
+from pretrain.errors import UserError
+from pretrain.finetune import evaluate
+
+DIRECTIONS = ("maximize", "minimize")        # proxy accuracy, predicted p50
+HEARTBEAT_S = 30                              # a worker silent for GRACE_S has died: its trial is retried
+GRACE_S = 120
+SAMPLER_STARTUP = 8                           # random trials before TPE models the space
+UNTRAINED = "over budget: not trained"
+CONNECT_ATTEMPTS = 5
+JOIN_WAIT_S = 60.0                            # how long a joining worker waits for the study to appear
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def default_storage(out_dir: Path) -> str:
+    return f"sqlite:///{(out_dir / 'study.db').resolve()}"
+
+
+def connect(url: str) -> RDBStorage:
+    """The study's storage, with heartbeats (so a killed worker's trial is retried)."""
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)   # heartbeats, multivariate TPE
+    failure: Exception | None = None
+    for _ in range(CONNECT_ATTEMPTS):
+        try:
+            return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+        except Exception as err:   # driver missing, bad URL, server down: SQLAlchemy raises many types
+            failure = err
+            # Two workers creating one new storage at once: one loses the race to make its tables.
+            if "IntegrityError" not in type(err).__name__ + str(err):
+                break
+            time.sleep(1.0)
+    reason = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+    raise UserError(f"cannot reach the study storage {url}: {reason}; expected a URL Optuna takes "
+                    f"(sqlite:///PATH, postgresql://USER@HOST/DB with its driver installed)") from None
+
+
+def open_study(storage: RDBStorage, name: str, identity: dict, join: bool, seed: int) -> optuna.Study:
+    """Create or resume the study (`join`: it must exist); refuse one made for another search."""
+    sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=constraints, multivariate=True, group=True,
+                                         n_startup_trials=SAMPLER_STARTUP)
+    if join and not wait_for_study(storage, name):
+        raise UserError(f"no study named {name!r} in {storage.url} after {JOIN_WAIT_S:.0f} s; start the search "
+                        "without --join first (it fits the latency model and creates the study)")
+    study = optuna.create_study(storage=storage, study_name=name, directions=list(DIRECTIONS),
+                                sampler=sampler, load_if_exists=True)
+    made_for = study.user_attrs.get("identity")
+    if made_for is None and not join:
+        study.set_user_attr("identity", identity)
+    elif made_for is not None and made_for != identity:
+        differ = [k for k in identity if made_for.get(k) != identity[k]]
+        raise UserError(f"study {name!r} in {storage.url} was made for another search ({', '.join(differ)} "
+                        f"differ: {', '.join(f'{k} {made_for.get(k)!r}' for k in differ)}); expected the "
+                        f"same teacher, task, profile, batch size, budget and floor, or another --study-name")
+    return study
+
+
+def wait_for_study(storage: RDBStorage, name: str) -> bool:
+    """A worker may start before its lead has created the study: give the lead a minute."""
+    deadline = time.monotonic() + JOIN_WAIT_S
+    while name not in {s.study_name for s in optuna.get_all_study_summaries(storage)}:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+    return True
+
+
+def constraints(trial: FrozenTrial) -> list[float]:
+    """<= 0 when met: predicted latency within the budget, proxy retention above the floor."""
+    return list(trial.user_attrs.get("constraints", [1.0, 1.0]))
+
+
+@dataclass
+class ProxyRunner:
+    """Everything a proxy trial needs, loaded once per worker."""
+
+    teacher: ModelBundle
+    teacher_dir: Path
+    task: TaskData
+    validation: Split
+    teacher_accuracy: float          # on `validation`
+    latency: LatencyModel
+    shapes: list[tuple[int, int]]    # the benchmark's real test batches, [batch, length]
+    settings: SearchSettings
+    budget_ms: float                 # what plans are filtered by (the budget, or the fastest plan's)
+    log: Callable[[str], None] = print
+
+    @property
+    def depth(self) -> int:
+        return self.latency.teacher.layers
+
+    def predicted_ms(self, plan: Plan) -> float:
+        return self.latency.predict_p50(plan_structure(plan, self.latency.teacher), self.shapes)
+
+    def train_proxy(self, plan: Plan) -> tuple[float, float, float]:
+        """(accuracy on the validation rows, seconds before training (scoring, cutting), seconds
+        of the training step) after a short training."""
+        fp32 = plan.model_copy(update={"precision": "fp32"})    # precision does not change training
+        steps = [parse_step(s, f"plan {plan.name}")
+                 for s in plan_steps(fp32, self.depth, self.settings.proxy_train_samples,
+                                     scoring_samples=self.settings.scoring_samples)]
+        ctx = Context(task=self.task, seed=self.settings.seed, show_progress=False,
+                      teacher_source=LazyTeacher.from_dir(self.teacher_dir))
+        bundle, seconds = self.teacher, []
+        for step in steps:
+            start = time.perf_counter()
+            bundle = apply_pass(bundle, step.name, step.config, ctx)
+            seconds.append(time.perf_counter() - start)
+        metrics, _ = evaluate(bundle.model, bundle.tokenizer, self.validation)
+        return metrics["accuracy"], sum(seconds[:-1]), seconds[-1]     # the last step is the training
+
+    def objective(self, trial: optuna.Trial) -> tuple[float, float]:
+        plan = suggest_plan(trial, self.depth, self.settings.recoveries, self.settings.precisions)
+        trial.set_user_attr("worker", WORKER)
+        predicted = self.predicted_ms(plan)
+        trial.set_user_attr("plan", plan.model_dump())
+        trial.set_user_attr("predicted_ms", predicted)
+        over = predicted - self.budget_ms
+        if predicted > self.budget_ms * (1 + self.settings.latency_slack):
+            trial.set_user_attr("status", UNTRAINED)
+            trial.set_user_attr("constraints", [over, 1.0])
+            return 0.0, predicted
+        known = trained_proxy(trial.study, plan.training_key)
+        if known is not None:
+            accuracy, prep, seconds = (known.user_attrs[k] for k in ("proxy_accuracy", "prep_seconds", "train_seconds"))
+            trial.set_user_attr("status", f"proxy of trial {known.number} (same training)")
+        else:
+            accuracy, prep, seconds = self.train_proxy(plan)
+            trial.set_user_attr("status", "proxy trained")
+        retention = accuracy / self.teacher_accuracy
+        trial.set_user_attr("training_key", plan.training_key)
+        trial.set_user_attr("proxy_accuracy", accuracy)
+        trial.set_user_attr("proxy_retention", retention)
+        trial.set_user_attr("prep_seconds", prep)
+        trial.set_user_attr("train_seconds", seconds)
+        trial.set_user_attr("constraints", [over, self.settings.min_retention - retention])
+        return accuracy, predicted
+
+
+def trained_proxy(study: optuna.Study, training_key: str) -> FrozenTrial | None:
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("training_key") == training_key and "proxy_accuracy" in t.user_attrs:
+            return t
+    return None
+
+
+def proxy_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Finished trials whose plan was trained (or shares a trained plan's proxy)."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if "proxy_accuracy" in t.user_attrs]
+
+
+def finalists(study: optuna.Study, budget_ms: float, settings: SearchSettings) -> list[FrozenTrial]:
+    """The plans to train fully: those predicted within budget (plus slack), the ones whose
+    proxy clears the floor first, each group by proxy accuracy; one trial per plan. With none
+    within budget (a best-effort search), the fastest trained plans."""
+    trained = proxy_trials(study)
+    limit = budget_ms * (1 + settings.latency_slack)
+    within = [t for t in trained if t.user_attrs["predicted_ms"] <= limit]
+    pool = sorted(within, key=lambda t: (t.user_attrs["proxy_retention"] < settings.min_retention,
+                                         -t.user_attrs["proxy_accuracy"], t.user_attrs["predicted_ms"]))
+    if not pool:
+        pool = sorted(trained, key=lambda t: t.user_attrs["predicted_ms"])
+    chosen, names = [], set()
+    for t in pool:
+        name = Plan.model_validate(t.user_attrs["plan"]).name
+        if name not in names:
+            chosen.append(t)
+            names.add(name)
+        if len(chosen) == settings.finalists:
+            break
+    return chosen
+
+
+def progress_line(study: optuna.Study, trial: FrozenTrial, budget_ms: float, seconds_left: float) -> str:
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    trained = [t for t in trials if "proxy_accuracy" in t.user_attrs]
+    feasible = [t for t in trained if max(t.user_attrs["constraints"]) <= 0]
+    best = max(feasible, key=lambda t: t.user_attrs["proxy_accuracy"], default=None)
+    plan = Plan.model_validate(trial.user_attrs["plan"]).name if "plan" in trial.user_attrs else "?"
+    acc = trial.user_attrs.get("proxy_accuracy")
+    shown = f"proxy {acc:.4f}" if acc is not None else trial.user_attrs.get("status", trial.state.name.lower())
+    best_text = (f"best within budget {best.user_attrs['proxy_accuracy']:.4f} "
+                 f"({Plan.model_validate(best.user_attrs['plan']).name})") if best else "none within budget yet"
+    return (f"search: trial {trial.number} {plan}: predicted {trial.user_attrs.get('predicted_ms', 0):.2f} ms "
+            f"(budget {budget_ms:.2f}), {shown}; {len(trials)} trials, {len(trained)} trained, {best_text}; "
+            f"{seconds_left / 60:.1f} min left")

@@ -1,0 +1,193 @@
+"""The whole search on a tiny teacher: proxies in an Optuna study, finals through the pipeline,
+the report and recipe it leaves, resume, two workers on one storage, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from compressor.cli.commands import main
+from compressor.pipeline.recipe import load_recipe
+from compressor.search import SearchSettings, run_search
+from compressor.search import structures as structures_module
+from compressor.search import study as study_module
+from compressor.search.run import measured_front, outcome
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = dict(time_budget_min=10, finalists=2, proxy_train_samples=32, validation_samples=30, train_samples=64,
+            scoring_samples=16, latency_structures=2, latency_held_out=1, max_eval_samples=30,
+            precisions=("fp32",), baselines=["onnxruntime-fp32"])
+
+
+@pytest.fixture(scope="module")
+def quick_profile(tmp_path_factory) -> Path:
+    """The cpu profile with few timed calls (this is about behaviour, not speed)."""
+    raw = yaml.safe_load((ROOT / "profiles" / "cpu.yaml").read_text())
+    path = tmp_path_factory.mktemp("profiles") / "quick-cpu.yaml"
+    path.write_text(yaml.safe_dump({**raw, "name": "quick-cpu", "warmup": 1, "iterations": 10}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def searched(tiny_bert_dir, tiny_csv, quick_profile, cache_dir, tmp_path_factory):
+    """One search (a loose budget: something must meet it) and its result."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("COMPRESSOR_CACHE", str(cache_dir))
+    patch.setattr(structures_module, "BATCHES", 2)
+    patch.setattr(structures_module, "CALLS_PER_BATCH", 2)
+    out = tmp_path_factory.mktemp("search") / "run"
+    settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=4, **TINY)
+    result = run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), settings, out,
+                        threads=1, show_progress=False, log=lambda _: None)
+    yield out, settings, result
+    patch.undo()
+
+
+def test_search_meets_a_loose_budget_and_reports_it(searched):
+    out, settings, result = searched
+    assert result["chosen"] and result["outcome"].startswith("met:")
+    report = json.loads((out / "report.json").read_text())
+    assert report["search"]["chosen"] == result["chosen"]
+    names = {m["name"] for m in report["models"]}
+    finalists = report["search"]["finalists"]
+    assert 1 <= len(finalists) <= 2 and {r["name"] for r in finalists} <= names
+    assert "onnxruntime-fp32" in names                                # measured beside the baseline
+    for row in finalists:
+        assert row["measured_p50_ms"] > 0 and row["predicted_p50_ms"] > 0 and 0 <= row["proxy_accuracy"] <= 1
+        model = next(m for m in report["models"] if m["name"] == row["name"])
+        assert model["predicted_p50_ms"] == row["predicted_p50_ms"]   # predicted beside measured
+        assert model["onnx"]["parity"]["passed"] if "parity" in model["onnx"] else model["onnx"]
+    assert result["chosen"] in report["search"]["front"]
+    assert report["search"]["trials"]["complete"] >= 4
+    assert "Search finalists" in (out / "report.md").read_text()
+    assert (out / "latency_model.json").is_file() and (out / "study.db").is_file()
+
+
+def test_the_written_recipe_rebuilds_the_chosen_model(searched):
+    out, _, result = searched
+    recipe, steps = load_recipe(out / result["recipe_file"])
+    assert list(steps) == [result["chosen"]]
+    assert recipe.benchmark.batch_sizes == [8] and recipe.export.onnx
+    report = json.loads((out / "report.json").read_text())
+    chosen_plan = next(r["plan"] for r in report["search"]["finalists"] if r["name"] == result["chosen"])
+    trains = [s.name for s in steps[result["chosen"]] if s.name in ("finetune", "distill", "theseus")]
+    assert trains == [chosen_plan["recovery"]]
+
+
+def test_rerun_resumes_from_the_storage_without_training_again(searched, tiny_bert_dir, tiny_csv, quick_profile,
+                                                               monkeypatch, cache_dir):
+    out, settings, result = searched
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
+    monkeypatch.setattr(study_module.ProxyRunner, "train_proxy", lambda *a: pytest.fail("a proxy trained again"))
+    monkeypatch.setattr(structures_module, "measure", lambda *a, **k: pytest.fail("latency measured again"))
+    again = run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), settings, out, threads=1,
+                       show_progress=False, log=lambda _: None)
+    assert again["chosen"] == result["chosen"] and again["finalists"] == result["finalists"]
+
+
+def test_a_study_made_for_another_search_is_refused(searched, tiny_bert_dir, tiny_csv, quick_profile, capsys):
+    out = searched[0]
+    code = main(["search", "--teacher", str(tiny_bert_dir), "--task", str(tiny_csv), "--profile", str(quick_profile),
+                 "--latency-budget-ms", "2", "--out", str(out), "--precisions", "fp32"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "made for another search" in err and "latency_budget_ms" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--min-retention", "1.5"], "min_retention"),
+    (["--min-retention", "0"], "min_retention"),
+    (["--profile", "gpu-cuda-fp16"], "cannot be measured on this machine"),
+    (["--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot reach the study storage"),
+    (["--storage", "notaurl"], "cannot reach the study storage"),
+    (["--recoveries", "finetune,magic"], "recoveries"),
+])
+def test_bad_input_is_one_line_and_exit_2_with_nothing_written(args, message, tiny_bert_dir, tiny_csv, tmp_path, capsys):
+    out = tmp_path / "never"
+    code = main(["search", "--teacher", str(tiny_bert_dir), "--task", str(tiny_csv), "--latency-budget-ms", "5",
+                 "--out", str(out), *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert not out.exists() or not any(p.name != "run.json" for p in out.iterdir())
+
+
+def test_join_without_a_study_says_how_to_start_one(tiny_bert_dir, tiny_csv, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(study_module, "JOIN_WAIT_S", 0.5)
+    code = main(["search", "--teacher", str(tiny_bert_dir), "--task", str(tiny_csv), "--latency-budget-ms", "5",
+                 "--out", str(tmp_path / "w"), "--storage", f"sqlite:///{tmp_path / 's.db'}", "--join"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "start the search without --join first" in err
+
+
+def test_outcome_says_which_constraint_failed_and_by_how_much():
+    settings = SearchSettings(latency_budget_ms=10, min_retention=0.97)
+    slow = {"name": "a", "measured_p50_ms": 12.0, "retention": 0.99, "meets_budget": False, "meets_retention": True,
+            "accuracy": 0.8}
+    weak = {"name": "b", "measured_p50_ms": 9.0, "retention": 0.95, "meets_budget": True, "meets_retention": False,
+            "accuracy": 0.78}
+    assert outcome(None, slow, settings) == "not met: best effort a: latency 12.00 ms is 20.0% over the 10.00 ms budget"
+    assert "retention 95.0% is 2.0 points under the 97% floor" in outcome(None, weak, settings)
+    assert measured_front([slow, weak]) == ["a", "b"]
+    assert measured_front([slow, {**weak, "accuracy": 0.9}]) == ["b"]
+
+
+def test_two_workers_share_one_storage(tiny_bert_dir, tiny_csv, quick_profile, cache_dir, searched, tmp_path):
+    """A lead and a joined worker, two processes, one SQLite study: together they run the
+    study's trial limit, and both ran some of them. (The latency model comes from the cache
+    the first search filled: same machine, profile and teacher.)"""
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    common = ["search", "--teacher", str(tiny_bert_dir), "--task", str(tiny_csv), "--profile", str(quick_profile),
+              "--latency-budget-ms", "1000", "--min-retention", "0.5", "--storage", storage, "--study-name", "shared",
+              "--max-trials", "6", "--finalists", "1", "--proxy-train-samples", "32", "--validation-samples", "30",
+              "--train-samples", "64", "--precisions", "fp32", "--max-eval-samples", "30", "--threads", "1",
+              "--scoring-samples", "16", "--latency-structures", "2", "--latency-held-out", "1",
+              "--baselines", "onnxruntime-fp32", "--quiet"]
+    tiny = ["--time-budget-min", "10"]
+    env = {**os.environ, "COMPRESSOR_CACHE": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    lead = subprocess.Popen([sys.executable, "-m", "compressor", *common, *tiny, "--out", str(tmp_path / "lead")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker = subprocess.Popen([sys.executable, "-m", "compressor", *common, *tiny, "--out", str(tmp_path / "worker"),
+                               "--join"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lead_out, _ = lead.communicate(timeout=600)
+    worker_out, _ = worker.communicate(timeout=600)
+    assert lead.returncode == 0, lead_out[-2000:]
+    assert worker.returncode == 0, worker_out[-2000:]
+    study = optuna.load_study(study_name="shared", storage=storage)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) >= 6
+    assert len({t.user_attrs["worker"] for t in done}) == 2, "one worker ran every trial"
+    assert (tmp_path / "lead" / "report.json").is_file() and not (tmp_path / "worker" / "report.json").exists()
+
+
+def test_a_recipe_search_section_runs_from_the_teacher_stage(searched, tiny_bert_dir, tiny_csv, quick_profile,
+                                                              cache_dir, tmp_path, monkeypatch):
+    """`search:` in a recipe without variants: the teacher stage, then the search into DIR/search/
+    (the latency model from the cache the first search filled)."""
+    from compressor.pipeline.recipe import parse_recipe
+    from compressor.pipeline.run import run_recipe
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
+    tiny = {k: list(v) if isinstance(v, tuple) else v for k, v in TINY.items()}
+    raw = {"name": "with-search", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
+           "data": {"max_eval_samples": 30},
+           "benchmark": {"profiles": [str(quick_profile)], "batch_sizes": [8], "baselines": ["onnxruntime-fp32"]},
+           "search": {**tiny, "latency_budget_ms": 1000, "min_retention": 0.5, "max_trials": 2, "finalists": 1}}
+    recipe, steps = parse_recipe(raw)
+    assert steps == {} and recipe.search.max_trials == 2
+    report = run_recipe(recipe, steps, tmp_path / "run", show_progress=False)
+    assert report["search"]["dir"] == "search" and report["search"]["outcome"].startswith("met:")
+    inner = json.loads((tmp_path / "run" / "search" / "report.json").read_text())
+    assert inner["search"]["chosen"] == report["search"]["chosen"]
+    with pytest.raises(Exception, match="min_retention"):
+        parse_recipe({**raw, "search": {"latency_budget_ms": 5, "min_retention": 2}})
