@@ -1,7 +1,7 @@
 """Two search workers on one Optuna storage against one worker (issue 17's scale-out target).
 
 Both arms run the same search (`compressor search`, a loose budget so every proposed plan
-trains its proxy) to a fixed number of proxy trials, each process with one thread: one
+trains its proxy; a small latency model, since no plan is filtered by it) to a fixed number of proxy trials, each process with one thread: one
 worker alone, then a lead plus a worker started with `--join` on the same SQLite storage.
 The wall time to the N-th finished trial is read from the storage (first trial start to N-th
 completion), so the finals that follow (kept tiny here) do not count. Plans differ between
@@ -34,7 +34,7 @@ def search_command(args, name: str, work: Path, join: bool) -> list[str]:
             "--study-name", name, "--max-trials", str(args.trials), "--finalists", "1",
             "--proxy-train-samples", str(args.proxy_train_samples), "--validation-samples", "1000",
             "--train-samples", "200", "--max-eval-samples", "500", "--baselines", "onnxruntime-fp32",
-            "--precisions", "fp32", "--threads", "1", "--time-budget-min", "120", "--quiet",
+            "--precisions", "fp32", "--latency-structures", "4", "--latency-held-out", "2", "--threads", "1", "--time-budget-min", "120", "--quiet",
             "--out", str(work / (name + ("-worker" if join else "")))] + (["--join"] if join else [])
 
 

@@ -196,6 +196,7 @@ def add_search_command(sub) -> None:
     se.add_argument("--proxy-train-samples", type=positive_int, **from_config(SearchSettings, "proxy_train_samples"))
     se.add_argument("--validation-samples", type=positive_int, **from_config(SearchSettings, "validation_samples"))
     se.add_argument("--train-samples", type=positive_int, **from_config(SearchSettings, "train_samples"))
+    se.add_argument("--epochs", type=float, **from_config(SearchSettings, "epochs", "of a finalist's training"))
     se.add_argument("--scoring-samples", type=positive_int, **from_config(SearchSettings, "scoring_samples"))
     se.add_argument("--latency-structures", type=positive_int,
                     **from_config(SearchSettings, "latency_structures", "random structures per precision timed to "
@@ -395,7 +396,7 @@ def cmd_search(args: argparse.Namespace) -> int:
               "min_retention": args.min_retention, "time_budget_min": args.time_budget_min,
               "storage": args.storage, "study_name": args.study_name, "finalists": args.finalists,
               "max_trials": args.max_trials, "proxy_train_samples": args.proxy_train_samples,
-              "validation_samples": args.validation_samples, "train_samples": args.train_samples,
+              "validation_samples": args.validation_samples, "train_samples": args.train_samples, "epochs": args.epochs,
               "recoveries": args.recoveries, "precisions": args.precisions,
               "max_eval_samples": args.max_eval_samples, "seed": args.seed, "scoring_samples": args.scoring_samples,
               "latency_structures": args.latency_structures, "latency_held_out": args.latency_held_out,

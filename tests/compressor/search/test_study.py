@@ -1,0 +1,56 @@
+"""The study's choice of finalists and its progress line, on trials made by hand."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.distributions import FloatDistribution
+
+from compressor.search.plans import Plan
+from compressor.search.settings import SearchSettings
+from compressor.search.study import finalists, progress_line
+
+
+def trial(plan: Plan, accuracy: float, predicted: float, teacher: float = 0.8) -> optuna.trial.FrozenTrial:
+    attrs = {"plan": plan.model_dump(), "predicted_ms": predicted, "proxy_accuracy": accuracy,
+             "proxy_retention": accuracy / teacher, "training_key": plan.training_key, "prep_seconds": 1.0,
+             "train_seconds": 2.0, "constraints": [predicted - 10, 0.97 - accuracy / teacher]}
+    return optuna.trial.create_trial(values=[accuracy, predicted], user_attrs=attrs,
+                                     params={"x": 0.0}, distributions={"x": FloatDistribution(0, 1)})
+
+
+def study_of(*trials) -> optuna.Study:
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for t in trials:
+        study.add_trial(t)
+    return study
+
+
+def test_finalists_alternate_between_within_budget_and_within_slack():
+    settings = SearchSettings(latency_budget_ms=10, finalists=3, latency_slack=0.1)
+    study = study_of(trial(Plan(layers=3), 0.60, 10.8),              # best proxy, 8% over: slack only
+                     trial(Plan(layers=2), 0.50, 9.0),               # best within the budget
+                     trial(Plan(layers=2, ffn_removed=0.5), 0.45, 8.0),
+                     trial(Plan(layers=4), 0.70, 12.0),              # too slow even with slack
+                     trial(Plan(layers=1), 0.30, 5.0))
+    names = [Plan.model_validate(t.user_attrs["plan"]).name for t in finalists(study, 10, settings)]
+    assert names == [Plan(layers=2).name, Plan(layers=3).name, Plan(layers=2, ffn_removed=0.5).name]
+
+
+def test_a_proxy_above_the_floor_goes_first_and_plans_count_once():
+    settings = SearchSettings(latency_budget_ms=10, finalists=2, min_retention=0.9)
+    study = study_of(trial(Plan(layers=2), 0.70, 9.0), trial(Plan(layers=2), 0.70, 9.0),
+                     trial(Plan(layers=3, heads_removed=0.5), 0.74, 9.5), trial(Plan(layers=1), 0.6, 4.0))
+    chosen = finalists(study, 10, settings)
+    assert [t.user_attrs["proxy_accuracy"] for t in chosen] == [0.74, 0.70]   # 0.74 / 0.8 clears 0.9
+
+
+def test_with_nothing_within_budget_the_fastest_plans_are_the_finalists():
+    settings = SearchSettings(latency_budget_ms=1, finalists=2)
+    study = study_of(trial(Plan(layers=3), 0.6, 9.0), trial(Plan(layers=1), 0.3, 4.0), trial(Plan(layers=2), 0.4, 6.0))
+    assert [t.user_attrs["predicted_ms"] for t in finalists(study, 1, settings)] == [4.0, 6.0]
+
+
+def test_progress_line_names_the_best_proxy_within_budget():
+    study = study_of(trial(Plan(layers=3), 0.6, 10.8), trial(Plan(layers=2), 0.5, 9.0))
+    line = progress_line(study, study.trials[-1], 10.0, 600)
+    assert "best proxy within budget 0.5000 (L2-" in line and "2 trials, 2 trained" in line and "10.0 min left" in line
