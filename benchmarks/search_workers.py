@@ -28,7 +28,7 @@ from pretrain.atomic import write_json
 
 
 def search_command(args, name: str, work: Path, join: bool) -> list[str]:
-    storage = f"sqlite:///{(work / (name + '.db')).resolve()}"
+    storage = f"sqlite:///{work / (name + '.db')}"      # relative to the working directory
     return [sys.executable, "-m", "compressor", "search", "--teacher", str(args.teacher), "--task", args.task,
             "--profile", "cpu", "--latency-budget-ms", "1000", "--min-retention", "0.5", "--storage", storage,
             "--study-name", name, "--max-trials", str(args.trials), "--finalists", "1",
@@ -39,7 +39,7 @@ def search_command(args, name: str, work: Path, join: bool) -> list[str]:
 
 
 def storage_timing(work: Path, name: str, trials: int) -> dict:
-    study = optuna.load_study(study_name=name, storage=f"sqlite:///{(work / (name + '.db')).resolve()}")
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{work / (name + '.db')}")
     done = sorted((t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE),
                   key=lambda t: t.datetime_complete)
     start = min(t.datetime_start for t in study.trials if t.datetime_start)
