@@ -22,14 +22,11 @@ import time
 from pathlib import Path
 
 from compressor.bench.environment import environment
+from compressor.search.run import measured_p50
 from pretrain.atomic import write_json
 
 OPTIMUM = "optimum-default-int8"
-
-
-def p50(model: dict, batch_size: int) -> float | None:
-    rows = [r for r in model.get("latency", []) if r["batch_size"] == batch_size and r["sequence_length"] == "real"]
-    return rows[0]["p50_ms"] if rows else None
+PROFILE = "cpu"
 
 
 def main() -> int:
@@ -46,9 +43,9 @@ def main() -> int:
 
     demo = json.loads((args.demo / "report.json").read_text())
     optimum = next(m for m in demo["models"] if m["name"] == OPTIMUM)
-    budget = p50(optimum, args.batch_size) * args.fraction
+    budget = measured_p50(optimum, PROFILE, args.batch_size) * args.fraction
     command = [sys.executable, "-m", "compressor", "search", "--teacher", str(args.demo / "teacher"),
-               "--task", "wordnet-supersense", "--profile", "cpu", "--batch-size", str(args.batch_size),
+               "--task", "wordnet-supersense", "--profile", PROFILE, "--batch-size", str(args.batch_size),
                "--latency-budget-ms", f"{budget:.3f}", "--min-retention", str(args.min_retention),
                "--time-budget-min", str(args.time_budget_min), "--out", str(args.out_dir), *args.extra]
     start = time.time()
@@ -58,8 +55,8 @@ def main() -> int:
     report = json.loads((args.out_dir / "report.json").read_text())
     search = report["search"]
     by_name = {m["name"]: m for m in report["models"]}
-    baselines = {name: p50(by_name[name], args.batch_size) for name in ("pytorch-eager-fp32", "onnxruntime-fp32",
-                                                                        OPTIMUM) if name in by_name}
+    baselines = {name: measured_p50(by_name[name], PROFILE, args.batch_size)
+                 for name in ("pytorch-eager-fp32", "onnxruntime-fp32", OPTIMUM) if name in by_name}
     rows = [{**r, "vs_baselines": {n: b / r["measured_p50_ms"] for n, b in baselines.items() if r["measured_p50_ms"]},
              "of_optimum_in_this_run": r["measured_p50_ms"] / baselines[OPTIMUM] if OPTIMUM in baselines else None}
             for r in search["finalists"]]
@@ -67,7 +64,7 @@ def main() -> int:
         "command": " ".join(["benchmarks/search_study.py", *sys.argv[1:]]),
         "search_command": " ".join(command[2:]),
         "budget_ms": budget, "fraction_of_optimum": args.fraction,
-        "optimum_p50_ms_in_demo": p50(optimum, args.batch_size),
+        "optimum_p50_ms_in_demo": measured_p50(optimum, PROFILE, args.batch_size),
         "baselines_p50_ms_in_this_run": baselines,
         "teacher_accuracy": report["teacher"]["accuracy"],
         "outcome": search["outcome"], "chosen": search["chosen"], "best_effort": search["best_effort"],

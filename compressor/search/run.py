@@ -30,6 +30,7 @@ from compressor.passes import check_pass_family
 from compressor.pipeline.cache import fingerprint
 from compressor.pipeline.outdir import claim_out_dir, disk_errors
 from compressor.pipeline.recipe import parse_recipe, parse_step
+from compressor.report.analysis import latency_row
 from compressor.report.render import write_human_reports
 from compressor.search.latency import LatencyModel
 from compressor.search.plans import Plan, fastest_plan, plan_steps, theseus_depths
@@ -224,10 +225,10 @@ def finals_recipe(plans: list[Plan], teacher_dir: Path, task: str | dict, profil
                          for p in plans}}
 
 
-def measured_p50(entry: dict, batch_size: int) -> float | None:
-    """p50 on the finals' one profile at the search's batch size, real test batches."""
-    rows = [r for r in entry.get("latency", []) if r["batch_size"] == batch_size and r["sequence_length"] == "real"]
-    return rows[0]["p50_ms"] if rows else None
+def measured_p50(entry: dict, profile: str, batch_size: int) -> float | None:
+    """p50 on the profile at the search's batch size, real test batches."""
+    row = latency_row(entry, (profile, batch_size, "real"))
+    return row["p50_ms"] if row else None
 
 
 def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, runner: ProxyRunner,
@@ -238,7 +239,7 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
     rows = []
     for trial, plan in zip(picks, plans):
         entry = by_name[plan.name]
-        p50 = measured_p50(entry, settings.batch_size)
+        p50 = measured_p50(entry, report["benchmark"]["profiles"][0]["name"], settings.batch_size)
         rows.append({"name": plan.name, "trial": trial.number, "plan": plan.model_dump(),
                      "proxy_accuracy": trial.user_attrs["proxy_accuracy"],
                      "proxy_retention": trial.user_attrs["proxy_retention"],
