@@ -204,6 +204,9 @@ def add_search_command(sub) -> None:
     se.add_argument("--latency-held-out", type=positive_int,
                     **from_config(SearchSettings, "latency_held_out", "more timed to score it"))
     se.add_argument("--baselines", type=name_list, help="measured beside the finalists (default: all three)")
+    se.add_argument("--compare", action="append", metavar="RECIPE:VARIANT",
+                    help="a hand-written variant of a recipe, trained and measured beside the finalists "
+                         "(repeatable; e.g. recipes/demo.yaml:three-layers-int8)")
     se.add_argument("--recoveries", type=name_list, help="e.g. finetune,distill (default: finetune,distill,theseus)")
     se.add_argument("--precisions", type=name_list, help="e.g. int8 (default: fp32,int8)")
     se.add_argument("--max-eval-samples", type=positive_int, **from_config(SearchSettings, "max_eval_samples"))
@@ -390,8 +393,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_search(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from compressor.pipeline.recipe import describe_validation_error
+    from compressor.pipeline.recipe import compared_variant, describe_validation_error
     from compressor.search import SearchSettings, run_search
+    compare = dict(compared_variant(spec) for spec in args.compare or [])
     fields = {"latency_budget_ms": args.latency_budget_ms, "batch_size": args.batch_size,
               "min_retention": args.min_retention, "time_budget_min": args.time_budget_min,
               "storage": args.storage, "study_name": args.study_name, "finalists": args.finalists,
@@ -400,7 +404,7 @@ def cmd_search(args: argparse.Namespace) -> int:
               "recoveries": args.recoveries, "precisions": args.precisions,
               "max_eval_samples": args.max_eval_samples, "seed": args.seed, "scoring_samples": args.scoring_samples,
               "latency_structures": args.latency_structures, "latency_held_out": args.latency_held_out,
-              "baselines": args.baselines}
+              "baselines": args.baselines, "compare": compare or None}
     try:
         settings = SearchSettings(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as err:

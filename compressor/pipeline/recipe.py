@@ -138,12 +138,58 @@ class Recipe(Strict):
                              f"<name>{TORCH_INT8_SUFFIX} for torch-dynamic-int8)")
         return export
 
+    @field_validator("search", mode="before")
+    @classmethod
+    def _compare_by_name(cls, search: Any, info: ValidationInfo) -> Any:
+        """`search: {compare: [three-layers-int8]}` names this recipe's own variants; the search
+        gets their steps as written, training limits included."""
+        if not isinstance(search, dict) or not isinstance(search.get("compare"), list):
+            return search
+        variants = raw_variants(info.data.get("variants"), info.data.get("passes"))
+        limits = info.data.get("data") or DataLimits()
+        return {**search, "compare": {name: variant_as_written(variants, name, limits, "search.compare")
+                                      for name in search["compare"]}}
+
     def variant_steps(self) -> dict[str, list[Step]]:
-        raw = dict(self.variants or {})
-        if self.passes is not None:
-            raw.setdefault("main", self.passes)
+        raw = raw_variants(self.variants, self.passes)
         return {name: [parse_step(item, f"variants.{name}[{i}]") for i, item in enumerate(steps)]
                 for name, steps in raw.items()}
+
+
+def raw_variants(variants: dict | None, passes: list | None) -> dict[str, list]:
+    raw = dict(variants or {})
+    if passes is not None:
+        raw.setdefault("main", passes)
+    return raw
+
+
+def variant_as_written(variants: dict[str, list], name: str, limits: DataLimits, where: str) -> list[dict]:
+    """A variant's steps with the recipe's training cap written into each pass that trains, so
+    the variant trains the same in another recipe (the search's finals cap training differently)."""
+    if name not in variants:
+        raise ValueError(f"{where}: no variant {name!r} in the recipe; expected one of {sorted(variants)}")
+    steps = []
+    for i, item in enumerate(variants[name]):
+        step = parse_step(item, f"variants.{name}[{i}]")
+        config = step.config.model_dump(mode="json", exclude_unset=True)
+        trains = "max_train_samples" in type(step.config).model_fields
+        if trains and getattr(step.config, "max_train_samples") is None and limits.max_train_samples:
+            config["max_train_samples"] = limits.max_train_samples
+        steps.append({step.name: config})
+    return steps
+
+
+def compared_variant(spec: str) -> tuple[str, list[dict]]:
+    """`RECIPE:VARIANT` (the search's --compare) -> the variant's name and its steps as written."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name:
+        raise UserError(f"--compare {spec!r}: expected RECIPE:VARIANT, e.g. recipes/demo.yaml:three-layers-int8")
+    recipe, _ = load_recipe(path)
+    try:
+        return name, variant_as_written(raw_variants(recipe.variants, recipe.passes), name, recipe.data,
+                                        f"--compare {spec}")
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 def parse_step(item: dict[str, Any] | str, where: str) -> Step:

@@ -55,6 +55,20 @@ def search_table(search: dict) -> Table:
     return head, rows
 
 
+def compared_table(search: dict) -> Table:
+    """Hand-written variants measured in the search's finals, against the searched model."""
+    head = ["hand-written variant", "measured p50 ms", "test accuracy", "retention", "searched model",
+            "searched as accurate", "searched as fast", "searched speedup"]
+    rows = [[r["name"], fmt(r["measured_p50_ms"], 2), f"{r['accuracy']:.4f}", f"{r['retention']:.3f}",
+             r.get("searched", ""), yes_no(r.get("searched_as_accurate")), yes_no(r.get("searched_as_fast")),
+             fmt(r.get("searched_speedup"), 2)] for r in search.get("compared", [])]
+    return head, rows
+
+
+def yes_no(value: bool | None) -> str:
+    return "" if value is None else ("yes" if value else "no")
+
+
 def search_lines(search: dict) -> list[str]:
     trials, held_out = search["trials"], search["latency_model"].get("held_out") or {}
     lines = [search["outcome"],
@@ -217,6 +231,8 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
     if search and "finalists" in search:
         out.append(("lines", "Search to a latency budget", search_lines(search)))
         out.append(("table", "Search finalists (predicted beside measured latency)", search_table(search)))
+        if search.get("compared"):
+            out.append(("table", "Searched model against hand-written variants (same run)", compared_table(search)))
     elif search:
         out.append(("lines", "Search to a latency budget",
                     [search["outcome"], f"its own report: {search['dir']}/report.json"]))

@@ -15,6 +15,7 @@ Workers started with `join=True` run phase 2 only, until the lead starts the fin
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,7 +30,7 @@ from compressor.bundle import ModelBundle
 from compressor.passes import check_pass_family
 from compressor.pipeline.cache import fingerprint
 from compressor.pipeline.outdir import claim_out_dir, disk_errors
-from compressor.pipeline.recipe import parse_recipe, parse_step
+from compressor.pipeline.recipe import RESERVED_NAMES, VARIANT_NAME, parse_recipe, parse_step
 from compressor.report.analysis import latency_row
 from compressor.report.render import write_human_reports
 from compressor.search.latency import LatencyModel
@@ -50,6 +51,7 @@ RECIPE_NAME = "search"           # the out dir's owner (run.json), as for `compr
 FINALIST_EXPORT_S = 60.0         # a finalist's export and gate, beside its training
 FINALS_OVERHEAD_S = 300.0        # teacher scoring, baselines, benchmark, report
 LATENCY_WAIT_S = 10.0
+PLAN_NAME = re.compile(r"^L\d+-")   # Plan.name's form: compared variants may not look like one
 SEARCH_PASSES = ("drop-layers", "prune-heads", "prune-ffn", "finetune", "distill", "theseus")
 
 
@@ -94,7 +96,22 @@ def check_inputs(teacher: str | Path, profile: str, settings: SearchSettings) ->
         for item in plan_steps(plan, depth, settings.proxy_train_samples, scoring_samples=settings.scoring_samples):
             step = parse_step(item, "search")
             check_pass_family(step.name, step.config, family)
+    check_compared(settings.compare, family)
     return teacher_dir, target
+
+
+def check_compared(compare: dict[str, list], family: str) -> None:
+    """Hand-written variants for the finals: names no plan takes, passes that fit the teacher."""
+    for name, items in compare.items():
+        if PLAN_NAME.match(name) or not VARIANT_NAME.match(name) or name in RESERVED_NAMES:
+            raise UserError(f"compare: variant name {name!r} is taken by the search's own names (plans are "
+                            f"L<layers>-..., and {sorted(RESERVED_NAMES)}); expected another name")
+        for i, item in enumerate(items):
+            step = parse_step(item, f"compare.{name}[{i}]")
+            try:
+                check_pass_family(step.name, step.config, family)
+            except UserError as err:
+                raise UserError(f"compare.{name}[{i}]: {err}") from None
 
 
 def teacher_depth(teacher_dir: Path) -> int:
@@ -181,7 +198,8 @@ def finals_reserve(study: optuna.Study, runner: ProxyRunner) -> float:
              for t in finalists(study, runner.budget_ms, settings)]
     if not times:       # nothing timed yet: the first proxy runs, then the estimate has data
         return FINALS_OVERHEAD_S
-    return sum(times) + (settings.finalists - len(times)) * max(times) + FINALS_OVERHEAD_S
+    # A compared variant is not a plan: it is counted as the slowest finalist would be.
+    return sum(times) + (settings.finalists - len(times) + len(settings.compare)) * max(times) + FINALS_OVERHEAD_S
 
 
 def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task: str | dict, profile: str,
@@ -221,8 +239,8 @@ def finals_recipe(plans: list[Plan], teacher_dir: Path, task: str | dict, profil
             "export": {"onnx": True, "optimize": True},
             "benchmark": {"profiles": [profile], "batch_sizes": [settings.batch_size],
                           "baselines": list(settings.baselines)},
-            "variants": {p.name: plan_steps(p, depth, settings.train_samples, settings.epochs, settings.scoring_samples)
-                         for p in plans}}
+            "variants": {**{p.name: plan_steps(p, depth, settings.train_samples, settings.epochs, settings.scoring_samples)
+                            for p in plans}, **settings.compare}}
 
 
 def measured_p50(entry: dict, profile: str, batch_size: int) -> float | None:
@@ -250,6 +268,7 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
     good = [r for r in rows if r["meets_budget"] and r["meets_retention"]]
     chosen = max(good, key=lambda r: (r["accuracy"], -r["measured_p50_ms"]), default=None)
     best_effort = None if chosen else best_effort_pick(rows)
+    compared = compared_rows(by_name, report, settings, chosen or best_effort)
     trials = study.get_trials(deepcopy=False)
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     latency = runner.latency
@@ -267,12 +286,31 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
                    "proxy_train_samples": settings.proxy_train_samples},
         "finalists": rows,
         "front": measured_front(rows),
+        "compared": compared,
         "predicted_p50_ms": {r["name"]: r["predicted_p50_ms"] for r in rows},
         "chosen": chosen["name"] if chosen else None,
         "best_effort": best_effort["name"] if best_effort else None,
         "outcome": outcome(chosen, best_effort, settings),
         "recipe_file": "chosen.yaml" if chosen else "best-effort.yaml",
     }
+
+
+def compared_rows(by_name: dict, report: dict, settings: SearchSettings, picked: dict | None) -> list[dict]:
+    """Each hand-written variant measured in the same run, and whether the searched model is at
+    least as accurate and at least as fast (`dominated`: both)."""
+    rows = []
+    for name in settings.compare:
+        entry = by_name[name]
+        p50 = measured_p50(entry, report["benchmark"]["profiles"][0]["name"], settings.batch_size)
+        row = {"name": name, "measured_p50_ms": p50, "accuracy": entry["accuracy"], "retention": entry["retention"]}
+        if picked and p50 is not None and picked["measured_p50_ms"] is not None:
+            row["searched"] = picked["name"]
+            row["searched_as_accurate"] = picked["accuracy"] >= entry["accuracy"]
+            row["searched_as_fast"] = picked["measured_p50_ms"] <= p50
+            row["searched_speedup"] = p50 / picked["measured_p50_ms"]
+            row["dominated"] = row["searched_as_accurate"] and row["searched_as_fast"]
+        rows.append(row)
+    return rows
 
 
 def best_effort_pick(rows: list[dict]) -> dict | None:

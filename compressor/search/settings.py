@@ -3,7 +3,7 @@ and `compressor.search.run_search` from Python all validate through SearchSettin
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -37,6 +37,10 @@ class SearchSettings(BaseModel):
     max_eval_samples: int | None = Field(5000, ge=1)   # test examples the finalists are scored on
     baselines: list[Literal[BASELINES]] = list(BASELINES)    # type: ignore[valid-type]
     seed: int = 0
+    # Hand-written variants (recipe step lists, as under a recipe's `variants:`, with their
+    # training limits written out) trained and measured in the finals beside the finalists,
+    # so the searched model is compared with what a user wrote in one run.
+    compare: dict[str, list[dict[str, Any] | str]] = {}
 
     @field_validator("recoveries", "precisions")
     @classmethod

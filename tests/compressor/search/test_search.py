@@ -25,6 +25,9 @@ TINY = dict(time_budget_min=10, finalists=2, proxy_train_samples=32, validation_
             scoring_samples=16, latency_structures=2, latency_held_out=1, max_eval_samples=30,
             precisions=("fp32",), baselines=["onnxruntime-fp32"])
 
+# A hand-written variant measured in the finals beside the finalists.
+COMPARED = {"two-layers": [{"drop-layers": {"keep": [0, 2]}}, {"finetune": {"max_train_samples": 32}}]}
+
 
 @pytest.fixture(scope="module")
 def quick_profile(tmp_path_factory) -> Path:
@@ -48,7 +51,7 @@ def searched(tiny_bert_dir, tiny_csv, quick_profile, cache_dir, tmp_path_factory
     patch.setattr(structures_module, "BATCHES", 2)
     patch.setattr(structures_module, "CALLS_PER_BATCH", 2)
     out = tmp_path_factory.mktemp("search") / "run"
-    settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=4, **TINY)
+    settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=4, compare=COMPARED, **TINY)
     result = run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), settings, out,
                         threads=1, show_progress=False, log=lambda _: None)
     yield out, settings, result
@@ -73,6 +76,61 @@ def test_search_meets_a_loose_budget_and_reports_it(searched):
     assert report["search"]["trials"]["complete"] >= 4
     assert "Search finalists" in (out / "report.md").read_text()
     assert (out / "latency_model.json").is_file() and (out / "study.db").is_file()
+
+
+def test_hand_written_variants_are_measured_in_the_same_run_against_the_searched_model(searched):
+    out, _, result = searched
+    report = json.loads((out / "report.json").read_text())
+    assert "two-layers" in {m["name"] for m in report["models"]}
+    (row,) = report["search"]["compared"]
+    picked = next(r for r in report["search"]["finalists"] if r["name"] == result["chosen"])
+    assert row["name"] == "two-layers" and row["searched"] == result["chosen"] and row["measured_p50_ms"] > 0
+    assert row["searched_as_fast"] == (picked["measured_p50_ms"] <= row["measured_p50_ms"])
+    assert row["searched_as_accurate"] == (picked["accuracy"] >= row["accuracy"])
+    assert row["dominated"] == (row["searched_as_fast"] and row["searched_as_accurate"])
+    assert "two-layers" not in load_recipe(out / result["recipe_file"])[1]      # rebuilds the searched model only
+    assert "against hand-written variants" in (out / "report.md").read_text()
+
+
+def test_compared_variants_keep_their_recipe_training_cap(tmp_path):
+    from compressor.pipeline.recipe import compared_variant, parse_recipe
+    raw = {"name": "r", "teacher": {"model": "minilm", "task": "wordnet-supersense"},
+           "data": {"max_train_samples": 300},
+           "variants": {"small": [{"drop-layers": {"keep": [0, 2]}}, {"finetune": {"epochs": 2}}, "quantize"],
+                        "capped": [{"finetune": {"max_train_samples": 50}}]},
+           "search": {"latency_budget_ms": 5, "compare": ["small", "capped"]}}
+    recipe, _ = parse_recipe(raw)
+    assert recipe.search.compare == {
+        "small": [{"drop-layers": {"keep": [0, 2]}}, {"finetune": {"epochs": 2, "max_train_samples": 300}},
+                  {"quantize": {"mode": "dynamic-int8"}}],
+        "capped": [{"finetune": {"max_train_samples": 50}}]}
+    with pytest.raises(Exception, match="no variant 'nope'"):
+        parse_recipe({**raw, "search": {"latency_budget_ms": 5, "compare": ["nope"]}})
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert compared_variant(f"{path}:small") == ("small", recipe.search.compare["small"])
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no-colon", "expected RECIPE:VARIANT"),
+    ("recipes/demo.yaml:nope", "no variant 'nope'"),
+    ("recipes/demo.yaml:L3-h0.25", "no variant"),
+])
+def test_bad_compare_is_one_line_and_exit_2(spec, message, tiny_bert_dir, tiny_csv, tmp_path, capsys):
+    out = tmp_path / "never"
+    code = main(["search", "--teacher", str(tiny_bert_dir), "--task", str(tiny_csv), "--latency-budget-ms", "5",
+                 "--out", str(out), "--compare", str(ROOT / spec) if ":" in spec else spec])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert not out.exists()
+
+
+def test_a_compared_variant_may_not_take_a_plan_name(tiny_bert_dir, tiny_csv, tmp_path):
+    from pretrain.errors import UserError
+    settings = SearchSettings(latency_budget_ms=5, compare={"L3-mine": [{"finetune": {}}]})
+    with pytest.raises(UserError, match="taken by the search's own names"):
+        run_search(tiny_bert_dir, {"path": str(tiny_csv)}, "cpu", settings, tmp_path / "never", log=lambda _: None)
+    assert not (tmp_path / "never").exists()
 
 
 def test_the_written_recipe_rebuilds_the_chosen_model(searched):
