@@ -193,13 +193,26 @@ def finals_reserve(study: optuna.Study, runner: ProxyRunner) -> float:
     """Seconds the finals will take: each finalist's full training, scaled from its proxy's
     measured training time, plus its export, plus the benchmark and report."""
     settings = runner.settings
+    picks = finalists(study, runner.budget_ms, settings)
     scale = settings.train_samples / settings.proxy_train_samples * settings.epochs
-    times = [t.user_attrs["prep_seconds"] + t.user_attrs["train_seconds"] * scale + FINALIST_EXPORT_S
-             for t in finalists(study, runner.budget_ms, settings)]
+    times = [t.user_attrs["prep_seconds"] + t.user_attrs["train_seconds"] * scale + FINALIST_EXPORT_S for t in picks]
     if not times:       # nothing timed yet: the first proxy runs, then the estimate has data
         return FINALS_OVERHEAD_S
-    # A compared variant is not a plan: it is counted as the slowest finalist would be.
-    return sum(times) + (settings.finalists - len(times) + len(settings.compare)) * max(times) + FINALS_OVERHEAD_S
+    # A compared variant is not a plan: its training is timed at the slowest finalist's rate.
+    per_sample = max(t.user_attrs["train_seconds"] for t in picks) / settings.proxy_train_samples
+    compared = sum(per_sample * training_samples(items, settings.train_samples) + FINALIST_EXPORT_S
+                   for items in settings.compare.values())
+    return sum(times) + (settings.finalists - len(times)) * max(times) + compared + FINALS_OVERHEAD_S
+
+
+def training_samples(items: list, default: int) -> float:
+    """Examples a variant's passes train on, epochs counted (a pass without a cap takes the finals' cap)."""
+    total = 0.0
+    for i, item in enumerate(items):
+        config = parse_step(item, f"compare[{i}]").config
+        if "max_train_samples" in type(config).model_fields:
+            total += (config.max_train_samples or default) * getattr(config, "epochs", 1)
+    return total
 
 
 def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task: str | dict, profile: str,
