@@ -7,15 +7,13 @@ real stream, objectives, loop and checkpointing, at test scale.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from compressor.cli.commands import main
 from compressor.cli.pretrain_command import pretrain_command
 from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
@@ -23,8 +21,6 @@ from pretrain.models import check_model_ref, load_classifier
 from pretrain.objectives.dae import NoiseConfig
 from pretrain.pretraining import (SETTINGS_FILE, check_resume, checkpoint_dir, make_config, objective_options,
                                   prepare)
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -131,24 +127,25 @@ def test_empty_corpus_fails_before_writing(tmp_path):
     assert not (tmp_path / "out").exists() and not checkpoint_dir(tmp_path / "out").exists()
 
 
-def cli(*argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "compressor", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+def cli(capsys, *argv: str) -> tuple[int, str]:
+    """The command in this process (the entry point's own subprocess test is in test_cli.py):
+    exit code and stderr."""
+    code = main(list(argv))
+    return code, capsys.readouterr().err
 
 
-def test_cli_tokenizer_and_pretrain_bad_input(corpus, tmp_path):
+def test_cli_tokenizer_and_pretrain_bad_input(corpus, tmp_path, capsys):
     tok = tmp_path / "tok"
-    ok = cli("tokenizer", "--corpus", corpus, "--kind", "bpe", "--vocab-size", "400", "--out", str(tok))
-    assert ok.returncode == 0, ok.stderr
+    code, err = cli(capsys, "tokenizer", "--corpus", corpus, "--kind", "bpe", "--vocab-size", "400", "--out", str(tok))
+    assert code == 0, err
     assert json.loads((tok / "tokenizer_metrics.json").read_text())["unk_token_rate"] == 0.0
-    bad = cli("pretrain", "--objective", "mlm", "--corpus", str(tmp_path / "missing.txt"),
-              "--steps", "2", "--tokenizer", str(tok), "--out", str(tmp_path / "p"))
-    assert bad.returncode == 2 and bad.stderr.startswith("error:") and len(bad.stderr.splitlines()) == 1
+    code, err = cli(capsys, "pretrain", "--objective", "mlm", "--corpus", str(tmp_path / "missing.txt"),
+                    "--steps", "2", "--tokenizer", str(tok), "--out", str(tmp_path / "p"))
+    assert code == 2 and err.startswith("error:") and len(err.splitlines()) == 1
     assert not (tmp_path / "p").exists()
-    bad = cli("pretrain", "--objective", "mlm", "--corpus", corpus, "--steps", "2", "--tokenizer", str(tok),
-              "--warmup-ratio", "1.5", "--out", str(tmp_path / "p"))
-    assert bad.returncode == 2 and "warmup_ratio" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    code, err = cli(capsys, "pretrain", "--objective", "mlm", "--corpus", corpus, "--steps", "2", "--tokenizer",
+                    str(tok), "--warmup-ratio", "1.5", "--out", str(tmp_path / "p"))
+    assert code == 2 and "warmup_ratio" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "p").exists()
 
 
@@ -174,11 +171,11 @@ def test_equal_options_spelled_differently_resume_alike(corpus, tmp_path):
         check_resume(config(corpus, "dae", objective_options="infill=0.4,permute"), ckpt, resume=True)
 
 
-def test_cli_dae_noise_errors_are_one_line(corpus, tmp_path):
-    bad = cli("pretrain", "--objective", "dae", "--dae-noise", "infilling,shuffle", "--corpus", corpus,
-              "--steps", "2", "--out", str(tmp_path / "p"))
-    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
-    assert bad.stderr.startswith("error:") and "infill (text infilling)" in bad.stderr   # lists the functions
+def test_cli_dae_noise_errors_are_one_line(corpus, tmp_path, capsys):
+    code, err = cli(capsys, "pretrain", "--objective", "dae", "--dae-noise", "infilling,shuffle", "--corpus", corpus,
+                    "--steps", "2", "--out", str(tmp_path / "p"))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error:") and "infill (text infilling)" in err   # lists the functions
     assert not (tmp_path / "p").exists() and not checkpoint_dir(tmp_path / "p").exists()
     with pytest.raises(UserError, match="configure --objective dae"):
         objective_options("mlm", mask_ratio=0.3)
