@@ -37,7 +37,7 @@ from compressor.search.latency import LatencyModel
 from compressor.search.plans import Plan, fastest_plan, plan_steps, theseus_depths
 from compressor.search.settings import SearchSettings
 from compressor.search.structures import fit_latency_model, teacher_shape
-from compressor.search.study import (ProxyRunner, connect, default_storage, finalists, open_study,
+from compressor.search.study import (ProxyRunner, completed, connect, default_storage, finalists, open_study,
                                      progress_line, proxy_trials)
 from pretrain.atomic import atomic_file, write_json
 from pretrain.batching import usable_length
@@ -78,7 +78,7 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
     if study.user_attrs.get("phase") != "final":
         run_proxies(study, runner, deadline, join, log)
     if join:
-        return {"worker": "joined", "trials": len(proxy_trials(study))}
+        return {"worker": "joined", "trials": len(proxy_trials(completed(study)))}
     return run_finals(study, runner, teacher_dir, task, profile, settings, out_dir, show_progress, deadline, log)
 
 
@@ -174,26 +174,26 @@ def latency_cache(target: Profile, bundle: ModelBundle) -> Path:
 def run_proxies(study: optuna.Study, runner: ProxyRunner, deadline: float, join: bool, log) -> None:
     settings = runner.settings
 
-    def out_of_time() -> bool:
-        reserve = 0.0 if join else finals_reserve(study, runner)
+    def out_of_time(done: list) -> bool:
+        reserve = 0.0 if join else finals_reserve(done, runner)
         return time.monotonic() + reserve >= deadline
 
     def enough(study: optuna.Study, trial) -> None:
-        log(progress_line(study, trial, runner.budget_ms, deadline - time.monotonic()))
-        done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-        if out_of_time() or study.user_attrs.get("phase") == "final" or \
-                (settings.max_trials is not None and done >= settings.max_trials):
+        done = completed(study)          # read once per trial, used for all below
+        log(progress_line(done, trial, runner.budget_ms, deadline - time.monotonic()))
+        if out_of_time(done) or study.user_attrs.get("phase") == "final" or \
+                (settings.max_trials is not None and len(done) >= settings.max_trials):
             study.stop()
 
-    if not out_of_time():
+    if not out_of_time(completed(study)):
         study.optimize(runner.objective, callbacks=[enough], catch=(UserError,))
 
 
-def finals_reserve(study: optuna.Study, runner: ProxyRunner) -> float:
+def finals_reserve(done: list, runner: ProxyRunner) -> float:
     """Seconds the finals will take: each finalist's full training, scaled from its proxy's
     measured training time, plus its export, plus the benchmark and report."""
     settings = runner.settings
-    picks = finalists(study, runner.budget_ms, settings)
+    picks = finalists(done, runner.budget_ms, settings)
     scale = settings.train_samples / settings.proxy_train_samples * settings.epochs
     times = [t.user_attrs["prep_seconds"] + t.user_attrs["train_seconds"] * scale + FINALIST_EXPORT_S for t in picks]
     if not times:       # nothing timed yet: the first proxy runs, then the estimate has data
@@ -218,7 +218,7 @@ def training_samples(items: list, default: int) -> float:
 def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task: str | dict, profile: str,
                settings: SearchSettings, out_dir: Path, show_progress: bool, deadline: float, log) -> dict:
     from compressor.pipeline.run import run_recipe
-    picks = finalists(study, runner.budget_ms, settings)
+    picks = finalists(completed(study), runner.budget_ms, settings)
     if not picks:
         raise UserError(f"no plan was trained within the time budget ({settings.time_budget_min:g} min); "
                         "expected enough time for at least one proxy and the finals: give a larger time budget")
@@ -291,7 +291,7 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
                    "searched_for_ms": runner.budget_ms},
         "latency_model": {"key": latency.key, "points": latency.points,
                           "held_out": {k: v for k, v in (latency.held_out or {}).items() if k != "rows"}},
-        "trials": {"total": len(trials), "complete": len(done), "trained": len(proxy_trials(study)),
+        "trials": {"total": len(trials), "complete": len(done), "trained": len(proxy_trials(done)),
                    "not_trained_over_budget": sum(1 for t in done if "proxy_accuracy" not in t.user_attrs),
                    "failed": sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL),
                    "teacher_validation_accuracy": runner.teacher_accuracy,

@@ -160,7 +160,7 @@ class ProxyRunner:
             trial.set_user_attr("status", UNTRAINED)
             trial.set_user_attr("constraints", [over, 1.0])
             return 0.0, predicted
-        known = trained_proxy(trial.study, plan.training_key)
+        known = trained_proxy(completed(trial.study), plan.training_key)
         if known is not None:
             accuracy, prep, seconds = (known.user_attrs[k] for k in ("proxy_accuracy", "prep_seconds", "train_seconds"))
             trial.set_user_attr("status", f"proxy of trial {known.number} (same training)")
@@ -177,26 +177,28 @@ class ProxyRunner:
         return accuracy, predicted
 
 
-def trained_proxy(study: optuna.Study, training_key: str) -> FrozenTrial | None:
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.user_attrs.get("training_key") == training_key and "proxy_accuracy" in t.user_attrs:
-            return t
-    return None
+# The helpers below take the finished trials as one list: reading them from storage is a
+# query per call (a round trip to a remote database), so a caller reads once and passes it on.
+def completed(study: optuna.Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
 
 
-def proxy_trials(study: optuna.Study) -> list[FrozenTrial]:
+def trained_proxy(done: list[FrozenTrial], training_key: str) -> FrozenTrial | None:
+    return next((t for t in proxy_trials(done) if t.user_attrs.get("training_key") == training_key), None)
+
+
+def proxy_trials(done: list[FrozenTrial]) -> list[FrozenTrial]:
     """Finished trials whose plan was trained (or shares a trained plan's proxy)."""
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if "proxy_accuracy" in t.user_attrs]
+    return [t for t in done if "proxy_accuracy" in t.user_attrs]
 
 
-def finalists(study: optuna.Study, budget_ms: float, settings: SearchSettings) -> list[FrozenTrial]:
+def finalists(done: list[FrozenTrial], budget_ms: float, settings: SearchSettings) -> list[FrozenTrial]:
     """The plans to train fully, one trial per plan, taken in turn from two lists: plans
     predicted within the budget, and plans predicted within budget plus slack (the latency
     model errs by a few percent either way, and measured numbers decide). Each list is
     ordered by proxy retention clearing the floor, then proxy accuracy. With none within
     budget plus slack (a best-effort search), the fastest trained plans."""
-    trained = proxy_trials(study)
+    trained = proxy_trials(done)
 
     def ranked(limit: float) -> list[FrozenTrial]:
         return sorted((t for t in trained if t.user_attrs["predicted_ms"] <= limit),
@@ -214,9 +216,8 @@ def finalists(study: optuna.Study, budget_ms: float, settings: SearchSettings) -
     return list(chosen.values())
 
 
-def progress_line(study: optuna.Study, trial: FrozenTrial, budget_ms: float, seconds_left: float) -> str:
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    trained = [t for t in trials if "proxy_accuracy" in t.user_attrs]
+def progress_line(done: list[FrozenTrial], trial: FrozenTrial, budget_ms: float, seconds_left: float) -> str:
+    trained = proxy_trials(done)
     within = [t for t in trained if t.user_attrs["predicted_ms"] <= budget_ms]
     best = max(within, key=lambda t: t.user_attrs["proxy_accuracy"], default=None)
     plan = Plan.model_validate(trial.user_attrs["plan"]).name if "plan" in trial.user_attrs else "?"
@@ -227,5 +228,5 @@ def progress_line(study: optuna.Study, trial: FrozenTrial, budget_ms: float, sec
                  f"({Plan.model_validate(best.user_attrs['plan']).name}, proxy retention "
                  f"{best.user_attrs['proxy_retention']:.1%})") if best else "none within budget yet"
     return (f"search: trial {trial.number} {plan}: predicted {trial.user_attrs.get('predicted_ms', 0):.2f} ms "
-            f"(budget {budget_ms:.2f}), {shown}; {len(trials)} trials, {len(trained)} trained, {best_text}; "
+            f"(budget {budget_ms:.2f}), {shown}; {len(done)} trials, {len(trained)} trained, {best_text}; "
             f"{seconds_left / 60:.1f} min left")

@@ -7,7 +7,7 @@ from optuna.distributions import FloatDistribution
 
 from compressor.search.plans import Plan
 from compressor.search.settings import SearchSettings
-from compressor.search.study import finalists, progress_line
+from compressor.search.study import completed, finalists, progress_line
 
 
 def trial(plan: Plan, accuracy: float, predicted: float, teacher: float = 0.8) -> optuna.trial.FrozenTrial:
@@ -32,7 +32,7 @@ def test_finalists_alternate_between_within_budget_and_within_slack():
                      trial(Plan(layers=2, ffn_removed=0.5), 0.45, 8.0),
                      trial(Plan(layers=4), 0.70, 12.0),              # too slow even with slack
                      trial(Plan(layers=1), 0.30, 5.0))
-    names = [Plan.model_validate(t.user_attrs["plan"]).name for t in finalists(study, 10, settings)]
+    names = [Plan.model_validate(t.user_attrs["plan"]).name for t in finalists(completed(study), 10, settings)]
     assert names == [Plan(layers=2).name, Plan(layers=3).name, Plan(layers=2, ffn_removed=0.5).name]
 
 
@@ -40,17 +40,31 @@ def test_a_proxy_above_the_floor_goes_first_and_plans_count_once():
     settings = SearchSettings(latency_budget_ms=10, finalists=2, min_retention=0.9)
     study = study_of(trial(Plan(layers=2), 0.70, 9.0), trial(Plan(layers=2), 0.70, 9.0),
                      trial(Plan(layers=3, heads_removed=0.5), 0.74, 9.5), trial(Plan(layers=1), 0.6, 4.0))
-    chosen = finalists(study, 10, settings)
+    chosen = finalists(completed(study), 10, settings)
     assert [t.user_attrs["proxy_accuracy"] for t in chosen] == [0.74, 0.70]   # 0.74 / 0.8 clears 0.9
 
 
 def test_with_nothing_within_budget_the_fastest_plans_are_the_finalists():
     settings = SearchSettings(latency_budget_ms=1, finalists=2)
     study = study_of(trial(Plan(layers=3), 0.6, 9.0), trial(Plan(layers=1), 0.3, 4.0), trial(Plan(layers=2), 0.4, 6.0))
-    assert [t.user_attrs["predicted_ms"] for t in finalists(study, 1, settings)] == [4.0, 6.0]
+    assert [t.user_attrs["predicted_ms"] for t in finalists(completed(study), 1, settings)] == [4.0, 6.0]
 
 
 def test_progress_line_names_the_best_proxy_within_budget():
     study = study_of(trial(Plan(layers=3), 0.6, 10.8), trial(Plan(layers=2), 0.5, 9.0))
-    line = progress_line(study, study.trials[-1], 10.0, 600)
+    line = progress_line(completed(study), study.trials[-1], 10.0, 600)
     assert "best proxy within budget 0.5000 (L2-" in line and "2 trials, 2 trained" in line and "10.0 min left" in line
+
+
+def test_finals_reserve_counts_compared_variants_by_their_own_training():
+    from types import SimpleNamespace
+
+    from compressor.search.run import FINALIST_EXPORT_S, FINALS_OVERHEAD_S, finals_reserve
+    plain = SearchSettings(latency_budget_ms=10, finalists=1, proxy_train_samples=100, train_samples=1000)
+    compared = plain.model_copy(update={"compare": {"mine": [{"drop-layers": {"keep": [0]}},
+                                                              {"finetune": {"max_train_samples": 500, "epochs": 2}}]}})
+    done = completed(study_of(trial(Plan(layers=2), 0.5, 9.0)))     # prep 1 s, 2 s per 100 examples
+    runner = SimpleNamespace(budget_ms=10, settings=plain)
+    assert finals_reserve(done, runner) == 1 + 2 * 10 + FINALIST_EXPORT_S + FINALS_OVERHEAD_S
+    runner.settings = compared                                       # + 1,000 examples at 0.02 s each
+    assert finals_reserve(done, runner) == 1 + 2 * 10 + 2 * FINALIST_EXPORT_S + 20 + FINALS_OVERHEAD_S
