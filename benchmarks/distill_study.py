@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -109,8 +107,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
 
-    import torch
-    import transformers
+    from compressor.bench.environment import environment
     from compressor.bundle import read_provenance
     from pretrain.data import load_task
     spec = args.task or read_provenance(args.teacher).get("task") or "wordnet-supersense"
@@ -128,11 +125,7 @@ def main() -> None:
             print(json.dumps({k: row[k] for k in ("name", "seed", "accuracy", "kept_of_teacher", "train_seconds")}),
                   file=sys.stderr, flush=True)
             record = {"command": " ".join(["python", "benchmarks/distill_study.py", *sys.argv[1:]]),
-                      "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                      "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                                  "cpus": os.cpu_count(), "note": "2 cores shared with other jobs"},
-                      "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                                   "transformers": transformers.__version__},
+                      "environment": environment(),
                       "teacher": {"dir": str(args.teacher), **teacher_metrics},
                       "settings": {"student_layers": args.layers, "train_samples": args.train_samples,
                                    "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,

@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -107,8 +106,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "finetune_strategies.json")
     args = parser.parse_args()
 
-    import torch
-    import transformers
+    from compressor.bench.environment import environment
     known = runs(args)
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
@@ -121,11 +119,7 @@ def main() -> None:
         results[name] = run_one(name, known[name], args.work, args.max_eval_samples)
         print(json.dumps(results[name]), file=sys.stderr, flush=True)
         record = {"command": " ".join(["python", "benchmarks/finetune_strategies.py", *sys.argv[1:]]),
-                  "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                  "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                              "cpus": os.cpu_count(), "note": "2 cores shared with other jobs"},
-                  "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                               "transformers": transformers.__version__},
+                  "environment": environment(),
                   "settings": {"train_samples": args.train_samples, "epochs": args.epochs,
                                "target_steps": target_steps(args), "lr": args.lr, "head_lr": args.head_lr,
                                "ddp_train_samples": args.ddp_train_samples, "batch_size": 32, "seed": args.seed,
