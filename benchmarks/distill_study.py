@@ -57,8 +57,7 @@ def run_row(name: str, args, teacher_dir: Path, task, seed: int) -> dict:
     ctx = Context(task=task, seed=seed, show_progress=True, teacher_source=LazyTeacher.from_dir(teacher_dir),
                   work_dir=args.work / f"{name}-seed{seed}" if args.work else None)
     teacher = ModelBundle.load(teacher_dir)
-    student_cfg = get_pass("student").config_type.model_validate({"layers": args.layers})
-    student = apply_pass(teacher, "student", student_cfg, ctx)
+    student = make_student(teacher, args, ctx)
     config = {**row, "epochs": args.epochs * share, "max_train_samples": args.train_samples,
               "batch_size": args.batch_size, "seed": seed, **({"lr": args.lr} if args.lr else {})}
     start = time.perf_counter()
@@ -69,6 +68,21 @@ def run_row(name: str, args, teacher_dir: Path, task, seed: int) -> dict:
     return {"name": name, "seed": seed, "config": config, "accuracy": metrics["accuracy"],
             "macro_f1": metrics["macro_f1"], "test_samples": len(test), "params": out.params,
             "distill": out.deploy["distill"], "train_seconds": round(seconds, 1)}
+
+
+def make_student(teacher, args, ctx):
+    """The teacher's layers `--layers`, or (distillation as recovery) the teacher with
+    `--prune-heads` / `--prune-ffn` of its heads and FFN neurons removed by taylor importance."""
+    from compressor.passes import apply_pass, get_pass
+    if not (args.prune_heads or args.prune_ffn):
+        return apply_pass(teacher, "student", get_pass("student").config_type.model_validate({"layers": args.layers}),
+                          ctx)
+    student = teacher
+    for name, fraction in (("prune-heads", args.prune_heads), ("prune-ffn", args.prune_ffn)):
+        if fraction:
+            config = {"fraction": fraction, "samples": args.prune_samples}
+            student = apply_pass(student, name, get_pass(name).config_type.model_validate(config), ctx)
+    return student
 
 
 def teacher_accuracy(teacher_dir: Path, task, max_eval: int) -> dict:
@@ -94,6 +108,10 @@ def main() -> None:
     parser.add_argument("--rows", default="tinybert,hard,soft", help=f"known: {', '.join(ROWS)}")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--layers", type=student_layers, default=[0, 2, 4], help="teacher layers of the student")
+    parser.add_argument("--prune-heads", type=float, default=0.0,
+                        help="instead of --layers: the student is the teacher with this share of heads pruned")
+    parser.add_argument("--prune-ffn", type=float, default=0.0, help="... and this share of FFN neurons")
+    parser.add_argument("--prune-samples", type=int, default=512, help="train examples the taylor scores use")
     parser.add_argument("--train-samples", type=int, default=20000)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -127,7 +145,9 @@ def main() -> None:
             record = {"command": " ".join(["python", "benchmarks/distill_study.py", *sys.argv[1:]]),
                       "environment": environment(),
                       "teacher": {"dir": str(args.teacher), **teacher_metrics},
-                      "settings": {"student_layers": args.layers, "train_samples": args.train_samples,
+                      "settings": {"student_layers": args.layers, "prune_heads": args.prune_heads,
+                                   "prune_ffn": args.prune_ffn, "prune_samples": args.prune_samples,
+                                   "train_samples": args.train_samples,
                                    "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                                    "max_eval_samples": args.max_eval_samples},
                       "runs": list(results.values())}

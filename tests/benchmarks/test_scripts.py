@@ -547,3 +547,13 @@ def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
         assert 0 <= row["accuracy"] <= 1 and row["test_samples"] == 16
         assert row["distill"]["stages"][0]["steps"] == 2
     assert rows["tinybert"]["distill"]["layer_map"] == [1, 3]
+    # distillation as recovery: the student is the teacher with heads and FFN neurons pruned
+    pruned = tmp_path / "recovery.json"
+    run_script("distill_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--rows", "soft-hard",
+                                    "--prune-heads", 0.5, "--prune-ffn", 0.5, "--prune-samples", 32, "--train-samples", 32,
+                                    "--batch-size", 16, "--max-eval-samples", 16, "--out", pruned], monkeypatch)
+    record = json.loads(pruned.read_text())
+    (row,) = record["runs"]
+    from compressor.bundle import ModelBundle
+    assert row["params"] < ModelBundle.load(tiny_bert_dir).params and record["settings"]["prune_heads"] == 0.5
+    assert row["distill"]["stages"][0]["steps"] == 2
