@@ -99,7 +99,12 @@ def soft_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float) ->
 
 
 def hard_ce(student: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(student, labels)
+    """Task cross-entropy over the labelled rows (augmented copies carry ignore_index -100);
+    a batch of copies alone gives 0, not the NaN of a mean over nothing."""
+    labelled = labels != -100
+    if not labelled.any():
+        return student.sum() * 0.0
+    return F.cross_entropy(student[labelled], labels[labelled])
 
 
 # --- hidden-state losses ---

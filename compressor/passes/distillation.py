@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -26,8 +26,10 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.passes import distill_losses as dl
+from compressor.passes.distill_augment import AugmentConfig, augment_split
 from compressor.passes.registry import Context, PassConfig, register
 from pretrain.batching import encode, iterate, inference_order, usable_length
+from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
@@ -176,6 +178,7 @@ class DistillConfig(FinetuneConfig):
     attention_layers: Literal["mapped", "last"] = "mapped"          # every mapped pair | MiniLM: last only
     projection: bool = True                    # a learnable W_h where the widths differ
     two_stage: bool = False                    # TinyBERT: layer losses first, then prediction losses
+    augment: AugmentConfig | None = None       # noised copies of the train texts, learnt from soft targets
 
     @field_validator("losses")
     @classmethod
@@ -205,6 +208,9 @@ class DistillConfig(FinetuneConfig):
         if self.two_stage and (not layered or not self.prediction_losses()):
             raise ValueError("two_stage needs layer losses (cosine, hidden, attention, value-relation) for "
                              "the first stage and soft or hard for the second")
+        if self.augment is not None and "soft" not in self.losses:
+            raise ValueError("augment adds copies that only the teacher's soft targets label; expected soft "
+                             "among the losses")
         if "progressive" in self.losses and len(layered) > 1:
             raise ValueError("progressive trains layer by layer with its own hidden + attention losses; "
                              "expected no other layer loss beside it (soft / hard follow it)")
@@ -221,7 +227,8 @@ class DistillConfig(FinetuneConfig):
 
     def input_paths(self) -> dict[str, Path]:
         """Dirs whose content the output depends on beyond the config (for cache keys)."""
-        return {"teacher": Path(self.teacher)} if self.teacher else {}
+        paths = {"teacher": Path(self.teacher)} if self.teacher else {}
+        return paths | ({"augment_mlm": Path(self.augment.mlm)} if self.augment else {})
 
 
 def losses_family_cannot_give(losses: tuple[str, ...], family: str) -> list[str]:
@@ -256,6 +263,7 @@ def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> Model
     check_pair(bundle, teacher, cfg)
     model = bundle.copy_model()
     record: dict = {"teacher": cfg.teacher or "recipe", "losses": list(cfg.losses)}
+    task, cfg = transfer_data(cfg, ctx, record)
     layer_map: tuple[int, ...] = ()
     if cfg.layer_losses():
         layer_map, similarity = choose_layer_map(model, teacher, cfg, ctx)
@@ -270,7 +278,7 @@ def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> Model
                                cfg.attention_layers, stage.layers)
             checkpoint = Checkpointing(directory=ctx.work_dir / stage.name) if ctx.work_dir is not None else None
             with frozen_below(model, stage.frozen_below):
-                result = finetune(model, bundle.tokenizer, ctx.task, stage.config(cfg), desc=f"distill {stage.name}",
+                result = finetune(model, bundle.tokenizer, task, stage.config(cfg), desc=f"distill {stage.name}",
                                   show_progress=ctx.show_progress, loss_fn=loss, aux_modules=[teacher.model],
                                   checkpoint=checkpoint)
             stages.append({"stage": stage.name, "losses": stage.weights, "steps": result.train.steps,
@@ -278,6 +286,18 @@ def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> Model
                            "last_terms": {k: round(v, 6) for k, v in loss.last.items()}})
     record["stages"] = stages
     return bundle.replace(model=model, deploy={**bundle.deploy, "distill": record})
+
+
+def transfer_data(cfg: DistillConfig, ctx: Context, record: dict) -> tuple[TaskData, DistillConfig]:
+    """The task as the loop should see it: with `augment`, the train split's first
+    max_train_samples texts plus their noised copies (and the cap lifted, as it is applied)."""
+    if cfg.augment is None:
+        return ctx.task, cfg
+    originals = ctx.task.split("train").head(cfg.max_train_samples)
+    augmented = augment_split(originals, cfg.augment, Path(cfg.augment.mlm), cfg.seed)
+    record["augment"] = augmented.record
+    task = replace(ctx.task, splits={**ctx.task.splits, "train": augmented.split})
+    return task, cfg.model_copy(update={"max_train_samples": None})
 
 
 def teacher_of(cfg: DistillConfig, ctx: Context) -> ModelBundle:

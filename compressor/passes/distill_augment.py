@@ -1,0 +1,146 @@
+"""Transfer-data augmentation for `distill` (`augment: {copies: N, mlm: DIR}`).
+
+TinyBERT's recipe (and Tang et al.'s masking rule) as text in, text out: each training text
+gets N noised copies in which every word the masked LM knows as one token is, with
+probability `replace_prob`, masked and replaced by a word drawn uniformly from the masked
+LM's `candidates` most likely fillers. The copies carry no task label (NO_LABEL): the
+student learns them from the teacher's soft targets only, so `distill` refuses `augment`
+without `soft`.
+
+Where TinyBERT masks one word per forward pass, this masks a copy's chosen words together and
+fills them from one forward pass (N passes per text instead of one per word: the difference
+is how much context each prediction sees). Words the masked LM splits into pieces are kept,
+where TinyBERT would take a GloVe neighbour (no word vectors ship offline).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import Field
+from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from compressor.passes.registry import PassConfig
+from pretrain.data import Split
+from pretrain.errors import UserError
+
+NO_LABEL = -100        # an augmented copy's label: F.cross_entropy's ignore_index
+WORD = re.compile(r"[A-Za-z]+")
+FILL_BATCH = 64        # masked texts per forward pass of the masked LM
+EXAMPLES_KEPT = 3      # (original, copy) pairs kept in the pass record
+
+
+class AugmentConfig(PassConfig):
+    copies: int = Field(1, ge=1, le=50)                   # noised copies of each training text
+    mlm: str = Field(min_length=1)                        # a masked-LM model dir (the teacher's, if it has the head)
+    replace_prob: float = Field(0.4, gt=0, le=1)          # TinyBERT's p_t
+    candidates: int = Field(15, ge=1)                     # TinyBERT's K
+
+
+@dataclass
+class Augmented:
+    split: Split               # the originals first, then every copy (labels NO_LABEL)
+    record: dict
+
+
+def load_masked_lm(source: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A masked LM with its trained head; one whose head would be drawn at random is refused
+    (its fillers would be noise, not words that fit)."""
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(source, output_loading_info=True)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise UserError(f"distill: augment.mlm {source} is not a masked-LM model dir ({str(err).splitlines()[0]}); "
+                        "expected a model dir with a masked-LM head (e.g. from `compressor pretrain --objective "
+                        "mlm`)") from None
+    if info["missing_keys"]:
+        raise UserError(f"distill: {source} has no trained masked-LM head (missing {info['missing_keys'][0]}); "
+                        "augmentation needs one to propose words: give augment.mlm, a model dir with one "
+                        "(e.g. from `compressor pretrain --objective mlm`)")
+    if tokenizer.mask_token is None:
+        raise UserError(f"distill: the tokenizer of {source} has no mask token; expected a masked-LM tokenizer")
+    return model.eval(), tokenizer
+
+
+def augment_split(split: Split, cfg: AugmentConfig, mlm_dir: Path, seed: int) -> Augmented:
+    """The split with `cfg.copies` noised copies of every text appended."""
+    if split.text_pairs is not None:
+        raise UserError("distill: augment noises single texts; expected a single-text task, not a pair task")
+    model, tokenizer = load_masked_lm(mlm_dir)
+    generator = torch.Generator().manual_seed(seed)
+    one_token = OneTokenWords(tokenizer)
+    masked, slots = [], []
+    for _ in range(cfg.copies):
+        for text in split.texts:
+            spans = [m.span() for m in WORD.finditer(text) if one_token(m.group())]
+            chosen = [s for s in spans if torch.rand((), generator=generator) < cfg.replace_prob]
+            masked.append(with_spans_replaced(text, chosen, [tokenizer.mask_token] * len(chosen)))
+            slots.append(chosen)
+    fillers = fill_masks(model, tokenizer, masked, cfg.candidates, generator)
+    copies = [with_spans_replaced(split.texts[i % len(split)], spans, words)
+              for i, (spans, words) in enumerate(zip(slots, fillers))]
+    replaced = sum(len(s) for s in slots)
+    words = sum(len(WORD.findall(t)) for t in split.texts) * cfg.copies
+    record = {"copies": cfg.copies, "originals": len(split), "added": len(copies), "mlm": str(mlm_dir),
+              "replace_prob": cfg.replace_prob, "candidates": cfg.candidates,
+              "words_replaced": replaced, "share_of_words_replaced": round(replaced / max(words, 1), 4),
+              "examples": [[split.texts[i], copies[i]] for i in range(min(EXAMPLES_KEPT, len(split)))]}
+    return Augmented(Split(split.texts + copies, split.labels + [NO_LABEL] * len(copies)), record)
+
+
+class OneTokenWords:
+    """Whether the masked LM reads a word as one known token (memoized: words repeat)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        self.tokenizer, self.known = tokenizer, {}
+
+    def __call__(self, word: str) -> bool:
+        if word not in self.known:
+            ids = self.tokenizer(word, add_special_tokens=False)["input_ids"]
+            self.known[word] = len(ids) == 1 and ids[0] != self.tokenizer.unk_token_id
+        return self.known[word]
+
+
+def with_spans_replaced(text: str, spans: list[tuple[int, int]], words: list[str]) -> str:
+    out, last = [], 0
+    for (start, end), word in zip(spans, words):
+        out += [text[last:start], word]
+        last = end
+    return "".join(out + [text[last:]])
+
+
+@torch.no_grad()
+def fill_masks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str], candidates: int,
+               generator: torch.Generator) -> list[list[str]]:
+    """For each text, one word per mask token (in order): drawn uniformly from the masked LM's
+    top `candidates` whole-word tokens at that position."""
+    allowed = whole_word_tokens(tokenizer, model.get_output_embeddings().weight.shape[0])
+    fillers: list[list[str]] = []
+    for start in range(0, len(texts), FILL_BATCH):
+        batch = tokenizer(texts[start:start + FILL_BATCH], padding=True, truncation=True, return_tensors="pt")
+        logits = model(**batch).logits.masked_fill(~allowed, float("-inf"))
+        is_mask = batch["input_ids"] == tokenizer.mask_token_id
+        top = logits.topk(candidates, dim=-1).indices                          # (B, T, K)
+        pick = torch.randint(0, candidates, top.shape[:2], generator=generator)
+        chosen = top.gather(-1, pick.unsqueeze(-1)).squeeze(-1)                 # (B, T)
+        for row in range(len(batch["input_ids"])):
+            fillers.append(tokenizer.convert_ids_to_tokens(chosen[row][is_mask[row]].tolist()))
+    # A mask cut off by truncation has no prediction: that word and the later ones keep their
+    # original text (with_spans_replaced stops at the last filler).
+    return fillers
+
+
+def whole_word_tokens(tokenizer: PreTrainedTokenizerBase, size: int) -> torch.Tensor:
+    """Vocabulary entries a word may become: alphabetic, not a special token or a word piece."""
+    allowed = torch.zeros(size, dtype=torch.bool)
+    special = set(tokenizer.all_special_tokens)
+    for token, index in tokenizer.get_vocab().items():
+        if index < size:
+            allowed[index] = token not in special and WORD.fullmatch(token) is not None
+    if not allowed.any():
+        raise UserError(f"distill: the masked LM's vocabulary ({type(tokenizer).__name__}) has no plain whole-word "
+                        "tokens to fill masks with; expected a WordPiece vocabulary (BERT family)")
+    return allowed

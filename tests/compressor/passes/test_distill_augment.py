@@ -1,0 +1,93 @@
+"""`distill` with `augment`: noised copies from a masked LM, learnt from soft targets only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM
+
+from compressor.passes import Context, LazyTeacher, apply_pass
+from compressor.passes import distill_augment
+from compressor.passes.distill_augment import NO_LABEL, AugmentConfig, augment_split, with_spans_replaced
+from compressor.passes.distill_losses import hard_ce
+from compressor.passes.distillation import DistillConfig
+from compressor.pipeline.recipe import parse_step
+from pretrain.data import Split
+from pretrain.errors import UserError
+
+TINY = {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 32}
+
+
+@pytest.fixture(scope="module")
+def mlm_dir(tmp_path_factory, tokenizer):
+    """A tiny masked LM (random weights, but its head is a saved, loaded head) on MiniLM's vocab."""
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=128)
+    path = tmp_path_factory.mktemp("mlm")
+    BertForMaskedLM(config).save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def test_copies_replace_known_words_with_whole_words_and_carry_no_label(mlm_dir):
+    split = Split(["cat: a small domesticated carnivorous mammal", "run: move fast by using the feet"], [3, 7])
+    augmented = augment_split(split, AugmentConfig(copies=3, mlm=str(mlm_dir), replace_prob=1.0), mlm_dir, seed=0)
+    out = augmented.split
+    assert out.texts[:2] == split.texts and out.labels == [3, 7] + [NO_LABEL] * 6
+    for i, copy in enumerate(out.texts[2:]):
+        original = split.texts[i % 2]
+        assert copy != original and copy.count(":") == 1            # punctuation and layout kept
+        assert len(copy.split()) >= len(original.split())           # word for word (a filler is one word)
+    record = augmented.record
+    assert record["added"] == 6 and record["share_of_words_replaced"] > 0.5
+    again = augment_split(split, AugmentConfig(copies=3, mlm=str(mlm_dir), replace_prob=1.0), mlm_dir, seed=0)
+    assert again.split.texts == out.texts                           # seeded: a rerun makes the same data
+
+
+def test_replace_prob_sets_how_much_changes(mlm_dir):
+    texts = [f"word {i}: the quick brown fox jumps over the lazy dog near the river bank" for i in range(40)]
+    split = Split(texts, [0] * 40)
+    low = augment_split(split, AugmentConfig(copies=1, mlm=str(mlm_dir), replace_prob=0.1), mlm_dir, seed=0)
+    high = augment_split(split, AugmentConfig(copies=1, mlm=str(mlm_dir), replace_prob=0.6), mlm_dir, seed=0)
+    assert 0.02 < low.record["share_of_words_replaced"] < 0.2 < 0.45 < high.record["share_of_words_replaced"] < 0.75
+
+
+def test_spans_are_replaced_in_place():
+    assert with_spans_replaced("a cat, a dog.", [(2, 5), (9, 12)], ["cow", "pig"]) == "a cow, a pig."
+    assert with_spans_replaced("a cat, a dog.", [(2, 5), (9, 12)], ["cow"]) == "a cow, a dog."   # truncated
+
+
+def test_hard_loss_skips_copies_and_a_batch_of_copies_gives_zero():
+    logits = torch.randn(4, 5, requires_grad=True)
+    labelled = hard_ce(logits, torch.tensor([1, NO_LABEL, 2, NO_LABEL]))
+    assert torch.isclose(labelled, torch.nn.functional.cross_entropy(logits[[0, 2]], torch.tensor([1, 2])))
+    none = hard_ce(logits, torch.full((4,), NO_LABEL))
+    assert none.item() == 0.0 and not torch.isnan(none)
+    none.backward()                                                 # still part of the graph
+
+
+def test_distill_trains_on_originals_and_copies(bert_bundle, tiny_task, tiny_bert_dir, mlm_dir):
+    ctx = Context(task=tiny_task, seed=0, show_progress=False, teacher_source=LazyTeacher.from_dir(tiny_bert_dir))
+    cfg = DistillConfig.model_validate({**TINY, "losses": ["soft", "hard"],
+                                        "augment": {"copies": 2, "mlm": str(mlm_dir)}})
+    out = apply_pass(bert_bundle, "distill", cfg, ctx)
+    record = out.deploy["distill"]
+    assert record["augment"]["originals"] == 32 and record["augment"]["added"] == 64
+    assert record["stages"][0]["samples"] == 96                     # 32 texts and 64 copies, one epoch
+
+
+def test_refusals(bert_bundle, tiny_task, tiny_bert_dir, monkeypatch):
+    with pytest.raises(UserError, match="only the teacher's soft targets label"):
+        parse_step({"distill": {"losses": ["hard"], "augment": {"copies": 1, "mlm": "x"}}}, "v")
+    with pytest.raises(UserError, match="mlm"):
+        parse_step({"distill": {"losses": ["soft"], "augment": {"copies": 1}}}, "v")
+    ctx = Context(task=tiny_task, seed=0, show_progress=False, teacher_source=LazyTeacher.from_dir(tiny_bert_dir))
+    monkeypatch.setattr(distill_augment, "fill_masks", lambda *a, **k: pytest.fail("filled without a head"))
+    no_head = DistillConfig.model_validate({**TINY, "augment": {"copies": 1, "mlm": str(tiny_bert_dir)}})
+    with pytest.raises(UserError, match="no trained masked-LM head") as err:
+        apply_pass(bert_bundle, "distill", no_head, ctx)     # a classifier: its MLM head would be random
+    assert "\n" not in str(err.value)
+    missing = DistillConfig.model_validate({**TINY, "augment": {"copies": 1, "mlm": str(tiny_bert_dir / "nope")}})
+    with pytest.raises(UserError, match="not a masked-LM model dir"):
+        apply_pass(bert_bundle, "distill", missing, ctx)
