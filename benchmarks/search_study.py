@@ -9,7 +9,9 @@ storage, cache and resume included), then writes what it reached next to the bud
     .venv/bin/python benchmarks/search_study.py --demo runs/demo --fraction 0.3333 \
         --time-budget-min 90 --out-dir runs/search-third --out benchmarks/results/search_third.json
 
-A killed run resumes with the same command.
+A killed run resumes with the same command; rerun after it finished, the same command rewrites
+the result from the stored study and stages (no training, no timing), its wall time added to
+the earlier invocations' (`invocations`).
 """
 
 from __future__ import annotations
@@ -57,9 +59,13 @@ def main() -> int:
     by_name = {m["name"]: m for m in report["models"]}
     baselines = {name: measured_p50(by_name[name], PROFILE, args.batch_size)
                  for name in ("pytorch-eager-fp32", "onnxruntime-fp32", OPTIMUM) if name in by_name}
-    rows = [{**r, "vs_baselines": {n: b / r["measured_p50_ms"] for n, b in baselines.items() if r["measured_p50_ms"]},
-             "of_optimum_in_this_run": r["measured_p50_ms"] / baselines[OPTIMUM] if OPTIMUM in baselines else None}
-            for r in search["finalists"]]
+    rows, compared = ([with_ratios(r, baselines) for r in search.get(key, [])] for key in ("finalists", "compared"))
+    # The same search run before (killed and resumed, or finished and rerun): its time counts too.
+    previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    earlier = []
+    if previous.get("search_command") == " ".join(command[2:]):
+        earlier = previous.get("invocations") or [{"wall_s": previous["wall_s"], "date": previous["environment"]["date"]}]
+    invocations = earlier + [{"wall_s": time.time() - start, "date": environment()["date"]}]
     write_json(args.out, {
         "command": " ".join(["benchmarks/search_study.py", *sys.argv[1:]]),
         "search_command": " ".join(command[2:]),
@@ -68,12 +74,20 @@ def main() -> int:
         "baselines_p50_ms_in_this_run": baselines,
         "teacher_accuracy": report["teacher"]["accuracy"],
         "outcome": search["outcome"], "chosen": search["chosen"], "best_effort": search["best_effort"],
-        "finalists": rows, "front": search["front"], "trials": search["trials"],
-        "latency_model": search["latency_model"], "wall_s": time.time() - start,
+        "finalists": rows, "front": search["front"], "compared": compared, "trials": search["trials"],
+        "latency_model": search["latency_model"], "wall_s": sum(i["wall_s"] for i in invocations),
+        "invocations": invocations,
         "environment": environment(),
     })
     print(search["outcome"])
     return 0
+
+
+def with_ratios(row: dict, baselines: dict[str, float]) -> dict:
+    """A measured model's speedup over each baseline of the run, and its share of Optimum's p50."""
+    p50 = row["measured_p50_ms"]
+    return {**row, "vs_baselines": {n: b / p50 for n, b in baselines.items()} if p50 else {},
+            "of_optimum_in_this_run": p50 / baselines[OPTIMUM] if p50 and OPTIMUM in baselines else None}
 
 
 if __name__ == "__main__":
