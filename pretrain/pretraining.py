@@ -1,4 +1,5 @@
-"""`compressor pretrain`: pretrain a Transformers model from scratch with a named objective.
+"""`compressor pretrain`: pretrain a Transformers model from scratch with a named objective
+(or, `init`, continue a BERT model's masked-LM pretraining on a corpus).
 
 The pieces: a tokenizer (MiniLM's by default, or one `compressor tokenizer` trained), a
 `ChunkStream` over the corpus (bounded memory, resumable position), an objective from the
@@ -20,8 +21,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, BertForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from pretrain.data.stream import ChunkStream
 from pretrain.errors import UserError
@@ -31,6 +33,7 @@ from pretrain.train import Checkpointing, StepCallback, TrainConfig, train
 
 MAX_POSITIONS = 512          # BERT's position table; longer sequences need another architecture
 SETTINGS_FILE = "pretrain_settings.json"
+CONTINUABLE = ("mlm", "mlm-wwm")     # objectives whose model is a plain BertForMaskedLM (--init)
 
 
 class PretrainConfig(BaseModel):
@@ -51,6 +54,9 @@ class PretrainConfig(BaseModel):
     max_length: int = Field(128, ge=8)
     seed: int = 0
     buffer_size: int = Field(10_000, ge=1)   # chunks held by the shuffle buffer
+    # Continued pretraining (mlm, mlm-wwm): start from this BERT model's weights ('minilm' or an
+    # HF dir) instead of a fresh `size` model; its MLM head is trained (drawn fresh if it has none).
+    init: str | None = None
 
     def train_config(self) -> TrainConfig:
         # Dense embedding updates: MLM heads tie the output projection to the word
@@ -85,7 +91,7 @@ def checkpoint_dir(out: Path) -> Path:
 
 def make_config(**settings) -> PretrainConfig:
     # Paths are recorded absolute: a resume from another working dir must match.
-    for key in ("corpus", "tokenizer"):
+    for key in ("corpus", "tokenizer", "init"):
         if settings.get(key) and Path(settings[key]).exists():
             settings[key] = str(Path(settings[key]).resolve())
     try:
@@ -98,6 +104,9 @@ def make_config(**settings) -> PretrainConfig:
     if cfg.max_length > MAX_POSITIONS:
         raise UserError(f"max length {cfg.max_length} is longer than the model's {MAX_POSITIONS} "
                         "positions: expected at most 512")
+    if cfg.init is not None and cfg.objective not in CONTINUABLE:
+        raise UserError(f"--init continues masked-LM pretraining; objective {cfg.objective!r} builds its own "
+                        f"model: expected one of {', '.join(CONTINUABLE)}")
     if cfg.objective_options:   # validated now; stored canonical, so equal options resume alike
         canonical = get_objective(cfg.objective, cfg.objective_options).options
         cfg = cfg.model_copy(update={"objective_options": canonical})
@@ -154,17 +163,38 @@ def prepare(cfg: PretrainConfig) -> tuple[Objective, PreTrainedTokenizerBase]:
     """
     objective = get_objective(cfg.objective, cfg.objective_options)
     tokenizer = load_pretrain_tokenizer(cfg.tokenizer)
-    objective.build_model(tokenizer, SIZES[cfg.size], cfg.max_length, cfg.seed)
+    build_model(objective, tokenizer, cfg)
     probe = ChunkStream(cfg.corpus, tokenizer, cfg.max_length, buffer_size=1, seed=cfg.seed, min_tokens=2)
     objective.make_batch(probe.take(cfg.batch_size), tokenizer, np.random.default_rng(0), cfg.max_length)
     return objective, tokenizer
+
+
+def build_model(objective: Objective, tokenizer: PreTrainedTokenizerBase, cfg: PretrainConfig) -> PreTrainedModel:
+    """The objective's fresh model of `cfg.size`, or (`init`) an existing BERT as a masked LM."""
+    if cfg.init is None:
+        return objective.build_model(tokenizer, SIZES[cfg.size], cfg.max_length, cfg.seed)
+    path = resolve_model_path(cfg.init)
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type != "bert":
+        raise UserError(f"--init {cfg.init}: a {config.model_type!r} model; continued masked-LM pretraining "
+                        "starts from a BERT model (the mlm objectives' architecture)")
+    if cfg.max_length > config.max_position_embeddings:
+        raise UserError(f"max length {cfg.max_length} is longer than --init's {config.max_position_embeddings} "
+                        f"positions; expected at most {config.max_position_embeddings}")
+    init_vocab = load_tokenizer(path).get_vocab() if (path / "vocab.txt").is_file() or \
+        (path / "tokenizer.json").is_file() else None
+    if init_vocab is not None and init_vocab != tokenizer.get_vocab():
+        raise UserError(f"--tokenizer {cfg.tokenizer} has another vocabulary than --init {cfg.init}; expected "
+                        "the init model's own tokenizer (its embedding rows are its token ids)")
+    torch.manual_seed(cfg.seed)                 # a missing MLM head is drawn from torch's RNG
+    return BertForMaskedLM.from_pretrained(path)
 
 
 def run_pretraining(cfg: PretrainConfig, objective: Objective, tokenizer: PreTrainedTokenizerBase,
                     ckpt: Path, show_progress: bool = True, checkpoint_every: int = 200,
                     callbacks: tuple[StepCallback, ...] = ()) -> tuple[PreTrainedModel, dict]:
     """Train (resuming from `ckpt` if it holds this run's checkpoint): (deliverable, metrics)."""
-    model = objective.build_model(tokenizer, SIZES[cfg.size], cfg.max_length, cfg.seed)
+    model = build_model(objective, tokenizer, cfg)
     stream = ChunkStream(cfg.corpus, tokenizer, cfg.max_length, buffer_size=cfg.buffer_size,
                          seed=cfg.seed, min_tokens=2)
     source = PretrainBatches(objective, stream, tokenizer, cfg)
@@ -175,7 +205,7 @@ def run_pretraining(cfg: PretrainConfig, objective: Objective, tokenizer: PreTra
     delivered = objective.deliverable(model)
     # Recorded in config.json, so the model says where it came from.
     delivered.config.pretraining = {"objective": cfg.objective, "objective_options": cfg.objective_options,
-                                    "steps": result.steps, "corpus": cfg.corpus}
+                                    "steps": result.steps, "corpus": cfg.corpus, "init": cfg.init}
     metrics = {"objective": cfg.objective, "objective_options": cfg.objective_options, "steps": result.steps, "samples": result.samples,
                "tokens": result.tokens, "initial_loss": result.initial_loss, "final_loss": result.final_loss,
                "tokens_per_second": round(result.tokens_per_second, 1),

@@ -84,6 +84,31 @@ def test_pretrained_model_is_a_valid_teacher(corpus, tmp_path, objective, tiny_t
     assert model(**batch).logits.shape == (1, len(tiny_task.label_names))
 
 
+def test_init_continues_a_bert_models_masked_lm_pretraining(corpus, tmp_path, tiny_bert_dir, tiny_distilbert_dir):
+    """--init: the model starts as the given BERT (its encoder, its vocabulary), with an MLM head
+    drawn fresh where it has none, and is delivered as a masked LM with a trained head (what
+    `distill`'s augment needs)."""
+    from transformers import AutoModelForMaskedLM
+
+    from compressor.passes.distill_augment import load_masked_lm
+    out = tmp_path / "continued"
+    metrics = pretrain_command(config(corpus, steps=2, lr=1e-6, init=str(tiny_bert_dir)), out,
+                               show_progress=False, threads=1)
+    assert metrics["config"]["init"] == str(tiny_bert_dir.resolve())
+    start, trained = weights(tiny_bert_dir), weights(out)
+    key = "bert.encoder.layer.0.attention.self.query.weight"
+    torch.testing.assert_close(trained[key], start[key], atol=1e-4, rtol=0)      # 2 steps at 1e-6 from the init
+    assert trained["bert.embeddings.word_embeddings.weight"].shape == start["bert.embeddings.word_embeddings.weight"].shape
+    _, info = AutoModelForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and json.loads((out / "config.json").read_text())["pretraining"]["init"]
+    load_masked_lm(out)                                                          # usable as augment.mlm
+    with pytest.raises(UserError, match="continues masked-LM pretraining"):
+        config(corpus, "clm", init=str(tiny_bert_dir))
+    with pytest.raises(UserError, match="'distilbert' model"):
+        pretrain_command(config(corpus, init=str(tiny_distilbert_dir)), tmp_path / "x", show_progress=False)
+    assert not (tmp_path / "x").exists()
+
+
 def test_loss_goes_down_with_training(corpus, tmp_path):
     metrics = pretrain_command(config(corpus, steps=40, batch_size=16, lr=3e-3), tmp_path / "m",
                                show_progress=False, threads=1)
