@@ -38,6 +38,9 @@ ROWS: dict[str, dict] = {
     "progressive": {"losses": ["progressive", "soft"], "epochs_share": 0.5},
     "soft-auto": {"losses": ["soft", "hidden"], "layer_map": "auto"},
     "soft-uniform": {"losses": ["soft", "hidden"], "layer_map": "uniform"},
+    # TinyBERT's augmentation: --copies noised copies of each text from the masked LM --mlm
+    "soft-hard-augment": {"losses": ["soft", "hard"], "augment": True},
+    "soft-augment": {"losses": ["soft"], "augment": True},
 }
 
 
@@ -54,6 +57,8 @@ def run_row(name: str, args, teacher_dir: Path, task, seed: int) -> dict:
     # Phased rows (two-stage, progressive: layer phases then prediction) get half the epochs per
     # part, so every row takes the same number of steps.
     share = row.pop("epochs_share", 1.0)
+    if row.pop("augment", False):
+        row["augment"] = {"copies": args.copies, "mlm": str(args.mlm)}
     ctx = Context(task=task, seed=seed, show_progress=True, teacher_source=LazyTeacher.from_dir(teacher_dir),
                   work_dir=args.work / f"{name}-seed{seed}" if args.work else None)
     teacher = ModelBundle.load(teacher_dir)
@@ -112,6 +117,8 @@ def main() -> None:
                         help="instead of --layers: the student is the teacher with this share of heads pruned")
     parser.add_argument("--prune-ffn", type=float, default=0.0, help="... and this share of FFN neurons")
     parser.add_argument("--prune-samples", type=int, default=512, help="train examples the taylor scores use")
+    parser.add_argument("--mlm", type=Path, help="*-augment rows: a masked-LM dir (compressor pretrain --init)")
+    parser.add_argument("--copies", type=int, default=2, help="*-augment rows: noised copies per text")
     parser.add_argument("--train-samples", type=int, default=20000)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -124,6 +131,8 @@ def main() -> None:
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
+    if args.mlm is None and any(ROWS[n].get("augment") for n in names):
+        parser.error("the *-augment rows need --mlm, a masked-LM dir")
 
     from compressor.bench.environment import environment
     from compressor.bundle import read_provenance
@@ -149,7 +158,8 @@ def main() -> None:
                                    "prune_ffn": args.prune_ffn, "prune_samples": args.prune_samples,
                                    "train_samples": args.train_samples,
                                    "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-                                   "max_eval_samples": args.max_eval_samples},
+                                   "max_eval_samples": args.max_eval_samples, "mlm": str(args.mlm) if args.mlm else None,
+                                   "copies": args.copies},
                       "runs": list(results.values())}
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(record, indent=2) + "\n")

@@ -125,6 +125,8 @@ def test_rerun_reuses_the_measurements_unless_asked(done, tmp_path, monkeypatch,
         return Timings({name: np.array([1.0, 2.0]) for name in runners},
                        dict.fromkeys(runners, 2 * len(batches[0]["input_ids"])), [slice(0, 1), slice(1, 2)])
     monkeypatch.setattr(measure, "time_interleaved", counted)
+    # Memory is probed in a child process per model: what counts here is that timing reruns.
+    monkeypatch.setattr(measure, "peak_rss_mb", lambda model, profile, batch_sets, *a, **k: [100.0] * len(batch_sets))
     for expected in (2, 4):   # every rebenchmark measures (2 batch sizes), also right after another
         run_raw(raw, copy, rebenchmark=True)
         assert len(calls) == expected

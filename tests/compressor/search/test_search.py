@@ -13,6 +13,7 @@ import optuna
 import pytest
 import yaml
 
+from compressor.bench import measure
 from compressor.cli.commands import main
 from compressor.pipeline.recipe import load_recipe
 from compressor.search import SearchSettings, run_search
@@ -27,6 +28,11 @@ TINY = dict(time_budget_min=10, finalists=2, proxy_train_samples=32, validation_
 
 # A hand-written variant measured in the finals beside the finalists.
 COMPARED = {"two-layers": [{"drop-layers": {"keep": [0, 2]}}, {"finetune": {"max_train_samples": 32}}]}
+
+
+def no_memory_probe(model, profile, batch_sets, *args, **kwargs) -> list[float]:
+    """Memory is probed in a child process per model; the search's tests are about the search."""
+    return [100.0] * len(batch_sets)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +56,7 @@ def searched(tiny_bert_dir, tiny_csv, quick_profile, cache_dir, tmp_path_factory
     patch.setenv("COMPRESSOR_CACHE", str(cache_dir))
     patch.setattr(structures_module, "BATCHES", 2)
     patch.setattr(structures_module, "CALLS_PER_BATCH", 2)
+    patch.setattr(measure, "peak_rss_mb", no_memory_probe)
     out = tmp_path_factory.mktemp("search") / "run"
     settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=4, compare=COMPARED, **TINY)
     result = run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), settings, out,
@@ -236,6 +243,7 @@ def test_a_recipe_search_section_runs_from_the_teacher_stage(searched, tiny_bert
     from compressor.pipeline.recipe import parse_recipe
     from compressor.pipeline.run import run_recipe
     monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
+    monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
     tiny = {k: list(v) if isinstance(v, tuple) else v for k, v in TINY.items()}
     raw = {"name": "with-search", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
            "data": {"max_eval_samples": 30},
