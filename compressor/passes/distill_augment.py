@@ -25,7 +25,9 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, P
 
 from compressor.passes.registry import PassConfig
 from pretrain.data import Split
+from pretrain.domain import mlm_head
 from pretrain.errors import UserError
+from pretrain.families import FAMILIES
 
 NO_LABEL = -100        # an augmented copy's label: F.cross_entropy's ignore_index
 WORD = re.compile(r"[A-Za-z]+")
@@ -60,6 +62,10 @@ def load_masked_lm(source: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
         raise UserError(f"distill: {source} has no trained masked-LM head (missing {info['missing_keys'][0]}); "
                         "augmentation needs one to propose words: give augment.mlm, a model dir with one "
                         "(e.g. from `compressor pretrain --objective mlm`)")
+    family = FAMILIES.get(model.config.model_type)
+    if family is None or not family.mlm_head:
+        raise UserError(f"distill: augment.mlm {source} is a {model.config.model_type!r} model, whose masked-LM "
+                        "head this tool does not know; expected a BERT-family masked LM")
     if tokenizer.mask_token is None:
         raise UserError(f"distill: the tokenizer of {source} has no mask token; expected a masked-LM tokenizer")
     return model.eval(), tokenizer
@@ -118,16 +124,21 @@ def fill_masks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts
     """For each text, one word per mask token (in order): drawn uniformly from the masked LM's
     top `candidates` whole-word tokens at that position."""
     allowed = whole_word_tokens(tokenizer, model.get_output_embeddings().weight.shape[0])
+    head = mlm_head(model)
     fillers: list[list[str]] = []
     for start in range(0, len(texts), FILL_BATCH):
         batch = tokenizer(texts[start:start + FILL_BATCH], padding=True, truncation=True, return_tensors="pt")
-        logits = model(**batch).logits.masked_fill(~allowed, float("-inf"))
-        is_mask = batch["input_ids"] == tokenizer.mask_token_id
-        top = logits.topk(candidates, dim=-1).indices                          # (B, T, K)
-        pick = torch.randint(0, candidates, top.shape[:2], generator=generator)
-        chosen = top.gather(-1, pick.unsqueeze(-1)).squeeze(-1)                 # (B, T)
-        for row in range(len(batch["input_ids"])):
-            fillers.append(tokenizer.convert_ids_to_tokens(chosen[row][is_mask[row]].tolist()))
+        is_mask = batch["input_ids"] == tokenizer.mask_token_id                # (B, T)
+        hidden = model.base_model(**batch)[0][is_mask]                          # (masks, D)
+        # The vocabulary projection at the masks only (a few per text, not every position).
+        logits = head(hidden).masked_fill(~allowed, float("-inf"))              # (masks, V)
+        top = logits.topk(candidates, dim=-1).indices                           # (masks, K)
+        pick = torch.randint(0, candidates, (len(top),), generator=generator)
+        chosen = top.gather(-1, pick.unsqueeze(-1)).squeeze(-1).tolist()
+        per_row = is_mask.sum(-1).tolist()
+        for count in per_row:
+            fillers.append(tokenizer.convert_ids_to_tokens(chosen[:count]))
+            chosen = chosen[count:]
     # A mask cut off by truncation has no prediction: that word and the later ones keep their
     # original text (with_spans_replaced stops at the last filler).
     return fillers
