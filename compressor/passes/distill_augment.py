@@ -23,13 +23,13 @@ import torch
 from pydantic import Field
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from compressor.passes.distill_losses import NO_LABEL
 from compressor.passes.registry import PassConfig
 from pretrain.data import Split
 from pretrain.domain import mlm_head
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 
-NO_LABEL = -100        # an augmented copy's label: F.cross_entropy's ignore_index
 WORD = re.compile(r"[A-Za-z]+")
 FILL_BATCH = 64        # masked texts per forward pass of the masked LM
 EXAMPLES_KEPT = 3      # (original, copy) pairs kept in the pass record

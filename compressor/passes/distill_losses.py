@@ -98,10 +98,13 @@ def soft_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float) ->
                     reduction="batchmean", log_target=True) * temperature ** 2
 
 
+NO_LABEL = -100        # a row without a task label (an augmented copy): F.cross_entropy's ignore_index
+
+
 def hard_ce(student: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Task cross-entropy over the labelled rows (augmented copies carry ignore_index -100);
+    """Task cross-entropy over the labelled rows (augmented copies carry NO_LABEL);
     a batch of copies alone gives 0, not the NaN of a mean over nothing."""
-    labelled = labels != -100
+    labelled = labels != NO_LABEL
     if not labelled.any():
         return student.sum() * 0.0
     return F.cross_entropy(student[labelled], labels[labelled])

@@ -173,7 +173,7 @@ def variant_as_written(variants: dict[str, list], name: str, limits: DataLimits,
         step = parse_step(item, f"variants.{name}[{i}]")
         config = step.config.model_dump(mode="json", exclude_unset=True)
         trains = "max_train_samples" in type(step.config).model_fields
-        if trains and getattr(step.config, "max_train_samples") is None and limits.max_train_samples:
+        if trains and step.config.max_train_samples is None and limits.max_train_samples:
             config["max_train_samples"] = limits.max_train_samples
         steps.append({step.name: config})
     return steps
