@@ -5,8 +5,14 @@ Every row starts from the same student, the teacher's layers [0, 2, 4] (the `stu
 pass), and trains it with the `distill` pass for the same number of steps (train samples x
 epochs / batch size; progressive and two-stage rows share those epochs out over their
 phases), seed and test examples; only the losses differ. `hard` (task cross-entropy alone)
-is what `drop-layers` + `finetune` does. The results file is rewritten after every row, so a
-partial sweep is still recorded. Accuracy only: the machine is shared, times are no figure.
+is what `drop-layers` + `finetune` does. `theseus` is the `theseus` pass on the teacher with
+one successor per student layer, each starting as the first layer of its block (0, 2, 4: the
+same start), at the pass's own learning rate unless --lr is given.
+
+The results file is rewritten after every row, so a partial sweep is still recorded, and a
+rerun with the same settings skips the (row, seed) pairs it already holds (a killed row
+resumes from its checkpoint in --work). Accuracy only: times are no figure unless the machine
+was quiet. `--markdown` prints the table (every seed, and the mean).
 
     python benchmarks/distill_study.py --teacher runs/demo/teacher --rows tinybert,hard,soft \
         --train-samples 20000 --epochs 1 --out benchmarks/results/distill_study.json
@@ -20,9 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+from compressor.cli.commands import task_arg
+from pretrain.atomic import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
-# row -> the distill pass's config (besides the shared budget)
+# row -> the distill pass's config (besides the shared budget); "pass" names another pass
 ROWS: dict[str, dict] = {
     "hard": {"losses": ["hard"]},
     "soft": {"losses": ["soft"]},
@@ -41,6 +50,8 @@ ROWS: dict[str, dict] = {
     # TinyBERT's augmentation: --copies noised copies of each text from the masked LM --mlm
     "soft-hard-augment": {"losses": ["soft", "hard"], "augment": True},
     "soft-augment": {"losses": ["soft"], "augment": True},
+    # BERT-of-Theseus from the teacher: successors replace blocks of depth / len(--layers) layers
+    "theseus": {"pass": "theseus"},
 }
 
 
@@ -54,6 +65,7 @@ def run_row(name: str, args, teacher_dir: Path, task, seed: int) -> dict:
     from pretrain.finetune import evaluate
 
     row = dict(ROWS[name])
+    pass_name = row.pop("pass", "distill")
     # Phased rows (two-stage, progressive: layer phases then prediction) get half the epochs per
     # part, so every row takes the same number of steps.
     share = row.pop("epochs_share", 1.0)
@@ -62,17 +74,20 @@ def run_row(name: str, args, teacher_dir: Path, task, seed: int) -> dict:
     ctx = Context(task=task, seed=seed, show_progress=True, teacher_source=LazyTeacher.from_dir(teacher_dir),
                   work_dir=args.work / f"{name}-seed{seed}" if args.work else None)
     teacher = ModelBundle.load(teacher_dir)
-    student = make_student(teacher, args, ctx)
+    if pass_name == "theseus":
+        student, row = teacher, {**row, "successor_layers": len(args.layers)}
+    else:
+        student = make_student(teacher, args, ctx)
     config = {**row, "epochs": args.epochs * share, "max_train_samples": args.train_samples,
               "batch_size": args.batch_size, "seed": seed, **({"lr": args.lr} if args.lr else {})}
     start = time.perf_counter()
-    out = apply_pass(student, "distill", get_pass("distill").config_type.model_validate(config), ctx)
+    out = apply_pass(student, pass_name, get_pass(pass_name).config_type.model_validate(config), ctx)
     seconds = time.perf_counter() - start
     test = task.split("test").head(args.max_eval_samples)
     metrics, _ = evaluate(out.model, out.tokenizer, test)
-    return {"name": name, "seed": seed, "config": config, "accuracy": metrics["accuracy"],
+    return {"name": name, "seed": seed, "pass": pass_name, "config": config, "accuracy": metrics["accuracy"],
             "macro_f1": metrics["macro_f1"], "test_samples": len(test), "params": out.params,
-            "distill": out.deploy["distill"], "train_seconds": round(seconds, 1)}
+            pass_name: out.deploy.get(pass_name), "train_seconds": round(seconds, 1)}
 
 
 def make_student(teacher, args, ctx):
@@ -126,26 +141,44 @@ def main() -> None:
     parser.add_argument("--max-eval-samples", type=int, default=5000)
     parser.add_argument("--work", type=Path, help="checkpoint dir per row (a killed sweep resumes)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "distill_study.json")
+    parser.add_argument("--markdown", action="store_true", help="print --out's table and exit")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(args.out.read_text())))
+        return
     names = [n.strip() for n in args.rows.split(",") if n.strip()]
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
     if args.mlm is None and any(ROWS[n].get("augment") for n in names):
         parser.error("the *-augment rows need --mlm, a masked-LM dir")
+    if "theseus" in names and (args.prune_heads or args.prune_ffn):
+        parser.error("the theseus row replaces the teacher's layers; it takes --layers, not --prune-*")
+    settings = {"student_layers": args.layers, "prune_heads": args.prune_heads, "prune_ffn": args.prune_ffn,
+                "prune_samples": args.prune_samples, "train_samples": args.train_samples, "epochs": args.epochs,
+                "batch_size": args.batch_size, "lr": args.lr, "max_eval_samples": args.max_eval_samples,
+                "mlm": str(args.mlm) if args.mlm else None, "copies": args.copies}
+    previous = json.loads(args.out.read_text()) if args.out.is_file() else None
+    if previous is not None and previous["settings"] != settings:
+        parser.error(f"{args.out} holds runs with other settings; expected the same settings or another --out")
 
     from compressor.bench.environment import environment
     from compressor.bundle import read_provenance
     from pretrain.data import load_task
     spec = args.task or read_provenance(args.teacher).get("task") or "wordnet-supersense"
-    task = load_task({"path": spec} if Path(spec).suffix in (".csv", ".tsv", ".jsonl") else spec)
+    task = load_task(task_arg(spec))
     teacher_metrics = teacher_accuracy(args.teacher, task, args.max_eval_samples)
     for seed in [int(s) for s in args.seeds.split(",")]:
         for name in names:
+            # Re-read before each row: sweeps of other rows may run beside this one.
+            previous = json.loads(args.out.read_text())["runs"] if args.out.is_file() else []
+            results = {(r["name"], r["seed"]): r for r in previous}
+            if (name, seed) in results:
+                print(f"{name} seed {seed}: already in {args.out}, skipped", file=sys.stderr, flush=True)
+                continue
             print(f"running {name} seed {seed}", file=sys.stderr, flush=True)
             row = run_row(name, args, args.teacher, task, seed)
             row["kept_of_teacher"] = round(row["accuracy"] / teacher_metrics["accuracy"], 4)
-            # Re-read before writing: sweeps of other rows may run beside this one.
             previous = json.loads(args.out.read_text())["runs"] if args.out.is_file() else []
             results = {(r["name"], r["seed"]): r for r in previous}
             results[(name, seed)] = row
@@ -154,15 +187,24 @@ def main() -> None:
             record = {"command": " ".join(["python", "benchmarks/distill_study.py", *sys.argv[1:]]),
                       "environment": environment(),
                       "teacher": {"dir": str(args.teacher), **teacher_metrics},
-                      "settings": {"student_layers": args.layers, "prune_heads": args.prune_heads,
-                                   "prune_ffn": args.prune_ffn, "prune_samples": args.prune_samples,
-                                   "train_samples": args.train_samples,
-                                   "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-                                   "max_eval_samples": args.max_eval_samples, "mlm": str(args.mlm) if args.mlm else None,
-                                   "copies": args.copies},
-                      "runs": list(results.values())}
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(record, indent=2) + "\n")
+                      "settings": settings, "runs": list(results.values())}
+            write_json(args.out, record)
+
+
+def markdown(record: dict) -> str:
+    """One line per row: each seed's accuracy, their mean and its share of the teacher's."""
+    teacher = record["teacher"]["accuracy"]
+    seeds = sorted({r["seed"] for r in record["runs"]})
+    by_row: dict[str, dict[int, float]] = {}
+    for r in record["runs"]:
+        by_row.setdefault(r["name"], {})[r["seed"]] = r["accuracy"]
+    lines = [f"| row | {' | '.join(f'seed {s}' for s in seeds)} | mean | of teacher ({teacher:.4f}) |",
+             "|---|" + "---:|" * (len(seeds) + 2)]
+    for name, accuracy in by_row.items():
+        mean = sum(accuracy.values()) / len(accuracy)
+        cells = " | ".join(f"{accuracy[s]:.4f}" if s in accuracy else "" for s in seeds)
+        lines.append(f"| `{name}` | {cells} | {mean:.4f} | {mean / teacher:.1%} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

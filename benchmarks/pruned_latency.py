@@ -28,6 +28,7 @@ from compressor.bench.measure import measure_models
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable
 from compressor.bundle import ModelBundle
+from compressor.cli.commands import task_arg
 from compressor.export.onnx import EXPORT_FILE, ONNX_FILE, ExportSettings, export_bundle, read_export_record
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.atomic import write_json
@@ -81,7 +82,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     teacher = ModelBundle.load(args.teacher)
-    task = load_task({"path": args.task} if Path(args.task).is_file() else args.task)
+    task = load_task(task_arg(args.task))
     ctx = Context(task=task, seed=0, show_progress=True)
     pruned = pruned_model(teacher, ctx, args)
     models, records = [], {}

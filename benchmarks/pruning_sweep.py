@@ -25,6 +25,7 @@ from pathlib import Path
 
 from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle
+from compressor.cli.commands import task_arg
 from compressor.modeling.importance import accuracy, encode_for_model
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.atomic import write_json
@@ -101,7 +102,7 @@ def main() -> int:
         print(markdown(json.loads(args.out.read_text())))
         return 0
     teacher = ModelBundle.load(args.teacher)
-    task = load_task({"path": args.task} if Path(args.task).is_file() else args.task)
+    task = load_task(task_arg(args.task))
     test = encode_for_model(teacher.model, teacher.tokenizer, task, task.split("test").head(args.eval_samples))
     ctx = Context(task=task, seed=0, show_progress=False)
     setup = {"teacher": str(args.teacher), "task": args.task, "eval_samples": len(test), "samples": args.samples,

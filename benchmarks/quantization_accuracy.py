@@ -27,6 +27,7 @@ import numpy as np
 
 from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle
+from compressor.cli.commands import task_arg
 from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.atomic import write_json
@@ -117,7 +118,7 @@ def main() -> int:
         return 0
     set_threads(None)
     teacher = ModelBundle.load(args.teacher)
-    task = load_task({"path": args.task} if Path(args.task).is_file() else args.task)
+    task = load_task(task_arg(args.task))
     test = task.split("test").head(args.eval_samples)
     ctx = Context(task=task, seed=0, show_progress=True)
     command = " ".join(sys.argv)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle, weights_size
+from compressor.cli.commands import task_arg
 from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
 from compressor.modeling.cost import compressed_size, encoder_sparsity
 from compressor.passes import Context, apply_pass, get_pass
@@ -95,7 +96,7 @@ def main() -> int:
     args = parser.parse_args()
     set_threads(None)
     teacher = ModelBundle.load(args.teacher)
-    task = load_task({"path": args.task} if Path(args.task).is_file() else args.task)
+    task = load_task(task_arg(args.task))
     ctx = Context(task=task, seed=0, show_progress=True)
     for name, pass_name, sparsity in rows_wanted(args):
         try:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle, weights_size
+from compressor.cli.commands import task_arg
 from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.atomic import write_json
@@ -56,7 +57,7 @@ def study(args) -> None:
     set_threads(None)
     teacher = ModelBundle.load(args.teacher)
     spec = args.task or teacher.task
-    task = load_task({"path": spec} if Path(spec).is_file() else spec)
+    task = load_task(task_arg(spec))
     test = task.split("test").head(args.eval_samples)
     ctx = Context(task=task, seed=0, show_progress=False)
     result = {"command": " ".join(sys.argv), "teacher": str(args.teacher), "task": spec,

@@ -155,18 +155,19 @@ def load_pretrain_tokenizer(ref: str) -> PreTrainedTokenizerBase:
     return load_tokenizer(path)
 
 
-def prepare(cfg: PretrainConfig) -> tuple[Objective, PreTrainedTokenizerBase]:
-    """Everything that can fail on bad input, done before anything is written.
+def prepare(cfg: PretrainConfig) -> tuple[Objective, PreTrainedTokenizerBase, PreTrainedModel]:
+    """Everything that can fail on bad input, done before anything is written: the objective,
+    the tokenizer and the model to train (built once; an --init model is read once).
 
     One batch is built from a separate stream: an empty corpus, a batch too small for the
     objective or a tokenizer it cannot use fails here.
     """
     objective = get_objective(cfg.objective, cfg.objective_options)
     tokenizer = load_pretrain_tokenizer(cfg.tokenizer)
-    build_model(objective, tokenizer, cfg)
+    model = build_model(objective, tokenizer, cfg)
     probe = ChunkStream(cfg.corpus, tokenizer, cfg.max_length, buffer_size=1, seed=cfg.seed, min_tokens=2)
     objective.make_batch(probe.take(cfg.batch_size), tokenizer, np.random.default_rng(0), cfg.max_length)
-    return objective, tokenizer
+    return objective, tokenizer, model
 
 
 def build_model(objective: Objective, tokenizer: PreTrainedTokenizerBase, cfg: PretrainConfig) -> PreTrainedModel:
@@ -191,10 +192,10 @@ def build_model(objective: Objective, tokenizer: PreTrainedTokenizerBase, cfg: P
 
 
 def run_pretraining(cfg: PretrainConfig, objective: Objective, tokenizer: PreTrainedTokenizerBase,
-                    ckpt: Path, show_progress: bool = True, checkpoint_every: int = 200,
+                    model: PreTrainedModel, ckpt: Path, show_progress: bool = True, checkpoint_every: int = 200,
                     callbacks: tuple[StepCallback, ...] = ()) -> tuple[PreTrainedModel, dict]:
-    """Train (resuming from `ckpt` if it holds this run's checkpoint): (deliverable, metrics)."""
-    model = build_model(objective, tokenizer, cfg)
+    """Train `model` (prepare's; resuming from `ckpt` if it holds this run's checkpoint):
+    (deliverable, metrics)."""
     stream = ChunkStream(cfg.corpus, tokenizer, cfg.max_length, buffer_size=cfg.buffer_size,
                          seed=cfg.seed, min_tokens=2)
     source = PretrainBatches(objective, stream, tokenizer, cfg)

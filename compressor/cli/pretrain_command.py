@@ -41,13 +41,13 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
     out = Path(out)
     ckpt = checkpoint_dir(out)
     check_resume(cfg, ckpt, resume)
-    objective, tokenizer = prepare(cfg)
+    objective, tokenizer, model = prepare(cfg)
     set_threads(threads)
     place = distributed.world()
     if place.is_main:
         ckpt.mkdir(parents=True, exist_ok=True)
         write_json(ckpt / SETTINGS_FILE, cfg.model_dump(mode="json"))
-    model, metrics = run_pretraining(cfg, objective, tokenizer, ckpt, show_progress=show_progress,
+    model, metrics = run_pretraining(cfg, objective, tokenizer, model, ckpt, show_progress=show_progress,
                                      checkpoint_every=checkpoint_every, callbacks=callbacks)
     metrics["environment"] = environment()
     if place.is_main:

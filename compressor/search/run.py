@@ -173,9 +173,10 @@ def latency_cache(target: Profile, bundle: ModelBundle) -> Path:
 
 def run_proxies(study: optuna.Study, runner: ProxyRunner, deadline: float, join: bool, log) -> None:
     settings = runner.settings
+    compared = compared_training_samples(settings)      # parsed once, not at every trial
 
     def out_of_time(done: list) -> bool:
-        reserve = 0.0 if join else finals_reserve(done, runner)
+        reserve = 0.0 if join else finals_reserve(done, runner, compared)
         return time.monotonic() + reserve >= deadline
 
     def enough(study: optuna.Study, trial) -> None:
@@ -189,9 +190,10 @@ def run_proxies(study: optuna.Study, runner: ProxyRunner, deadline: float, join:
         study.optimize(runner.objective, callbacks=[enough], catch=(UserError,))
 
 
-def finals_reserve(done: list, runner: ProxyRunner) -> float:
+def finals_reserve(done: list, runner: ProxyRunner, compared_samples: list[float]) -> float:
     """Seconds the finals will take: each finalist's full training, scaled from its proxy's
-    measured training time, plus its export, plus the benchmark and report."""
+    measured training time, plus its export, plus the benchmark and report; `compared_samples`
+    is each compared variant's training examples (compared_training_samples)."""
     settings = runner.settings
     picks = finalists(done, runner.budget_ms, settings)
     scale = settings.train_samples / settings.proxy_train_samples * settings.epochs
@@ -200,9 +202,12 @@ def finals_reserve(done: list, runner: ProxyRunner) -> float:
         return FINALS_OVERHEAD_S
     # A compared variant is not a plan: its training is timed at the slowest finalist's rate.
     per_sample = max(t.user_attrs["train_seconds"] for t in picks) / settings.proxy_train_samples
-    compared = sum(per_sample * training_samples(items, settings.train_samples) + FINALIST_EXPORT_S
-                   for items in settings.compare.values())
+    compared = sum(per_sample * samples + FINALIST_EXPORT_S for samples in compared_samples)
     return sum(times) + (settings.finalists - len(times)) * max(times) + compared + FINALS_OVERHEAD_S
+
+
+def compared_training_samples(settings: SearchSettings) -> list[float]:
+    return [training_samples(items, settings.train_samples) for items in settings.compare.values()]
 
 
 def training_samples(items: list, default: int) -> float:

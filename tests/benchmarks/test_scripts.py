@@ -535,18 +535,32 @@ def test_sharing_study(finished_run, tiny_csv, tmp_path, monkeypatch):
     assert shared["onnx_fp32"]["size_bytes"] < teacher_row["onnx_fp32"]["size_bytes"]
     assert shared["onnx_int8"]["size_bytes"] < teacher_row["onnx_int8"]["size_bytes"]
     assert 0 <= shared["accuracy_before_recovery"] <= 1 and 0 <= shared["onnx_int8"]["accuracy"] <= 1
-def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
     out = tmp_path / "distill.json"
-    run_script("distill_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--rows", "hard,tinybert",
-                                    "--layers", "0,2", "--train-samples", 32, "--batch-size", 16,
-                                    "--max-eval-samples", 16, "--out", out], monkeypatch)
+    budget = ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--layers", "0,2", "--train-samples", 32,
+              "--batch-size", 16, "--max-eval-samples", 16, "--out", out]
+    run_script("distill_study.py", ["--rows", "hard,tinybert,theseus", *budget], monkeypatch)
     record = json.loads(out.read_text())
     rows = {row["name"]: row for row in record["runs"]}
-    assert set(rows) == {"hard", "tinybert"} and record["teacher"]["source"] == "measured"
+    assert set(rows) == {"hard", "tinybert", "theseus"} and record["teacher"]["source"] == "measured"
     for row in rows.values():
         assert 0 <= row["accuracy"] <= 1 and row["test_samples"] == 16
-        assert row["distill"]["stages"][0]["steps"] == 2
+    for name in ("hard", "tinybert"):
+        assert rows[name]["distill"]["stages"][0]["steps"] == 2
     assert rows["tinybert"]["distill"]["layer_map"] == [1, 3]
+    # theseus: one successor per student layer, a plain model as small as the 2-layer student
+    assert rows["theseus"]["pass"] == "theseus" and rows["theseus"]["config"]["successor_layers"] == 2
+    assert rows["theseus"]["params"] == rows["hard"]["params"]
+    # a rerun with the same settings skips what the file holds; other settings are refused
+    run_script("distill_study.py", ["--rows", "hard", *budget], monkeypatch)
+    assert json.loads(out.read_text())["runs"] == record["runs"]
+    assert "hard seed 0: already in" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        run_script("distill_study.py", ["--rows", "hard", *budget, "--epochs", 2], monkeypatch)
+    assert refused.value.code == 2 and "other settings" in capsys.readouterr().err
+    run_script("distill_study.py", ["--markdown", "--out", out], monkeypatch)
+    table = capsys.readouterr().out
+    assert f"| `theseus` | {rows['theseus']['accuracy']:.4f} |" in table and "| seed 0 | mean |" in table
     # distillation as recovery: the student is the teacher with heads and FFN neurons pruned
     pruned = tmp_path / "recovery.json"
     run_script("distill_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--rows", "soft-hard",

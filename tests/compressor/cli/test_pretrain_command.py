@@ -178,7 +178,7 @@ def test_dae_noise_options_reach_the_objective_metrics_and_model(corpus, tmp_pat
     options = objective_options("dae", "infilling,rotation", 0.4, ("poisson=3.5",))
     cfg = config(corpus, "dae", steps=2, objective_options=options)
     assert cfg.objective_options == "infill=0.4,rotate=1.0,poisson=3.5"      # canonical
-    objective, _ = prepare(cfg)
+    objective, _, _ = prepare(cfg)
     assert objective.noise == NoiseConfig(infill=0.4, rotate=1.0, poisson=3.5)
     metrics = pretrain_command(cfg, tmp_path / "dae", show_progress=False, threads=1)
     assert metrics["objective_options"] == cfg.objective_options
