@@ -4,8 +4,8 @@ with the same budget, scored on the held-out test split.
 Every row starts from the same student, the teacher's layers [0, 2, 4] (the `student`
 pass), and trains it with the `distill` pass for the same number of steps (train samples x
 epochs / batch size; progressive and two-stage rows share those epochs out over their
-phases), seed and test examples; only the losses differ. `hard` (task cross-entropy alone)
-is what `drop-layers` + `finetune` does. `theseus` is the `theseus` pass on the teacher with
+phases, augmented rows divide them by 1 + copies), seed and test examples; only the losses
+differ. `hard` (task cross-entropy alone) is what `drop-layers` + `finetune` does. `theseus` is the `theseus` pass on the teacher with
 one successor per student layer, each starting as the first layer of its block (0, 2, 4: the
 same start), at the pass's own learning rate unless --lr is given.
 
@@ -70,7 +70,9 @@ def run_row(name: str, args, teacher_dir: Path, task, seed: int) -> dict:
     # part, so every row takes the same number of steps.
     share = row.pop("epochs_share", 1.0)
     if row.pop("augment", False):
+        # Augmented rows see each text 1 + copies times per epoch: fewer epochs, the same steps.
         row["augment"] = {"copies": args.copies, "mlm": str(args.mlm)}
+        share /= 1 + args.copies
     ctx = Context(task=task, seed=seed, show_progress=True, teacher_source=LazyTeacher.from_dir(teacher_dir),
                   work_dir=args.work / f"{name}-seed{seed}" if args.work else None)
     teacher = ModelBundle.load(teacher_dir)
