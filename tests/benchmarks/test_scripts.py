@@ -585,3 +585,26 @@ def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
     (row,) = json.loads(augmented.read_text())["runs"]
     # 32 texts + 32 copies for half the epochs: the same steps as the plain rows
     assert row["distill"]["augment"]["added"] == 32 and row["distill"]["stages"][0]["samples"] == 32
+
+
+def test_op_profile(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
+    """ORT's profiler summed per op type: the fp32 export spends its time in MatMul-family
+    kernels, the int8 one in integer kernels and activation quantization."""
+    from compressor.bundle import ModelBundle
+    from compressor.export.onnx import ExportSettings, export_bundle
+    from compressor.passes import Context, apply_pass, get_pass
+    from pretrain.data import load_task
+    bundle, task = ModelBundle.load(tiny_bert_dir), load_task({"path": str(tiny_csv)})
+    int8 = apply_pass(bundle, "quantize", get_pass("quantize").config_type.model_validate(
+        {"mode": "dynamic-int8"}), Context(task=task, seed=0))
+    for name, model in (("fp32", bundle), ("int8", int8)):
+        export_bundle(model, tmp_path / name, ExportSettings(optimize=True), task, 16)
+    out = tmp_path / "ops.json"
+    run_script_exit("op_profile.py", [tmp_path / "fp32", tmp_path / "int8", "--task", tiny_csv, "--batches", 3,
+                                      "--warmup", 1, "--out", out], monkeypatch)
+    models = json.loads(out.read_text())["models"]
+    fp32, int8_ops = models[str(tmp_path / "fp32")], models[str(tmp_path / "int8")]
+    assert all(ms > 0 for ms in fp32.values()) and "MatMul" in "".join(fp32)
+    assert "DynamicQuantizeLinear" in int8_ops and "DynamicQuantizeLinear" not in fp32
+    table = capsys.readouterr().out
+    assert "| op type | fp32 (ms) | int8 (ms) | int8 / fp32 |" in table and "| total |" in table
