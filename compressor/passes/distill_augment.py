@@ -1,11 +1,11 @@
-"""Transfer-data augmentation for `distill` (`augment: {copies: N, mlm: DIR}`).
+"""Transfer-data augmentation for `distill` and `distill-structure` (`augment: {copies: N, mlm: DIR}`).
 
 TinyBERT's recipe (and Tang et al.'s masking rule) as text in, text out: each training text
 gets N noised copies in which every word the masked LM knows as one token is, with
 probability `replace_prob`, masked and replaced by a word drawn uniformly from the masked
 LM's `candidates` most likely fillers. The copies carry no task label (NO_LABEL): the
 student learns them from the teacher's soft targets only, so `distill` refuses `augment`
-without `soft`.
+without `soft` and `distill-structure` without the teacher's logits (alpha < 1).
 
 Where TinyBERT masks one word per forward pass, this masks a copy's chosen words together and
 fills them from one forward pass (N passes per text instead of one per word: the difference
@@ -16,16 +16,17 @@ where TinyBERT would take a GloVe neighbour (no word vectors ship offline).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from pydantic import Field
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from compressor.passes.distill_losses import NO_LABEL
-from compressor.passes.registry import PassConfig
-from pretrain.data import Split
+from compressor.passes.registry import Context, PassConfig
+from pretrain.data import Split, TaskData
 from pretrain.domain import mlm_head
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
@@ -42,6 +43,22 @@ class AugmentConfig(PassConfig):
     candidates: int = Field(15, ge=1)                     # TinyBERT's K
 
 
+Config = TypeVar("Config", bound=PassConfig)
+
+
+def transfer_data(cfg: Config, ctx: Context, record: dict) -> tuple[TaskData, Config]:
+    """The task as the loop should see it: with `cfg.augment`, the train split's first
+    max_train_samples texts plus their noised copies (and the cap lifted, as it is applied).
+    `cfg` is any training pass's config with `augment`, `max_train_samples` and `seed`."""
+    if cfg.augment is None:
+        return ctx.task, cfg
+    originals = ctx.task.split("train").head(cfg.max_train_samples)
+    augmented = augment_split(originals, cfg.augment, Path(cfg.augment.mlm), cfg.seed)
+    record["augment"] = augmented.record
+    task = replace(ctx.task, splits={**ctx.task.splits, "train": augmented.split})
+    return task, cfg.model_copy(update={"max_train_samples": None})
+
+
 @dataclass
 class Augmented:
     split: Split               # the originals first, then every copy (labels NO_LABEL)
@@ -55,26 +72,26 @@ def load_masked_lm(source: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
         model, info = AutoModelForMaskedLM.from_pretrained(source, output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
-        raise UserError(f"distill: augment.mlm {source} is not a masked-LM model dir ({str(err).splitlines()[0]}); "
+        raise UserError(f"augment.mlm {source} is not a masked-LM model dir ({str(err).splitlines()[0]}); "
                         "expected a model dir with a masked-LM head (e.g. from `compressor pretrain --objective "
                         "mlm`)") from None
     if info["missing_keys"]:
-        raise UserError(f"distill: {source} has no trained masked-LM head (missing {info['missing_keys'][0]}); "
+        raise UserError(f"augment.mlm {source} has no trained masked-LM head (missing {info['missing_keys'][0]}); "
                         "augmentation needs one to propose words: give augment.mlm, a model dir with one "
                         "(e.g. from `compressor pretrain --objective mlm`)")
     family = FAMILIES.get(model.config.model_type)
     if family is None or not family.mlm_head:
-        raise UserError(f"distill: augment.mlm {source} is a {model.config.model_type!r} model, whose masked-LM "
+        raise UserError(f"augment.mlm {source} is a {model.config.model_type!r} model, whose masked-LM "
                         "head this tool does not know; expected a BERT-family masked LM")
     if tokenizer.mask_token is None:
-        raise UserError(f"distill: the tokenizer of {source} has no mask token; expected a masked-LM tokenizer")
+        raise UserError(f"augment.mlm: the tokenizer of {source} has no mask token; expected a masked-LM tokenizer")
     return model.eval(), tokenizer
 
 
 def augment_split(split: Split, cfg: AugmentConfig, mlm_dir: Path, seed: int) -> Augmented:
     """The split with `cfg.copies` noised copies of every text appended."""
     if split.text_pairs is not None:
-        raise UserError("distill: augment noises single texts; expected a single-text task, not a pair task")
+        raise UserError("augment noises single texts; expected a single-text task, not a pair task")
     model, tokenizer = load_masked_lm(mlm_dir)
     generator = torch.Generator().manual_seed(seed)
     one_token = OneTokenWords(tokenizer)
@@ -152,6 +169,6 @@ def whole_word_tokens(tokenizer: PreTrainedTokenizerBase, size: int) -> torch.Te
         if index < size:
             allowed[index] = token not in special and WORD.fullmatch(token) is not None
     if not allowed.any():
-        raise UserError(f"distill: the masked LM's vocabulary ({type(tokenizer).__name__}) has no plain whole-word "
+        raise UserError(f"augment.mlm: the masked LM's vocabulary ({type(tokenizer).__name__}) has no plain whole-word "
                         "tokens to fill masks with; expected a WordPiece vocabulary (BERT family)")
     return allowed

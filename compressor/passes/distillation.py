@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -26,10 +26,9 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.passes import distill_losses as dl
-from compressor.passes.distill_augment import AugmentConfig, augment_split
+from compressor.passes.distill_augment import AugmentConfig, transfer_data
 from compressor.passes.registry import Context, PassConfig, register
 from pretrain.batching import encode, iterate, inference_order, usable_length
-from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
@@ -286,18 +285,6 @@ def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> Model
                            "last_terms": {k: round(v, 6) for k, v in loss.last.items()}})
     record["stages"] = stages
     return bundle.replace(model=model, deploy={**bundle.deploy, "distill": record})
-
-
-def transfer_data(cfg: DistillConfig, ctx: Context, record: dict) -> tuple[TaskData, DistillConfig]:
-    """The task as the loop should see it: with `augment`, the train split's first
-    max_train_samples texts plus their noised copies (and the cap lifted, as it is applied)."""
-    if cfg.augment is None:
-        return ctx.task, cfg
-    originals = ctx.task.split("train").head(cfg.max_train_samples)
-    augmented = augment_split(originals, cfg.augment, Path(cfg.augment.mlm), cfg.seed)
-    record["augment"] = augmented.record
-    task = replace(ctx.task, splits={**ctx.task.splits, "train": augmented.split})
-    return task, cfg.model_copy(update={"max_train_samples": None})
 
 
 def teacher_of(cfg: DistillConfig, ctx: Context) -> ModelBundle:

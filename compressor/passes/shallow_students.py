@@ -12,6 +12,9 @@ sees. Loss, as Tang et al.: `alpha` x cross-entropy on the labels + (1 - alpha) 
 loss, `mse` between student and teacher logits (their choice) or `kl`
 (KL(teacher/T || student/T) x T^2, DistilBERT's). `alpha: 1` trains the same network on
 the labels alone, without the teacher: the control that shows what distillation adds.
+`augment: {copies, mlm}` adds noised copies of the train texts that only the teacher labels
+(Tang et al.'s transfer-set augmentation; distill_augment.py); the labels' cross-entropy skips
+them.
 
 Word embeddings (`embeddings`): `teacher` (default) takes the input model's word embedding
 projected onto its top `embedding_dim` principal directions (a copy when the widths are
@@ -32,7 +35,8 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from compressor.bundle import ModelBundle
-from compressor.passes.distill_losses import soft_kl
+from compressor.passes.distill_augment import AugmentConfig, transfer_data
+from compressor.passes.distill_losses import hard_ce, soft_kl
 from compressor.passes.registry import Context, register
 from pretrain.errors import UserError
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
@@ -60,6 +64,7 @@ class DistillStructure(FinetuneConfig):
     alpha: float = Field(0.0, ge=0, le=1)          # weight of the labels' cross-entropy
     logit_loss: Literal["mse", "kl"] = "mse"
     temperature: float = Field(2.0, gt=0)          # for kl
+    augment: AugmentConfig | None = None           # noised copies of the train texts, teacher-labelled
 
     @model_validator(mode="after")
     def a_new_network_trains_whole(self) -> DistillStructure:
@@ -71,7 +76,17 @@ class DistillStructure(FinetuneConfig):
                              "for kind bilstm: its LSTM cells project down to the embedding width")
         if any(k < 1 for k in self.kernel_sizes):
             raise ValueError(f"kernel_sizes must be positive, got {list(self.kernel_sizes)}")
+        if self.augment is not None and self.alpha == 1:
+            raise ValueError("augment adds copies that only the teacher's logits label; expected alpha < 1 "
+                             "(alpha 1 trains on the labels alone)")
         return self
+
+    def input_paths(self) -> dict[str, Path]:
+        """Dirs whose content the output depends on beyond the config (for cache keys)."""
+        paths = {"augment_mlm": Path(self.augment.mlm)} if self.augment else {}
+        if self.embeddings not in ("teacher", "random"):
+            paths["embeddings"] = Path(self.embeddings)
+        return paths
 
 
 @register("distill-structure", DistillStructure, trains=True)
@@ -88,12 +103,16 @@ def distill_structure(bundle: ModelBundle, cfg: DistillStructure, ctx: Context) 
         with torch.no_grad():
             student.get_input_embeddings().weight.copy_(table)
     checkpoint = Checkpointing(directory=ctx.work_dir / "distill-structure") if ctx.work_dir else None
-    finetune(student, bundle.tokenizer, ctx.task, cfg, desc=f"distill-structure ({cfg.kind})",
+    record: dict = {}
+    task, train_cfg = transfer_data(cfg, ctx, record)
+    finetune(student, bundle.tokenizer, task, train_cfg, desc=f"distill-structure ({cfg.kind})",
              show_progress=ctx.show_progress, loss_fn=student_loss(teacher, cfg), checkpoint=checkpoint,
              aux_modules=[teacher] if teacher is not None else [])
     # Deployment settings that name the old model's layers (qat ranges, kept-float layers) do
     # not carry over to a new network; the requested precision does.
     deploy = {key: value for key, value in bundle.deploy.items() if key == "quantize"}
+    if record:
+        deploy["distill-structure"] = record
     return bundle.replace(model=student, deploy=deploy)
 
 
@@ -180,7 +199,8 @@ def student_loss(teacher: nn.Module | None, cfg: DistillStructure):
     """alpha x CE(labels) + (1 - alpha) x logit loss against the teacher (Tang et al. 2019)."""
     def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        total = cfg.alpha * F.cross_entropy(logits, batch["labels"]) if cfg.alpha > 0 else logits.new_zeros(())
+        # hard_ce skips augmented copies (no label); they learn from the teacher alone
+        total = cfg.alpha * hard_ce(logits, batch["labels"]) if cfg.alpha > 0 else logits.new_zeros(())
         if teacher is None:
             return total
         with torch.no_grad():

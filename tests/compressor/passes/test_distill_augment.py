@@ -77,6 +77,21 @@ def test_distill_trains_on_originals_and_copies(bert_bundle, tiny_task, tiny_ber
     assert record["stages"][0]["samples"] == 96                     # 32 texts and 64 copies, one epoch
 
 
+def test_distill_structure_trains_a_cnn_on_originals_and_teacher_labelled_copies(bert_bundle, tiny_task,
+                                                                                tiny_bert_dir, mlm_dir):
+    """Tang et al.'s setting: a CNN student, its transfer set grown by copies the teacher labels;
+    with alpha > 0 the labels' cross-entropy sees the originals only (a copy has no label)."""
+    ctx = Context(task=tiny_task, seed=0, show_progress=False, teacher_source=LazyTeacher.from_dir(tiny_bert_dir))
+    cfg = parse_step({"distill-structure": {"kind": "cnn", "embedding_dim": 16, "filters": 8, "alpha": 0.5,
+                                            **TINY, "augment": {"copies": 1, "mlm": str(mlm_dir)}}}, "v").config
+    assert cfg.input_paths() == {"augment_mlm": mlm_dir}               # its content is in the cache key
+    out = apply_pass(bert_bundle, "distill-structure", cfg, ctx)
+    record = out.deploy["distill-structure"]["augment"]
+    assert record["originals"] == 32 and record["added"] == 32 and out.model.config.model_type == "textcnn"
+    with pytest.raises(UserError, match="alpha < 1"):
+        parse_step({"distill-structure": {"kind": "cnn", "alpha": 1.0, "augment": {"copies": 1, "mlm": "x"}}}, "v")
+
+
 def test_refusals(bert_bundle, tiny_task, tiny_bert_dir, monkeypatch):
     with pytest.raises(UserError, match="only the teacher's soft targets label"):
         parse_step({"distill": {"losses": ["hard"], "augment": {"copies": 1, "mlm": "x"}}}, "v")
