@@ -1,8 +1,11 @@
 """BiLSTM and CNN students (`distill-structure`, Tang et al. 2019) beside the teacher.
 
-For each kind, the same network is trained twice with the same budget: on the teacher's
-logits (`alpha: 0`, MSE, Tang et al.'s objective) and on the labels alone (`alpha: 1`, no
-teacher: the control). Each is exported through the real gate (`export_bundle`: ONNX,
+For each kind, the same network is trained once per arm with the same budget (steps): on the
+teacher's logits (`distilled`: `alpha: 0`, MSE, Tang et al.'s objective) and on the labels
+alone (`labels-only`: `alpha: 1`, no teacher: the control); `--arms` adds `distilled-kl`
+(KL at T = 2), `distilled-mixed` (alpha 0.5) and `distilled-augment` (Tang et al.'s transfer
+set: `--copies` noised copies of each text from the masked LM `--mlm`, labelled by the
+teacher; its epochs divided by 1 + copies, so it takes the same steps as the others). Each is exported through the real gate (`export_bundle`: ONNX,
 parity with PyTorch, accuracy on the test split) and its test accuracy and file size are
 recorded, with the teacher's. `--latency` also times every exported graph against the
 teacher's fused fp32 graph, interleaved, at batch 8 on real test batches (the `cpu`
@@ -34,6 +37,14 @@ from pretrain.atomic import write_json
 from pretrain.data import load_task
 
 GATE = ExportSettings(optimize=True, accuracy_tolerance=1.0)   # score every student, gate parity only
+# arm -> distill-structure settings beside the shared budget ("augment": copies from --mlm)
+ARMS: dict[str, dict] = {
+    "distilled": {"alpha": 0.0},
+    "labels-only": {"alpha": 1.0},
+    "distilled-kl": {"alpha": 0.0, "logit_loss": "kl"},
+    "distilled-mixed": {"alpha": 0.5},
+    "distilled-augment": {"alpha": 0.0, "augment": True},
+}
 
 
 def main() -> int:
@@ -41,6 +52,9 @@ def main() -> int:
     parser.add_argument("--teacher", type=Path, required=True, help="fine-tuned teacher dir")
     parser.add_argument("--task", default=None, help="task name or CSV/JSONL file (default: the teacher's)")
     parser.add_argument("--kinds", nargs="+", default=["bilstm", "cnn"], choices=["bilstm", "cnn"])
+    parser.add_argument("--arms", nargs="+", default=["distilled", "labels-only"], choices=list(ARMS))
+    parser.add_argument("--mlm", type=Path, help="distilled-augment: a masked-LM dir (compressor pretrain --init)")
+    parser.add_argument("--copies", type=int, default=2, help="distilled-augment: noised copies per text")
     parser.add_argument("--embedding-dim", type=int, default=256)
     parser.add_argument("--train-samples", type=int, default=20000)
     parser.add_argument("--epochs", type=float, default=2.0)
@@ -52,19 +66,19 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("runs/shallow_students"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if "distilled-augment" in args.arms and args.mlm is None:
+        parser.error("the distilled-augment arm needs --mlm, a masked-LM dir")
 
     teacher = ModelBundle.load(args.teacher)
     task = load_task(task_arg(args.task) if args.task else teacher.task)
     ctx = Context(task=task, seed=0, show_progress=False, teacher_source=LazyTeacher.from_dir(args.teacher))
     rows = [exported("teacher", teacher, task, args, seconds=0.0)]
     for kind in args.kinds:
-        for arm, alpha in (("distilled", 0.0), ("labels-only", 1.0)):
+        for arm in args.arms:
             if args.reuse and (args.work / f"{kind}-{arm}" / "row.json").is_file():
                 rows.append(json.loads((args.work / f"{kind}-{arm}" / "row.json").read_text()))
                 continue
-            config = get_pass("distill-structure").config_type.model_validate(
-                {"kind": kind, "alpha": alpha, "epochs": args.epochs, "max_train_samples": args.train_samples,
-                 "embedding_dim": args.embedding_dim, "hidden_size": 2 * args.embedding_dim})
+            config = get_pass("distill-structure").config_type.model_validate(arm_config(kind, arm, args))
             start = time.perf_counter()
             student = apply_pass(teacher, "distill-structure", config, ctx)
             rows.append(exported(f"{kind}-{arm}", student, task, args, time.perf_counter() - start))
@@ -74,6 +88,16 @@ def main() -> int:
     latency = measure_latency(rows, teacher, task, args) if args.latency else None
     write_results(args, rows, latency)
     return 0
+
+
+def arm_config(kind: str, arm: str, args) -> dict:
+    settings = dict(ARMS[arm])
+    epochs = args.epochs
+    if settings.pop("augment", False):
+        settings["augment"] = {"copies": args.copies, "mlm": str(args.mlm)}
+        epochs /= 1 + args.copies          # the same steps over originals + copies
+    return {"kind": kind, **settings, "epochs": epochs, "max_train_samples": args.train_samples,
+            "embedding_dim": args.embedding_dim, "hidden_size": 2 * args.embedding_dim}
 
 
 def exported(name: str, bundle: ModelBundle, task, args, seconds: float) -> dict:

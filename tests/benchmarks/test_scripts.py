@@ -292,6 +292,9 @@ def test_shallow_students(finished_run, tiny_csv, tmp_path, monkeypatch):
     assert [r["accuracy"] for r in second["results"]] == [r["accuracy"] for r in first["results"]]
     assert set(second["latency"]["vs_teacher"]) == {"cnn-distilled", "cnn-labels-only"}
     assert all(v > 0 for v in second["latency"]["vs_teacher"].values())
+    with pytest.raises(SystemExit) as refused:      # the augmented arm needs a masked LM
+        run_script("shallow_students.py", [*args, "--arms", "distilled-augment"], monkeypatch)
+    assert refused.value.code == 2
 
 
 def test_latency_model(finished_run, tiny_csv, tmp_path, monkeypatch):
