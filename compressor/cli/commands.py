@@ -194,6 +194,8 @@ def add_search_command(sub) -> None:
                     **from_config(SearchSettings, "finalists", "plans trained fully and benchmarked"))
     se.add_argument("--max-trials", type=positive_int, help="proxy trials (all workers) before the finals")
     se.add_argument("--proxy-train-samples", type=positive_int, **from_config(SearchSettings, "proxy_train_samples"))
+    se.add_argument("--proxy-lr", type=float, help="one learning rate for every proxy (default: the recovery's "
+                    "default scaled by teacher depth / layers kept, at most 10x)")
     se.add_argument("--validation-samples", type=positive_int, **from_config(SearchSettings, "validation_samples"))
     se.add_argument("--train-samples", type=positive_int, **from_config(SearchSettings, "train_samples"))
     se.add_argument("--epochs", type=float, **from_config(SearchSettings, "epochs", "of a finalist's training"))
@@ -404,7 +406,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     fields = {"latency_budget_ms": args.latency_budget_ms, "batch_size": args.batch_size,
               "min_retention": args.min_retention, "time_budget_min": args.time_budget_min,
               "storage": args.storage, "study_name": args.study_name, "finalists": args.finalists,
-              "max_trials": args.max_trials, "proxy_train_samples": args.proxy_train_samples,
+              "max_trials": args.max_trials, "proxy_train_samples": args.proxy_train_samples, "proxy_lr": args.proxy_lr,
               "validation_samples": args.validation_samples, "train_samples": args.train_samples, "epochs": args.epochs,
               "recoveries": args.recoveries, "precisions": args.precisions,
               "max_eval_samples": args.max_eval_samples, "seed": args.seed, "scoring_samples": args.scoring_samples,

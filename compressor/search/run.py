@@ -70,7 +70,9 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
     storage = connect(settings.storage or default_storage(out_dir))
     identity = {"teacher": fingerprint(teacher_dir), "task": data.name, "profile": target.name,
                 "batch_size": settings.batch_size, "latency_budget_ms": settings.latency_budget_ms,
-                "min_retention": settings.min_retention}
+                "min_retention": settings.min_retention,
+                # proxies trained otherwise would not rank with the stored ones
+                "proxy": [settings.proxy_train_samples, settings.proxy_lr or "scaled", settings.validation_samples]}
     seed = settings.seed if not join else settings.seed + 1 + os.getpid()   # joiners explore elsewhere
     study = open_study(storage, settings.study_name, identity, join, seed)
     bundle = ModelBundle.load(teacher_dir)
@@ -301,7 +303,7 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
                    "failed": sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL),
                    "teacher_validation_accuracy": runner.teacher_accuracy,
                    "validation_samples": settings.validation_samples,
-                   "proxy_train_samples": settings.proxy_train_samples},
+                   "proxy_train_samples": settings.proxy_train_samples, "proxy_lr": settings.proxy_lr},
         "finalists": rows,
         "front": measured_front(rows),
         "compared": compared,

@@ -22,6 +22,10 @@ class SearchSettings(BaseModel):
     study_name: str = Field("search", min_length=1)
     finalists: int = Field(3, ge=1)            # plans trained fully, exported and benchmarked
     proxy_train_samples: int = Field(2000, ge=1)   # a proxy trains 1 epoch on the first N train rows
+    # ... at this rate; None: the recovery pass's default scaled by depth / layers kept
+    # (plans.proxy_lr), since at fine-tuning's 1e-4 a 1- or 2-layer student has not moved off
+    # the majority class after a proxy's ~60 steps, while the whole teacher loses at 1e-3.
+    proxy_lr: float | None = Field(None, gt=0)
     validation_samples: int = Field(2000, ge=1)    # proxies are scored on the last N train rows
     train_samples: int = Field(30000, ge=1)        # a finalist trains on the first N train rows
     scoring_samples: int = Field(512, ge=1)        # pruning scores importance on the first N train rows

@@ -35,7 +35,7 @@ from compressor.bundle import ModelBundle
 from compressor.passes import Context, LazyTeacher, apply_pass
 from compressor.pipeline.recipe import parse_step
 from compressor.search.latency import LatencyModel
-from compressor.search.plans import Plan, plan_steps, plan_structure, suggest_plan
+from compressor.search.plans import Plan, plan_steps, plan_structure, proxy_lr, suggest_plan
 from compressor.search.settings import SearchSettings
 from pretrain.data import Split, TaskData
 from pretrain.errors import UserError
@@ -87,8 +87,9 @@ def open_study(storage: RDBStorage, name: str, identity: dict, join: bool, seed:
     made_for = study.user_attrs.get("identity")
     if made_for is None and not join:
         study.set_user_attr("identity", identity)
-    elif made_for is not None and made_for != identity:
-        differ = [k for k in identity if made_for.get(k) != identity[k]]
+    elif made_for is not None and any(k in made_for and made_for[k] != v for k, v in identity.items()):
+        # A key the stored identity lacks was added to the identity after that study was made.
+        differ = [k for k in identity if k in made_for and made_for[k] != identity[k]]
         raise UserError(f"study {name!r} in {storage.url} was made for another search ({', '.join(differ)} "
                         f"differ: {', '.join(f'{k} {made_for.get(k)!r}' for k in differ)}); expected the "
                         f"same teacher, task, profile, batch size, budget and floor, or another --study-name")
@@ -138,7 +139,8 @@ class ProxyRunner:
         fp32 = plan.model_copy(update={"precision": "fp32"})    # precision does not change training
         steps = [parse_step(s, f"plan {plan.name}")
                  for s in plan_steps(fp32, self.depth, self.settings.proxy_train_samples,
-                                     scoring_samples=self.settings.scoring_samples)]
+                                     scoring_samples=self.settings.scoring_samples,
+                                     lr=self.settings.proxy_lr or proxy_lr(plan, self.depth))]
         ctx = Context(task=self.task, seed=self.settings.seed, show_progress=False,
                       teacher_source=LazyTeacher.from_dir(self.teacher_dir))
         bundle, seconds = self.teacher, []

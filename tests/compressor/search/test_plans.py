@@ -35,6 +35,23 @@ def test_whole_depth_finetune_plan_has_no_structural_steps():
     assert steps == [{"finetune": {"epochs": 1.0, "max_train_samples": 100}}]
 
 
+def test_a_proxy_rate_reaches_every_recovery_and_none_keeps_the_pass_default():
+    for recovery in ("finetune", "distill", "theseus"):
+        steps = plan_steps(Plan(layers=2, recovery=recovery), 6, samples=10, lr=1e-3)
+        (training,) = [config for step in steps for name, config in step.items()
+                       if name in ("finetune", "distill", "theseus")]
+        assert training["lr"] == 1e-3
+    assert "lr" not in plan_steps(Plan(layers=2), 6, samples=10)[-1]["finetune"]
+
+
+def test_proxy_rate_grows_with_the_layers_removed_up_to_ten_times_the_default():
+    from compressor.search.plans import proxy_lr
+    assert proxy_lr(Plan(layers=6), 6) == pytest.approx(1e-4)             # the whole teacher: finetune's
+    assert proxy_lr(Plan(layers=2), 6) == pytest.approx(3e-4)
+    assert proxy_lr(Plan(layers=1), 12) == pytest.approx(1e-3)            # capped at 10x
+    assert proxy_lr(Plan(layers=3, recovery="theseus"), 6) == pytest.approx(6e-4)   # theseus's 3e-4 x 2
+
+
 def test_theseus_plans_replace_blocks_and_prune_nothing():
     assert plan_steps(Plan(layers=2, recovery="theseus"), 6, samples=10)[0]["theseus"]["successor_layers"] == 2
     assert theseus_depths(6) == [1, 2, 3] and theseus_depths(4) == [1, 2] and theseus_depths(1) == []

@@ -71,3 +71,18 @@ def test_finals_reserve_counts_compared_variants_by_their_own_training():
     runner.settings = compared                                       # + 1,000 examples at 0.02 s each
     assert compared_training_samples(compared) == [1000]
     assert finals_reserve(done, runner, [1000]) == 1 + 2 * 10 + 2 * FINALIST_EXPORT_S + 20 + FINALS_OVERHEAD_S
+
+
+def test_a_stored_identity_is_matched_on_the_keys_it_has(tmp_path):
+    """A study made before a key joined the identity resumes; a different value is refused."""
+    import pytest
+
+    from compressor.search.study import connect, open_study
+    from pretrain.errors import UserError
+    storage = connect(f"sqlite:///{tmp_path / 'study.db'}")
+    open_study(storage, "s", {"teacher": "a", "latency_budget_ms": 5.0}, join=False, seed=0)
+    resumed = open_study(storage, "s", {"teacher": "a", "latency_budget_ms": 5.0, "proxy": [2000, 1e-3, 2000]},
+                         join=False, seed=0)
+    assert resumed.user_attrs["identity"] == {"teacher": "a", "latency_budget_ms": 5.0}
+    with pytest.raises(UserError, match="latency_budget_ms 5.0"):
+        open_study(storage, "s", {"teacher": "a", "latency_budget_ms": 4.0}, join=False, seed=0)
