@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--model", required=True, type=Path, help="an HF model dir (e.g. one a recipe wrote)")
     ex.add_argument("--out", required=True, type=Path)
     ex.add_argument("--optimize", action="store_true", help="ONNX Runtime transformer fusion")
+    ex.add_argument("--whole-last-layer", action="store_true",
+                    help="trace the last layer for every token (default: the first token only, the one "
+                         "the head reads; export/first_token.py)")
     ex.add_argument("--quantize", choices=["none", *MODE_CONFIGS],
                     help="default: what the model's quantize pass recorded, else none (fp32)")
     ex.add_argument("--per-channel", action="store_const", const=True, help="per-channel int8 weight scales")
@@ -367,7 +370,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     record = export_command(
         args.model, args.out, task_arg(args.task) if args.task else None,
         settings={"optimize": args.optimize, "parity_tolerance": args.parity_tolerance,
-                  "accuracy_tolerance": args.accuracy_tolerance, "min_accuracy": args.min_accuracy},
+                  "accuracy_tolerance": args.accuracy_tolerance, "min_accuracy": args.min_accuracy,
+                  "cls_only_last_layer": not args.whole_last_layer},
         quantize=args.quantize,
         quantize_options={"per_channel": args.per_channel, "reduce_range": args.reduce_range,
                           "weight_type": args.weight_type, "calibration": args.calibration,

@@ -30,9 +30,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.export.embedding import factorize_graph
+from compressor.export.first_token import first_token_copy, skip_reason
 from compressor.export.gate import Gate, GateFailure
 from compressor.export.graph_map import embedding_gathers, linear_nodes
 from compressor.export.graph_surgery import deduplicate_initializers, has_op, read_initializers_directly
@@ -53,6 +55,11 @@ ONNX_FILE = "model.onnx"
 EXPORT_FILE = "export.json"
 
 
+# What the exporter makes of the same model and settings; part of every export's cache key, so
+# that a graph traced the old way is not reused. 2: the last layer on the first token only.
+GRAPH_VERSION = 2
+
+
 class ExportSettings(BaseModel):
     """The recipe's `export:` section (also what `compressor export` builds from its flags)."""
 
@@ -64,6 +71,7 @@ class ExportSettings(BaseModel):
     accuracy_tolerance: float = Field(0.01, ge=0, le=1)   # max accuracy drop of a quantized graph
     parity_samples: int = Field(512, ge=1)                # first N test examples for the parity check
     min_accuracy: float | None = Field(None, ge=0, le=1)  # absolute test-accuracy floor, quantized graphs
+    cls_only_last_layer: bool = True                      # last layer on the first token only (first_token.py)
 
 
 @dataclass(frozen=True)
@@ -122,11 +130,13 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         work = Path(work_dir)
         graph = work / "fp32.onnx"
         names = input_names(bundle.model, bundle.tokenizer.model_input_names)
-        write_onnx(bundle.model, graph, names)
+        traced, last_layer = model_to_trace(bundle.model, settings)
+        write_onnx(traced, graph, names)
         read_initializers_directly(graph)   # layers that share a weight: int8 must reach them all
         rank = bundle.deploy.get("embedding_rank")
         factorized = factorize_graph(graph, bundle.model.get_input_embeddings().weight, rank) if rank else None
         record = {"format": "onnx", "opset": OPSET, "inputs": list(names), "embedding_factorized": factorized,
+                  **last_layer,
                   "parity_tolerance": settings.parity_tolerance,
                   "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
         if settings.optimize and type(quantize) not in UNFUSED_MODES:
@@ -157,6 +167,14 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         record["size_ratio_to_fp32"] = record["size_bytes"] / record["fp32_size_bytes"]
         shutil.copyfile(graph, directory / ONNX_FILE)
     return record, shipped_logits
+
+
+def model_to_trace(model: PreTrainedModel, settings: ExportSettings) -> tuple[PreTrainedModel, dict]:
+    """The model the graph is traced from, and the record of its last layer: computed for the
+    first token only where the settings ask and the model allows (export/first_token.py)."""
+    reason = skip_reason(model) if settings.cls_only_last_layer else "not asked (cls_only_last_layer: false)"
+    record = {"cls_only_last_layer": reason is None, "cls_only_last_layer_skipped": reason}
+    return (first_token_copy(model) if reason is None else model), record
 
 
 # Modes that quantize the unfused graph, and why (recorded as the fusion fallback).

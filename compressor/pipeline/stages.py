@@ -22,7 +22,7 @@ import numpy as np
 
 from compressor.bundle import ModelBundle, read_provenance
 from compressor.evaluate import load_predictor, predict_classes
-from compressor.export.onnx import ExportSettings, export_into
+from compressor.export.onnx import GRAPH_VERSION, ExportSettings, export_into
 from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
 from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerprint, fingerprint_file, key_fields,
                                       task_fingerprint)
@@ -154,7 +154,7 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
     settings and the test-sample limit the gate evaluates on.
     """
     path = out_dir / export_dir_name(stage.name, quantize_mode(stage.path))
-    key = content_key({"input": stage.key, "export": key_fields(settings),
+    key = content_key({"input": stage.key, "export": key_fields(settings), "graph": GRAPH_VERSION,
                        "eval": recipe.data.max_eval_samples})
 
     def write(tmp: Path) -> dict:

@@ -16,6 +16,11 @@ a batch of shape [B, S] (head_dim d, hidden H, per layer l: heads h_l, FFN width
     attention    B*S^2 * sum_l 2*h_l*d      scores and context (multiply-adds)
     softmax      B*S^2 * sum_l h_l          softmax elements
 
+When the export computes the last layer for the first token only (export/first_token.py),
+that layer's query, output projection, FFN, GELU and per-token work count `batch` rows
+instead of B*S, and its attention one query row per sequence (B*S*2*h*d, B*S*h softmax);
+its keys and values still cover every token. The model records which export it describes.
+
 with one non-negative coefficient per cost and precision (fp32 and int8 kernels differ),
 fitted by non-negative least squares on relative error over structures measured on the
 target. Each measurement is the median time of one real test batch (the benchmark's inputs:
@@ -82,14 +87,22 @@ class Structure(BaseModel):
                 f"-f{'.'.join(map(str, self.ffn))}")
 
 
-def costs(structure: Structure, shape: TeacherShape, batch: int, length: int) -> np.ndarray:
-    """The analytic costs (COSTS order) of one call on a [batch, length] input."""
+def costs(structure: Structure, shape: TeacherShape, batch: int, length: int,
+          first_token_last: bool = False) -> np.ndarray:
+    """The analytic costs (COSTS order) of one call on a [batch, length] input; with
+    `first_token_last`, of the export whose last layer computes the first token only."""
     tokens = batch * length
     heads, ffn = np.asarray(structure.heads), np.asarray(structure.ffn)
     d, hidden = shape.head_dim, shape.hidden
-    return np.array([1.0, len(heads), tokens, len(heads) * tokens,
-                     tokens * 4 * hidden * d * heads.sum(), tokens * 2 * hidden * ffn.sum(), tokens * ffn.sum(),
-                     batch * length ** 2 * 2 * d * heads.sum(), batch * length ** 2 * heads.sum()], dtype=np.float64)
+    # Per layer: the rows its query, attention output and FFN run on, and its queries per sequence.
+    rows, queries = np.full(len(heads), float(tokens)), np.full(len(heads), float(length))
+    if first_token_last:
+        rows[-1], queries[-1] = batch, 1
+    return np.array([1.0, len(heads), tokens, rows.sum(),
+                     2 * hidden * d * (tokens * heads.sum() + (rows * heads).sum()),   # K, V; Q, output
+                     2 * hidden * (rows * ffn).sum(), (rows * ffn).sum(),
+                     batch * length * 2 * d * (queries * heads).sum(), batch * length * (queries * heads).sum()],
+                    dtype=np.float64)
 
 
 class Point(BaseModel):
@@ -111,13 +124,15 @@ class LatencyModel(BaseModel):
     scales: list[float]                       # each cost is divided by its scale before fitting
     points: int
     held_out: dict | None = None              # the error on measured structures it did not see
+    first_token_last: bool = False            # fitted on exports whose last layer runs the first token only
 
     def predict_ms(self, structure: Structure, batch: int, length: int) -> float:
         coef = self.coefficients.get(structure.precision)
         if coef is None:
             raise ValueError(f"the latency model has no {structure.precision} measurements; "
                              f"it was fitted for {', '.join(self.coefficients)}")
-        return float(costs(structure, self.teacher, batch, length) / np.asarray(self.scales) @ np.asarray(coef))
+        row = costs(structure, self.teacher, batch, length, self.first_token_last)
+        return float(row / np.asarray(self.scales) @ np.asarray(coef))
 
     def predict_p50(self, structure: Structure, shapes: Sequence[tuple[int, int]]) -> float:
         """The p50 over calls cycling through batches of these [batch, length] shapes."""
@@ -127,9 +142,10 @@ class LatencyModel(BaseModel):
         write_json(path, self.model_dump(mode="json"))
 
 
-def fit(points: Sequence[Point], teacher: TeacherShape, machine: dict, key: str) -> LatencyModel:
+def fit(points: Sequence[Point], teacher: TeacherShape, machine: dict, key: str,
+        first_token_last: bool = False) -> LatencyModel:
     """Non-negative least squares per precision, minimising the relative error of every point."""
-    rows = np.array([costs(p.structure, teacher, p.batch, p.length) for p in points])
+    rows = np.array([costs(p.structure, teacher, p.batch, p.length, first_token_last) for p in points])
     scales = np.where(rows.max(0) > 0, rows.max(0), 1.0)     # conditions the solve; undone in predict
     coefficients = {}
     for precision in sorted({p.structure.precision for p in points}):
@@ -140,7 +156,7 @@ def fit(points: Sequence[Point], teacher: TeacherShape, machine: dict, key: str)
         solution, _ = nnls(rows[mine] / scales / targets[:, None], np.ones(len(mine)))
         coefficients[precision] = solution.tolist()
     return LatencyModel(key=key, machine=machine, teacher=teacher, coefficients=coefficients,
-                        scales=scales.tolist(), points=len(points))
+                        scales=scales.tolist(), points=len(points), first_token_last=first_token_last)
 
 
 def p50_by_structure(points: Sequence[Point]) -> dict[tuple[Structure, int], tuple[float, list[tuple[int, int]]]]:
@@ -180,13 +196,16 @@ def rank_correlation(rows: list[dict]) -> float | None:
     return None if np.isnan(rho) else float(rho)
 
 
-def model_key(machine: dict, profile: dict, teacher: TeacherShape) -> str:
-    """Same CPU (model and flags), cores, runtime versions, profile and teacher shape: same model."""
+def model_key(machine: dict, profile: dict, teacher: TeacherShape, first_token_last: bool = False) -> str:
+    """Same CPU (model and flags), cores, runtime versions, profile, teacher shape and export
+    graph: same model."""
     cpu = machine.get("cpu", {})
     packages = machine.get("packages", {})
     identity = {"cpu": [cpu.get("model"), sorted(cpu.get("flags", [])), cpu.get("cores")],
                 "onnxruntime": packages.get("onnxruntime"), "profile": profile,
                 "teacher": teacher.model_dump()}
+    if first_token_last:   # absent otherwise, so models saved before it existed keep their key
+        identity["last_layer"] = "first-token"
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -21,6 +21,7 @@ from compressor.bench.profiles import Profile
 from compressor.bench.runners import Deployable, input_batches, load_runner
 from compressor.bench.timing import time_interleaved
 from compressor.bundle import ModelBundle
+from compressor.export.first_token import skip_reason
 from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
 from compressor.modeling.structure import prune_heads, set_intermediate_size
 from compressor.search.latency import (LatencyModel, Point, Precision, Structure, TeacherShape, fit,
@@ -125,7 +126,8 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
     machine = environment()
     profile_identity = {**profile.model_dump(mode="json", exclude={"name", "iterations", "warmup"}),
                         "batch_sizes": sorted(batch_sizes), "precisions": sorted(precisions)}
-    key = model_key(machine, profile_identity, shape)
+    first_token_last = STRUCTURE_EXPORT.cls_only_last_layer and skip_reason(teacher.model) is None
+    key = model_key(machine, profile_identity, shape, first_token_last)
     if cache is not None and (saved := load_or_none(cache, key)) is not None:
         log(f"latency model: reusing {cache} (fitted on this machine for this profile and teacher)")
         return saved
@@ -133,11 +135,11 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
              for p in precisions]
     fitting = whole + sample_structures(shape, fit_count, precisions, seed)
     held_out = [s for s in sample_structures(shape, held_out_count, precisions, seed + 1) if s not in fitting]
-    files = export_structures(teacher, fitting + held_out, task, work, log)
+    files = export_structures(teacher, fitting + held_out, task, Path(work) / key, log)   # an old graph is no use
     test = task.split("test")
     points = measure(files, profile, teacher.tokenizer, test, batch_sizes, usable_length(teacher.model))
     seen = set(fitting)
-    model = fit([p for p in points if p.structure in seen], shape, machine, key)
+    model = fit([p for p in points if p.structure in seen], shape, machine, key, first_token_last)
     unseen = [p for p in points if p.structure not in seen]
     model = model.model_copy(update={"held_out": held_out_error(model, unseen) if unseen else None})
     if cache is not None:

@@ -611,3 +611,19 @@ def test_op_profile(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
     assert "DynamicQuantizeLinear" in int8_ops and "DynamicQuantizeLinear" not in fp32
     table = capsys.readouterr().out
     assert "| op type | fp32 (ms) | int8 (ms) | int8 / fp32 |" in table and "| total |" in table
+
+
+def test_cls_only_latency(finished_run, tiny_bert_dir, tiny_csv, tmp_path, monkeypatch, capsys):
+    from compressor.bench import measure
+    monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
+    out = tmp_path / "cls.json"
+    baseline = finished_run[1] / "baselines" / "onnxruntime-fp32"
+    run_script_exit("cls_only_latency.py", [
+        "--model", f"tiny={tiny_bert_dir}", "--baseline", f"onnxruntime-fp32={baseline}", "--task", tiny_csv,
+        "--eval-samples", 16, "--batch-sizes", 1, "--iterations", 2, "--work", tmp_path / "work", "--out", out],
+        monkeypatch)
+    rows = json.loads(out.read_text())["summary"]
+    assert [(r["precision"], r["batch_size"]) for r in rows] == [("fp32", 1), ("int8", 1)]
+    assert all(r["applied"] and r["speedup"] > 0 and r["cls_only_of_onnxruntime-fp32"] > 0 for r in rows)
+    assert rows[0]["accuracy_whole"] == rows[0]["accuracy_cls_only"]      # fp32: the same logits
+    assert "tiny fp32 batch 1: whole" in capsys.readouterr().out

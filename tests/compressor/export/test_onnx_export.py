@@ -59,15 +59,20 @@ def test_export_interface_parity_and_accuracy(family, inputs, model_dirs, tiny_t
     assert evaluate_path(str(out), None)["accuracy"] == record["accuracy"]   # `compressor evaluate`
 
 
-def test_sliced_heads_and_ffn_export_fuse_and_match(sliced_bundle, tiny_task, tmp_path):
+# Fused Attention nodes: every layer, whatever its head count; with the last layer on the
+# first token only (export/first_token.py) that layer's attention is its own small graph.
+@pytest.mark.parametrize("cls_only, attention_fused", [(False, 4), (True, 3)])
+def test_sliced_heads_and_ffn_export_fuse_and_match(cls_only, attention_fused, sliced_bundle, tiny_task, tmp_path):
     model = sliced_bundle.model
     assert [layer.attention.self.num_attention_heads for layer in encoder_layers(model)] == [3, 2, 1, 4]
     assert [layer.intermediate.dense.out_features for layer in encoder_layers(model)] == list(FFN_WIDTHS)
     assert {k: sorted(v) for k, v in model.config.pruned_heads.items()} == PRUNED_HEADS
 
-    record = export_bundle(sliced_bundle, tmp_path / "out", ExportSettings(optimize=True), tiny_task).record
+    settings = ExportSettings(optimize=True, cls_only_last_layer=cls_only)
+    record = export_bundle(sliced_bundle, tmp_path / "out", settings, tiny_task).record
     assert record["optimized"] and record["fusion_fallback"] is None
-    assert record["fusions"]["Attention"] == 4          # every layer, whatever its head count
+    assert record["cls_only_last_layer"] is cls_only
+    assert record["fusions"]["Attention"] == attention_fused
     assert record["fusions"]["SkipLayerNormalization"] == 8
     assert record["parity_max_abs_diff"] <= 1e-4
 

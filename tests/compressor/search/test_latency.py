@@ -46,6 +46,31 @@ def test_costs_follow_the_structure():
     assert costs(whole, SHAPE, 8, 40)[COSTS.index("attention")] == 4 * a[COSTS.index("attention")]
 
 
+def test_costs_of_a_last_layer_on_the_first_token_only():
+    two = Structure(heads=(12, 6), ffn=(1536, 768))
+    full, first = costs(two, SHAPE, 8, 20), costs(two, SHAPE, 8, 20, first_token_last=True)
+    named = dict(zip(COSTS, zip(full, first)))
+    # Keys and values of both layers on all 160 tokens; queries and outputs of the last on 8.
+    assert named["projections"][1] == 2 * 384 * 32 * (160 * 18 + 160 * 12 + 8 * 6)
+    assert named["ffn"][1] == 2 * 384 * (160 * 1536 + 8 * 768)
+    assert named["attention"][1] == 8 * 20 * 2 * 32 * (20 * 12 + 1 * 6)
+    assert named["layer_tokens"][1] == 160 + 8
+    assert all(f <= w for w, f in named.values())
+    # One token per row: nothing to leave out.
+    np.testing.assert_array_equal(costs(two, SHAPE, 8, 1), costs(two, SHAPE, 8, 1, first_token_last=True))
+
+
+def test_a_model_fitted_on_first_token_exports_says_so_in_its_key_and_predictions():
+    points = [p.model_copy(update={"ms": float(costs(p.structure, SHAPE, p.batch, p.length, True)
+                                                @ TRUTH[p.structure.precision])})
+              for p in measured(structures(0, 20))]
+    model = fit(points, SHAPE, MACHINE, "k", first_token_last=True)
+    assert model.first_token_last
+    for point in points[:10]:
+        assert model.predict_ms(point.structure, point.batch, point.length) == pytest.approx(point.ms, rel=1e-3)
+    assert model_key(MACHINE, {}, SHAPE, True) != model_key(MACHINE, {}, SHAPE) == model_key(MACHINE, {}, SHAPE, False)
+
+
 def test_fit_recovers_a_linear_machine_and_predicts_unseen_structures():
     model = fit(measured(structures(0, 20)), SHAPE, MACHINE, "k")
     unseen = structures(1, 8)

@@ -1,0 +1,102 @@
+"""The exported last layer on the first token only: same logits, less work, refused where the
+head could read more than the first token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from compressor.bundle import ModelBundle
+from compressor.export.first_token import first_token_copy, skip_reason
+from compressor.export.onnx import ExportSettings, export_bundle
+from compressor.modeling.cost import multiply_adds
+from pretrain.models import encoder_layers
+from pretrain.strategies import add_scalar_mix
+
+FAMILIES = [(transformers.BertForSequenceClassification, transformers.BertConfig, "sdpa"),
+            (transformers.BertForSequenceClassification, transformers.BertConfig, "eager"),
+            (transformers.RobertaForSequenceClassification, transformers.RobertaConfig, "sdpa"),
+            (transformers.ElectraForSequenceClassification, transformers.ElectraConfig, "eager")]
+
+
+def tiny(model_class, config_class, attention="eager", **extra):
+    torch.manual_seed(0)
+    config = config_class(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                          intermediate_size=40, num_labels=5, pad_token_id=1, attn_implementation=attention,
+                          **extra)
+    return model_class(config).eval()
+
+
+def padded_batch() -> dict[str, torch.Tensor]:
+    ids = torch.randint(3, 100, (3, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, 6:] = mask[2, 2:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("model_class, config_class, attention", FAMILIES)
+def test_the_copy_gives_the_same_logits_and_leaves_the_model_alone(model_class, config_class, attention):
+    model = tiny(model_class, config_class, attention)
+    model.prune_heads({2: [0, 3], 0: [1]})      # the last layer's own head count
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert skip_reason(model) is None
+    copy = first_token_copy(model).eval()
+    batch = padded_batch()
+    with torch.no_grad():
+        for inputs in (batch, {"input_ids": batch["input_ids"]}):          # padded, and no mask at all
+            torch.testing.assert_close(copy(**inputs).logits, model(**inputs).logits, atol=1e-6, rtol=0)
+        # The copy's last layer returns one position per row; the model's, every position.
+        assert copy.base_model(**batch).last_hidden_state.shape[1] == 1
+        assert model.base_model(**batch).last_hidden_state.shape[1] == 9
+    assert "forward" not in vars(encoder_layers(model)[-1])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_last_layer_does_a_fraction_of_its_work():
+    model = tiny(transformers.BertForSequenceClassification, transformers.BertConfig)
+    full, first = multiply_adds(model, 64), multiply_adds(first_token_copy(model), 64)
+    # The last layer's query and output projections (32 x 32 each) and FFN (32 x 40 twice) run
+    # on 1 token instead of 64; its keys and values still cover all 64.
+    assert full - first == 63 * (2 * 32 * 32 + 2 * 32 * 40)
+
+
+@pytest.mark.parametrize("change, reason", [
+    ("distilbert", "does not have BERT's layer layout"),
+    ("scalar-mix", "reads every position of every layer"),
+    ("relative", "relative position embeddings"),
+    ("masked-lm", "may read more than the first token"),
+])
+def test_models_whose_head_may_read_more_keep_the_whole_layer(change, reason):
+    if change == "distilbert":
+        model = transformers.DistilBertForSequenceClassification(transformers.DistilBertConfig(
+            vocab_size=100, dim=32, n_layers=2, n_heads=4, hidden_dim=40))
+    elif change == "masked-lm":
+        model = tiny(transformers.BertForMaskedLM, transformers.BertConfig)
+    else:
+        model = tiny(transformers.BertForSequenceClassification, transformers.BertConfig,
+                     **({"position_embedding_type": "relative_key"} if change == "relative" else {}))
+        if change == "scalar-mix":
+            add_scalar_mix(model)
+    assert reason in skip_reason(model)
+
+
+def test_export_records_it_and_the_gate_checks_it(tiny_bert_dir, tiny_task, tmp_path):
+    bundle = ModelBundle.load(tiny_bert_dir).replace(task=tiny_task.spec)
+    on = export_bundle(bundle, tmp_path / "on", ExportSettings(optimize=False), tiny_task).record
+    assert on["cls_only_last_layer"] is True and on["cls_only_last_layer_skipped"] is None
+    assert on["parity_max_abs_diff"] <= 1e-4
+    off = export_bundle(bundle, tmp_path / "off", ExportSettings(optimize=False, cls_only_last_layer=False),
+                        tiny_task).record
+    assert off["cls_only_last_layer"] is False and "not asked" in off["cls_only_last_layer_skipped"]
+    assert on["accuracy"] == off["accuracy"]
+
+
+def test_a_scalar_mix_model_exports_whole(tiny_bert_dir, tiny_task, tmp_path):
+    bundle = ModelBundle.load(tiny_bert_dir).replace(task=tiny_task.spec)
+    model = bundle.copy_model()
+    add_scalar_mix(model)
+    record = export_bundle(bundle.replace(model=model), tmp_path / "out", ExportSettings(optimize=False),
+                           tiny_task).record
+    assert record["cls_only_last_layer"] is False and "scalar-mix" in record["cls_only_last_layer_skipped"]
+    assert record["parity_max_abs_diff"] <= 1e-4
