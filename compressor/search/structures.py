@@ -22,7 +22,7 @@ from compressor.bench.runners import Deployable, input_batches, load_runner
 from compressor.bench.timing import time_interleaved
 from compressor.bundle import ModelBundle
 from compressor.export.first_token import skip_reason
-from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
+from compressor.export.onnx import GRAPH_VERSION, ONNX_FILE, ExportSettings, export_bundle
 from compressor.modeling.structure import prune_heads, set_intermediate_size
 from compressor.search.latency import (LatencyModel, Point, Precision, Structure, TeacherShape, fit,
                                        held_out_error, load_or_none, model_key)
@@ -83,10 +83,11 @@ def build(teacher: ModelBundle, structure: Structure) -> ModelBundle:
 
 def export_structures(teacher: ModelBundle, structures: Sequence[Structure], task: TaskData,
                       work: Path, log: Callable[[str], None] = print) -> dict[Structure, Path]:
-    """Each structure's ONNX file under `work` (an export already there is reused)."""
+    """Each structure's ONNX file under `work` (an export already there is reused; the dir
+    names the exporter's graph version, so a graph traced the old way is not)."""
     files = {}
     for structure in structures:
-        out = Path(work) / structure.name
+        out = Path(work) / f"{structure.name}-g{GRAPH_VERSION}"
         if not (out / ONNX_FILE).is_file():
             log(f"latency model: exporting {structure.name}")
             export_bundle(build(teacher, structure), out, STRUCTURE_EXPORT, task, GATE_SAMPLES)
@@ -135,7 +136,7 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
              for p in precisions]
     fitting = whole + sample_structures(shape, fit_count, precisions, seed)
     held_out = [s for s in sample_structures(shape, held_out_count, precisions, seed + 1) if s not in fitting]
-    files = export_structures(teacher, fitting + held_out, task, Path(work) / key, log)   # an old graph is no use
+    files = export_structures(teacher, fitting + held_out, task, work, log)
     test = task.split("test")
     points = measure(files, profile, teacher.tokenizer, test, batch_sizes, usable_length(teacher.model))
     seen = set(fitting)

@@ -66,8 +66,10 @@ def connect(url: str) -> RDBStorage:
                               heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
         except Exception as err:   # driver missing, bad URL, server down: SQLAlchemy raises many types
             failure = err
-            # Two workers creating one new storage at once: one loses the race to make its tables.
-            if "IntegrityError" not in type(err).__name__ + str(err):
+            # Two workers creating one new storage at once: one loses the race to make its tables
+            # (IntegrityError, or SQLite's OperationalError "table ... already exists").
+            said = type(err).__name__ + str(err)
+            if "IntegrityError" not in said and "already exists" not in said:
                 break
             time.sleep(1.0)
     reason = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__

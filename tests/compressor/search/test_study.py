@@ -86,3 +86,22 @@ def test_a_stored_identity_is_matched_on_the_keys_it_has(tmp_path):
     assert resumed.user_attrs["identity"] == {"teacher": "a", "latency_budget_ms": 5.0}
     with pytest.raises(UserError, match="latency_budget_ms 5.0"):
         open_study(storage, "s", {"teacher": "a", "latency_budget_ms": 4.0}, join=False, seed=0)
+
+
+def test_connect_retries_when_another_worker_is_making_the_tables(tmp_path, monkeypatch):
+    """Two workers opening one new SQLite storage at once: the loser sees "table ... already
+    exists" (or an IntegrityError) and must retry, not give up with a storage error."""
+    from sqlalchemy.exc import OperationalError
+
+    from compressor.search import study
+    real, calls = study.RDBStorage, []
+
+    def racing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("CREATE TABLE studies", {}, Exception("table studies already exists"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(study, "RDBStorage", racing)
+    monkeypatch.setattr(study.time, "sleep", lambda s: None)
+    storage = study.connect(f"sqlite:///{tmp_path / 'study.db'}")
+    assert len(calls) == 2 and storage.get_all_studies() == []
