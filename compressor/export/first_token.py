@@ -1,9 +1,9 @@
 """The exported graph's last layer computes the first token only: the one the head reads.
 
-A sequence classifier of the BERT layout reads one vector: BERT's pooler and the RoBERTa and
-ELECTRA heads all take the last layer's state of the first token ([CLS], <s>). Every other
-position of the last layer is computed and thrown away: its query, attention output and FFN
-for S - 1 tokens, about 10/12 of that layer's multiply-adds. In the graph this module traces,
+A sequence classifier of the BERT or DistilBERT layout reads one vector: BERT's pooler and
+the RoBERTa, ELECTRA and DistilBERT heads all take the last layer's state of the first token
+([CLS], <s>). Every other position of the last layer is computed and thrown away: its
+query, attention output and FFN for S - 1 tokens, about 10/12 of that layer's multiply-adds. In the graph this module traces,
 the last layer still projects keys and values for every token (the first token attends to
 all of them), but its query, attention output, residual, LayerNorm and FFN run on the first
 token alone. The logits are the same (the parity gate checks them against the untouched
@@ -24,19 +24,20 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from pretrain.families import BERT_ATTENTION, BERT_FFN, FAMILIES
+from pretrain.families import BERT_ATTENTION, BERT_FFN, FAMILIES, Family
 from pretrain.models import encoder_layers
 
 # Classifier classes whose head reads only the first token of the last hidden state.
 FIRST_TOKEN_HEADS = ("BertForSequenceClassification", "RobertaForSequenceClassification",
-                     "XLMRobertaForSequenceClassification", "ElectraForSequenceClassification")
+                     "XLMRobertaForSequenceClassification", "ElectraForSequenceClassification",
+                     "DistilBertForSequenceClassification")
 
 
 def skip_reason(model: PreTrainedModel) -> str | None:
     """Why the last layer must stay whole for this model; None when it can run on the first token."""
     family = FAMILIES.get(model.config.model_type)
-    if family is None or family.attention != BERT_ATTENTION or family.ffn != BERT_FFN:
-        return f"model family {model.config.model_type!r} does not have BERT's layer layout"
+    if family is None or layer_forward(family) is None:
+        return f"model family {model.config.model_type!r} has neither BERT's nor DistilBERT's layer layout"
     if not any(cls.__name__ in FIRST_TOKEN_HEADS for cls in type(model).__mro__):
         return f"the head of {type(model).__name__} may read more than the first token"
     if getattr(model.config, "compressor_scalar_mix", False):
@@ -57,36 +58,57 @@ def first_token_copy(model: PreTrainedModel) -> PreTrainedModel:
     traced = copy.deepcopy(model)   # layers that share weights keep sharing them
     layers = encoder_layers(traced)
     last = copy.copy(layers[len(layers) - 1])   # its own object, should the list hold it twice
-    last.forward = types.MethodType(first_token_forward, last)
+    last.forward = types.MethodType(layer_forward(FAMILIES[model.config.model_type]), last)
     layers[len(layers) - 1] = last
     return traced
 
 
-def first_token_forward(layer: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                        *args, **kwargs) -> tuple[torch.Tensor]:
-    """A BERT layer's forward for the first token only: output [batch, 1, hidden]. Keys and
-    values come from every token; the attention mask's first query row masks them."""
-    first = hidden_states[:, :1]
-    mask = None if attention_mask is None else attention_mask[..., :1, :]
-    context = first_token_attention(layer.attention.self, first, hidden_states, mask)
+def layer_forward(family: Family):
+    """The first-token forward for the family's layer layout, or None."""
+    if family.attention == BERT_ATTENTION and family.ffn == BERT_FFN:
+        return bert_layer_forward
+    if family.name == "distilbert":
+        return distilbert_layer_forward
+    return None
+
+
+def bert_layer_forward(layer: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                       *args, **kwargs) -> tuple[torch.Tensor]:
+    """A BERT layer for the first token only: output [batch, 1, hidden]."""
+    first, attention = hidden_states[:, :1], layer.attention.self
+    context = first_token_attention((attention.query, attention.key, attention.value), attention.num_attention_heads,
+                                    attention.attention_head_size, first, hidden_states, attention_mask)
     attended = layer.attention.output(context, first)          # dense, dropout, residual, LayerNorm
     return (layer.output(layer.intermediate(attended), attended),)
 
 
-def first_token_attention(attention: nn.Module, first: torch.Tensor, states: torch.Tensor,
-                          mask: torch.Tensor | None) -> torch.Tensor:
+def distilbert_layer_forward(layer: nn.Module, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                             *args, **kwargs) -> tuple[torch.Tensor]:
+    """A DistilBERT block for the first token only: output [batch, 1, dim]."""
+    first, attention = x[:, :1], layer.attention
+    context = first_token_attention((attention.q_lin, attention.k_lin, attention.v_lin), attention.n_heads,
+                                    attention.dim // attention.n_heads, first, x, attn_mask)
+    attended = layer.sa_layer_norm(attention.out_lin(context) + first)
+    return (layer.output_layer_norm(layer.ffn(attended) + attended),)
+
+
+def first_token_attention(projections: tuple[nn.Module, nn.Module, nn.Module], heads: int, size: int,
+                          first: torch.Tensor, states: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Scaled dot-product attention of the first token over all tokens, with the layer's own
-    projections and head count (after head pruning); [batch, 1, heads x head size]."""
-    heads, size = attention.num_attention_heads, attention.attention_head_size
+    query/key/value projections and head count (after head pruning); [batch, 1, heads x size].
+
+    `mask` as the encoder hands it to its layers: additive or boolean [batch, 1, queries, keys]
+    (its first query row is the first token's), or DistilBERT's [batch, keys] of ones and zeros."""
     batch = states.shape[0]
 
     def split(x: torch.Tensor) -> torch.Tensor:   # [batch, tokens, heads*size] -> [batch, heads, tokens, size]
         return x.view(batch, -1, heads, size).transpose(1, 2)
 
-    query, key, value = split(attention.query(first)), split(attention.key(states)), split(attention.value(states))
+    query, key, value = (split(linear(x)) for linear, x in zip(projections, (first, states, states)))
     scores = query @ key.transpose(-1, -2) / math.sqrt(size)
     if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool \
-            else scores + mask
+        keep = mask[:, None, None, :] != 0 if mask.dim() == 2 else mask[..., :1, :]
+        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min) if keep.dtype == torch.bool \
+            else scores + keep
     context = torch.softmax(scores, dim=-1) @ value
     return context.transpose(1, 2).reshape(batch, 1, heads * size)

@@ -17,14 +17,20 @@ from pretrain.strategies import add_scalar_mix
 FAMILIES = [(transformers.BertForSequenceClassification, transformers.BertConfig, "sdpa"),
             (transformers.BertForSequenceClassification, transformers.BertConfig, "eager"),
             (transformers.RobertaForSequenceClassification, transformers.RobertaConfig, "sdpa"),
-            (transformers.ElectraForSequenceClassification, transformers.ElectraConfig, "eager")]
+            (transformers.ElectraForSequenceClassification, transformers.ElectraConfig, "eager"),
+            (transformers.DistilBertForSequenceClassification, transformers.DistilBertConfig, "sdpa"),
+            (transformers.DistilBertForSequenceClassification, transformers.DistilBertConfig, "eager")]
 
 
 def tiny(model_class, config_class, attention="eager", **extra):
     torch.manual_seed(0)
-    config = config_class(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                          intermediate_size=40, num_labels=5, pad_token_id=1, attn_implementation=attention,
-                          **extra)
+    if config_class is transformers.DistilBertConfig:
+        config = config_class(vocab_size=100, dim=32, n_layers=3, n_heads=4, hidden_dim=40, num_labels=5,
+                              pad_token_id=1, attn_implementation=attention, **extra)
+    else:
+        config = config_class(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                              intermediate_size=40, num_labels=5, pad_token_id=1, attn_implementation=attention,
+                              **extra)
     return model_class(config).eval()
 
 
@@ -62,15 +68,16 @@ def test_the_last_layer_does_a_fraction_of_its_work():
 
 
 @pytest.mark.parametrize("change, reason", [
-    ("distilbert", "does not have BERT's layer layout"),
+    ("bart", "has neither BERT's nor DistilBERT's layer layout"),
     ("scalar-mix", "reads every position of every layer"),
     ("relative", "relative position embeddings"),
     ("masked-lm", "may read more than the first token"),
 ])
 def test_models_whose_head_may_read_more_keep_the_whole_layer(change, reason):
-    if change == "distilbert":
-        model = transformers.DistilBertForSequenceClassification(transformers.DistilBertConfig(
-            vocab_size=100, dim=32, n_layers=2, n_heads=4, hidden_dim=40))
+    if change == "bart":
+        model = transformers.BartForSequenceClassification(transformers.BartConfig(
+            vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=40, decoder_ffn_dim=40))
     elif change == "masked-lm":
         model = tiny(transformers.BertForMaskedLM, transformers.BertConfig)
     else:
