@@ -48,7 +48,9 @@ def named_dir(text: str) -> tuple[str, Path]:
 
 
 def exports(name: str, bundle: ModelBundle, ctx: Context, args) -> dict[str, tuple[Deployable, dict]]:
-    """`bundle` in fp32 and int8, each with the last layer whole and on the first token only."""
+    """`bundle` in fp32 and int8, each with the last layer whole and on the first token only
+    (a model dir whose passes asked for int8, such as a search finalist, gives its fp32 too)."""
+    bundle = bundle.replace(deploy={k: v for k, v in bundle.deploy.items() if k != "quantize"})
     int8 = apply_pass(bundle, "quantize", get_pass("quantize").config_type.model_validate(INT8), ctx)
     out = {}
     for precision, model in (("fp32", bundle), ("int8", int8)):
