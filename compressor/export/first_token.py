@@ -3,10 +3,10 @@
 A sequence classifier of the BERT or DistilBERT layout reads one vector: BERT's pooler and
 the RoBERTa, ELECTRA and DistilBERT heads all take the last layer's state of the first token
 ([CLS], <s>). Every other position of the last layer is computed and thrown away: its
-query, attention output and FFN for S - 1 tokens, about 10/12 of that layer's multiply-adds. In the graph this module traces,
-the last layer still projects keys and values for every token (the first token attends to
-all of them), but its query, attention output, residual, LayerNorm and FFN run on the first
-token alone. The logits are the same (the parity gate checks them against the untouched
+query, attention output and FFN for S - 1 tokens, about 10/12 of that layer's multiply-adds.
+In the graph this module traces, the last layer still projects keys and values for every
+token (the first token attends to all of them), but its query, attention output, residual,
+LayerNorm and FFN run on the first token alone. The logits are the same (the parity gate checks them against the untouched
 PyTorch model); the saving is one layer in six for the teacher and up to one in two for a
 two-layer student.
 

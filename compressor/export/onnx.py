@@ -169,10 +169,15 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
     return record, shipped_logits
 
 
+def last_layer_skip_reason(model: PreTrainedModel, settings: ExportSettings) -> str | None:
+    """Why the export traces `model`'s last layer whole; None when it runs the first token only."""
+    return skip_reason(model) if settings.cls_only_last_layer else "not asked (cls_only_last_layer: false)"
+
+
 def model_to_trace(model: PreTrainedModel, settings: ExportSettings) -> tuple[PreTrainedModel, dict]:
     """The model the graph is traced from, and the record of its last layer: computed for the
     first token only where the settings ask and the model allows (export/first_token.py)."""
-    reason = skip_reason(model) if settings.cls_only_last_layer else "not asked (cls_only_last_layer: false)"
+    reason = last_layer_skip_reason(model, settings)
     record = {"cls_only_last_layer": reason is None, "cls_only_last_layer_skipped": reason}
     return (first_token_copy(model) if reason is None else model), record
 

@@ -21,8 +21,7 @@ from compressor.bench.profiles import Profile
 from compressor.bench.runners import Deployable, input_batches, load_runner
 from compressor.bench.timing import time_interleaved
 from compressor.bundle import ModelBundle
-from compressor.export.first_token import skip_reason
-from compressor.export.onnx import GRAPH_VERSION, ONNX_FILE, ExportSettings, export_bundle
+from compressor.export.onnx import GRAPH_VERSION, ONNX_FILE, ExportSettings, export_bundle, last_layer_skip_reason
 from compressor.modeling.structure import prune_heads, set_intermediate_size
 from compressor.search.latency import (LatencyModel, Point, Precision, Structure, TeacherShape, fit,
                                        held_out_error, load_or_none, model_key)
@@ -127,7 +126,7 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
     machine = environment()
     profile_identity = {**profile.model_dump(mode="json", exclude={"name", "iterations", "warmup"}),
                         "batch_sizes": sorted(batch_sizes), "precisions": sorted(precisions)}
-    first_token_last = STRUCTURE_EXPORT.cls_only_last_layer and skip_reason(teacher.model) is None
+    first_token_last = last_layer_skip_reason(teacher.model, STRUCTURE_EXPORT) is None   # as the exports trace it
     key = model_key(machine, profile_identity, shape, first_token_last)
     if cache is not None and (saved := load_or_none(cache, key)) is not None:
         log(f"latency model: reusing {cache} (fitted on this machine for this profile and teacher)")
