@@ -22,9 +22,14 @@ What both sides get alike:
   Trainer does not change it), no dataloader workers, no progress bars, fp32, no
   checkpoints, no evaluation during training.
 
+What differs: ours trains the last layer on the first token only (the one the classifier
+reads; same gradients, pretrain/first_token.py), which the Trainer has no option for;
+`--modes sparse-whole` measures ours without it.
+
 What the clock covers, on both sides: the whole training call and nothing else. Ours:
 `pretrain.train.train` (optimizer creation included) with the TrainConfig that
-`pretrain.finetune.finetune` builds, exactly what `compressor finetune` runs for the
+`pretrain.finetune.finetune` builds and the last layer on the first token only as its
+`train_stage` sets it (`last_layer_for`), exactly what `compressor finetune` runs for the
 `full` strategy. The Trainer: `Trainer.train()` (its optimizer, sampler and dataloader
 creation included); building the `Trainer` object is timed separately
 (`setup_seconds`, not counted). Model loading, tokenizing and evaluation are outside
@@ -39,8 +44,9 @@ The fair comparison (about 2 x 1,000 steps per round):
     .venv/bin/python benchmarks/finetune_throughput.py --rounds 3 --train-samples 32000 --epochs 1 \
         --out benchmarks/results/finetune_throughput_fair.json
 
-`--modes sparse,dense,frozen,sparse-ungrouped` runs several of our variants per round
-(embedding updates, and `-ungrouped` for no length grouping); each gets its own ratio.
+`--modes sparse,dense,frozen,sparse-ungrouped,sparse-whole` runs several of our variants
+per round (embedding updates, `-ungrouped` for no length grouping, `-whole` for the whole
+last layer instead of the first token only); each gets its own ratio.
 
 Every run also counts the tokens the model saw (padded and real), so the two samplers'
 padding can be compared. `--profile` adds where the CPU time goes (torch.profiler, self
@@ -67,7 +73,7 @@ from compressor.bench.environment import environment
 from pretrain.atomic import write_json
 from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import TaskData, load_task
-from pretrain.finetune import FinetuneConfig, evaluate
+from pretrain.finetune import FinetuneConfig, LoopHooks, evaluate, last_layer_for, whole_last_layer_reason
 from pretrain.models import load_classifier, set_threads
 from pretrain.strategies import trainable_for
 from pretrain.train import TrainConfig, train
@@ -77,13 +83,23 @@ TASK = "wordnet-supersense"
 LOG_EVERY = 50   # the Trainer logs the mean loss of the last 50 steps: ours' final_loss window
 
 
+MODE_FLAGS = ("ungrouped", "whole")
+
+
+def mode_parts(mode: str) -> tuple[str, set[str]]:
+    """'sparse-ungrouped-whole' -> ('sparse', {'ungrouped', 'whole'})."""
+    updates, *flags = mode.split("-")
+    return updates, set(flags)
+
+
 def finetune_config(args: argparse.Namespace, seed: int, mode: str = "sparse") -> FinetuneConfig:
     """What `compressor finetune --epochs E --batch-size B --lr LR --seed S --max-train-samples N
-    [--embedding-updates M]` builds; `-ungrouped` turns off length grouping."""
-    embedding_updates, _, grouping = mode.partition("-")
+    [--embedding-updates M] [--whole-last-layer]` builds; `-ungrouped` turns off length
+    grouping, `-whole` trains the whole last layer (not the first token only)."""
+    embedding_updates, flags = mode_parts(mode)
     return FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed,
                           max_train_samples=args.train_samples, embedding_updates=embedding_updates,
-                          group_by_length=grouping != "ungrouped")
+                          group_by_length="ungrouped" not in flags, cls_only_last_layer="whole" not in flags)
 
 
 def encoded_train(model, tokenizer, task: TaskData, cfg: FinetuneConfig) -> Encoded:
@@ -140,11 +156,13 @@ def run_ours(task: TaskData, args: argparse.Namespace, seed: int, mode: str) -> 
     # As pretrain.finetune.train_stage does for one task (prepare() adds nothing for "full").
     train_cfg = TrainConfig(**cfg.model_dump(include=set(TrainConfig.model_fields)))
     threads = torch.get_num_threads()
-    with observed(model, args.profile) as seen, trainable_for(model, cfg.strategy, model.base_model):
+    with observed(model, args.profile) as seen, trainable_for(model, cfg.strategy, model.base_model), \
+            last_layer_for([model], cfg, LoopHooks()):
         start = time.perf_counter()
         result = train(model, data, train_cfg, desc=f"ours ({mode})", show_progress=False)
         seconds = time.perf_counter() - start
     return {"side": f"ours-{mode}", "seconds": seconds, "samples": result.samples, "steps": result.steps,
+            "last_layer_skipped": whole_last_layer_reason([model], cfg),
             "samples_per_second": result.samples / seconds,
             "loop_seconds": result.seconds,   # the loop's own clock (after optimizer creation)
             "final_loss": result.final_loss, "mean_loss": float(np.mean(result.losses)),
@@ -309,7 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="round r uses seed + r")
     parser.add_argument("--modes", default="sparse",
                         help="comma-separated runs of ours per round: sparse, dense, frozen, each optionally "
-                             "with -ungrouped")
+                             "with -ungrouped and/or -whole (the whole last layer)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     parser.add_argument("--skip-trainer", action="store_true")
     parser.add_argument("--profile", action="store_true",
@@ -319,9 +337,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     for mode in args.modes.split(","):
-        updates, _, grouping = mode.partition("-")
-        if updates not in ("sparse", "dense", "frozen") or grouping not in ("", "ungrouped"):
-            parser.error(f"unknown mode {mode!r}; expected sparse, dense or frozen, optionally with -ungrouped")
+        updates, flags = mode_parts(mode)
+        if updates not in ("sparse", "dense", "frozen") or not flags <= set(MODE_FLAGS):
+            parser.error(f"unknown mode {mode!r}; expected sparse, dense or frozen, optionally with "
+                         f"-ungrouped and/or -whole")
     return args
 
 

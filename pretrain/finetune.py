@@ -19,10 +19,16 @@ intermediate task, then the target (with its partner tasks).
 
 Extra heads are ordinary Transformers classifiers whose encoder *is* the target model's
 encoder (the same module object), so training any of them trains the shared encoder.
+
+A single-task stage on the model's own loss trains the last layer on the first token only
+(`cls_only_last_layer`, pretrain/first_token.py): the head reads nothing else, so the
+gradients are the whole layer's, for less compute. `FinetuneResult.last_layer_skipped` says
+why a run kept the whole layer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -38,6 +44,7 @@ from pretrain.batching import MAX_LENGTH, Encoded, collate, encode, in_data_orde
 from pretrain.data import Split, TaskData, load_task
 from pretrain.domain import check_domain, domain_adapt
 from pretrain.errors import UserError
+from pretrain.first_token import first_token_last_layer, skip_reason
 from pretrain.metrics import classification_metrics
 from pretrain.models import count_params
 from pretrain.pretraining import PretrainConfig
@@ -85,6 +92,8 @@ class FinetuneConfig(TrainConfig):
     domain_corpus: str | None = None                     # domain MLM on this corpus first ('wordnet' or a file)
     domain_steps: int = Field(100, ge=1)                 # its optimizer steps, `batch_size` sequences each
     domain_lr: float = Field(5e-5, gt=0)                 # Sun et al. 2019's further-pretraining rate
+    # Train the last layer on the first token only where the loss reads nothing else (see module doc).
+    cls_only_last_layer: bool = True
 
     @model_validator(mode="after")
     def strategy_lr(self) -> FinetuneConfig:
@@ -156,6 +165,7 @@ class FinetuneResult:
     total_params: int             # of the target model, added modules included
     stages: list[dict] = field(default_factory=list)   # one summary per training stage
     domain: dict | None = None    # the domain MLM stage's summary (also in stages), if one ran
+    last_layer_skipped: str | None = None   # why the target stage trained the whole last layer
 
     @property
     def trainable_percent(self) -> float:
@@ -202,7 +212,27 @@ def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
     result, trainable = train_stage(heads, [task, *partners], tokenizer, cfg, desc, show_progress, hooks)
     stages.append(stage_summary("+".join(t.name for t in [task, *partners]), result))
     return FinetuneResult(train=result, trainable_params=trainable, total_params=count_params(model),
-                          stages=stages, domain=domain_summary)
+                          stages=stages, domain=domain_summary,
+                          last_layer_skipped=whole_last_layer_reason(heads, cfg, hooks))
+
+
+def whole_last_layer_reason(models: list[PreTrainedModel], cfg: FinetuneConfig,
+                            hooks: LoopHooks = LoopHooks()) -> str | None:
+    """Why a stage trains the whole last layer; None when it trains on the first token only."""
+    if not cfg.cls_only_last_layer:
+        return "not asked (cls_only_last_layer: false)"
+    if hooks.custom_loss():
+        return "the caller's loss may read more than the logits"
+    if len(models) > 1:
+        return "multi-task heads share the encoder"
+    return skip_reason(models[0])
+
+
+def last_layer_for(models: list[PreTrainedModel], cfg: FinetuneConfig, hooks: LoopHooks):
+    """The stage's context: the last layer on the first token where it may, else nothing."""
+    if whole_last_layer_reason(models, cfg, hooks) is None:
+        return first_token_last_layer(models[0])
+    return contextlib.nullcontext()
 
 
 def train_stage(models: list[PreTrainedModel], tasks: list[TaskData], tokenizer: PreTrainedTokenizerBase,
@@ -217,7 +247,7 @@ def train_stage(models: list[PreTrainedModel], tasks: list[TaskData], tokenizer:
     data = [encode(tokenizer, t.split("train").head(cfg.max_train_samples), max_length) for t in tasks]
     encoder = models[0].base_model
     if len(models) == 1:
-        with trainable_for(models[0], cfg.strategy, encoder) as trainable:
+        with trainable_for(models[0], cfg.strategy, encoder) as trainable, last_layer_for(models, cfg, hooks):
             return train(models[0], data[0], train_cfg, desc=desc, show_progress=show_progress,
                          **loop_kwargs(hooks)), trainable
     joint = MultiTask(models)

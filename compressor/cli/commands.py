@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                     **from_config(FinetuneConfig, "domain_steps", "MLM steps on --domain-corpus", default=False))
     ft.add_argument("--domain-lr", type=float,
                     **from_config(FinetuneConfig, "domain_lr", "MLM learning rate on --domain-corpus", default=False))
+    ft.add_argument("--whole-last-layer", action="store_true",
+                    help="train the last layer on every token (default: the first token only, the one "
+                         "the head reads; pretrain/first_token.py)")
     ft.add_argument("--quiet", action="store_true", help="no progress bar")
     ft.set_defaults(handler=cmd_finetune)
 
@@ -121,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--optimize", action="store_true", help="ONNX Runtime transformer fusion")
     ex.add_argument("--whole-last-layer", action="store_true",
                     help="trace the last layer for every token (default: the first token only, the one "
-                         "the head reads; export/first_token.py)")
+                         "the head reads; pretrain/first_token.py)")
     ex.add_argument("--quantize", choices=["none", *MODE_CONFIGS],
                     help="default: what the model's quantize pass recorded, else none (fp32)")
     ex.add_argument("--per-channel", action="store_const", const=True, help="per-channel int8 weight scales")
@@ -348,7 +351,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
                    "tasks": tuple(task_arg(t.strip()) for t in args.tasks.split(",") if t.strip())
                    if args.tasks else None,
                    "domain_corpus": corpus_arg(args.domain_corpus), "domain_steps": args.domain_steps,
-                   "domain_lr": args.domain_lr},
+                   "domain_lr": args.domain_lr, "cls_only_last_layer": False if args.whole_last_layer else None},
         max_eval_samples=args.max_eval_samples, show_progress=not args.quiet)
     if metrics:       # empty on the other ranks of a torchrun
         print(json.dumps(metrics, indent=2))

@@ -57,6 +57,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
                "train_seconds": round(train.seconds, 2), "train_samples": train.samples,
                "samples_per_second": round(train.samples_per_second, 2), "steps": train.steps,
                "final_loss": train.final_loss, "stages": result.stages, "domain_mlm": result.domain,
+               "last_layer_skipped": result.last_layer_skipped,
                "processes": place.size,
                "model": model_ref, "config": cfg.model_dump(mode="json"), "environment": environment()}
     bundle = ModelBundle(model=model, tokenizer=tokenizer, task=task.spec,

@@ -34,7 +34,7 @@ from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.export.embedding import factorize_graph
-from compressor.export.first_token import first_token_copy, skip_reason
+from pretrain.first_token import first_token_copy, skip_reason
 from compressor.export.gate import Gate, GateFailure
 from compressor.export.graph_map import embedding_gathers, linear_nodes
 from compressor.export.graph_surgery import deduplicate_initializers, has_op, read_initializers_directly
@@ -71,7 +71,7 @@ class ExportSettings(BaseModel):
     accuracy_tolerance: float = Field(0.01, ge=0, le=1)   # max accuracy drop of a quantized graph
     parity_samples: int = Field(512, ge=1)                # first N test examples for the parity check
     min_accuracy: float | None = Field(None, ge=0, le=1)  # absolute test-accuracy floor, quantized graphs
-    cls_only_last_layer: bool = True                      # last layer on the first token only (first_token.py)
+    cls_only_last_layer: bool = True                      # last layer on the first token only (pretrain/first_token.py)
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def last_layer_skip_reason(model: PreTrainedModel, settings: ExportSettings) -> 
 
 def model_to_trace(model: PreTrainedModel, settings: ExportSettings) -> tuple[PreTrainedModel, dict]:
     """The model the graph is traced from, and the record of its last layer: computed for the
-    first token only where the settings ask and the model allows (export/first_token.py)."""
+    first token only where the settings ask and the model allows (pretrain/first_token.py)."""
     reason = last_layer_skip_reason(model, settings)
     record = {"cls_only_last_layer": reason is None, "cls_only_last_layer_skipped": reason}
     return (first_token_copy(model) if reason is None else model), record

@@ -16,7 +16,7 @@ a batch of shape [B, S] (head_dim d, hidden H, per layer l: heads h_l, FFN width
     attention    B*S^2 * sum_l 2*h_l*d      scores and context (multiply-adds)
     softmax      B*S^2 * sum_l h_l          softmax elements
 
-When the export computes the last layer for the first token only (export/first_token.py),
+When the export computes the last layer for the first token only (pretrain/first_token.py),
 that layer's query, output projection, FFN, GELU and per-token work count `batch` rows
 instead of B*S, and its attention one query row per sequence (B*S*2*h*d, B*S*h softmax);
 its keys and values still cover every token. The model records which export it describes.

@@ -76,6 +76,7 @@ def test_finetune_throughput_rounds(tmp_path, monkeypatch):
             assert run["final_loss"] > 0
             assert run["threads"] == [1, 1]                         # the Trainer left them alone
         assert theirs["sampler"] == "LengthGroupedSampler"
+        assert ours["last_layer_skipped"] is None                  # first token only, as finetune trains
         for run in (ours, theirs):   # 40 examples seen once each, padded to their batch's longest
             assert run["tokens"]["padded_tokens"] >= run["tokens"]["real_tokens"] > 40
             assert 0 <= run["tokens"]["padding_fraction"] < 1
@@ -90,9 +91,10 @@ def test_finetune_throughput_rounds(tmp_path, monkeypatch):
     assert "environment" in result
 
 
-def test_finetune_throughput_refuses_unknown_mode(monkeypatch):
+@pytest.mark.parametrize("modes", ["sparse,fast", "sparse-whole-fast", "sparse-quick"])
+def test_finetune_throughput_refuses_unknown_mode(monkeypatch, modes):
     with pytest.raises(SystemExit) as exit_:
-        run_script("finetune_throughput.py", ["--modes", "sparse,fast"], monkeypatch)
+        run_script("finetune_throughput.py", ["--modes", modes], monkeypatch)
     assert exit_.value.code == 2
 
 

@@ -212,3 +212,50 @@ def test_finetune_trains_at_the_resolved_rate(bert_bundle, tiny_task, trained_ra
     cfg = FinetuneConfig(epochs=1, batch_size=16, strategy="frozen", max_train_samples=16)
     finetune(bert_bundle.copy_model(), bert_bundle.tokenizer, tiny_task, cfg, show_progress=False)
     assert trained_rates == [EXPECTED_DEFAULT_LR["frozen"]]
+
+
+def without_dropout(model):
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "dropout_prob"):
+            module.dropout_prob = 0.0
+    return model
+
+
+def test_the_last_layer_trains_on_the_first_token_to_the_same_weights(bert_bundle, tiny_task):
+    """Same batches, no dropout: the first-token last layer changes the cost, not the result."""
+    trained = {}
+    for first_token in (True, False):
+        model = without_dropout(bert_bundle.copy_model())
+        result = finetune(model, bert_bundle.tokenizer, tiny_task,
+                          FinetuneConfig(**QUICK, cls_only_last_layer=first_token), show_progress=False)
+        trained[first_token] = (model.state_dict(), result)
+        assert "forward" not in vars(model.bert.encoder.layer[-1])     # the model's own layer is back
+    (first, on), (whole, off) = trained[True], trained[False]
+    assert on.last_layer_skipped is None and "not asked" in off.last_layer_skipped
+    assert on.train.steps == off.train.steps and on.train.steps > 1
+    for name in whole:
+        torch.testing.assert_close(first[name], whole[name], atol=2e-5, rtol=1e-4)
+    assert any(not torch.equal(first[n], bert_bundle.model.state_dict()[n]) for n in first)
+
+
+@pytest.mark.parametrize("strategy, reason", [("scalar-mix", "scalar-mix"), ("adapters", None)])
+def test_strategies_whose_head_reads_more_keep_the_whole_last_layer(bert_bundle, tiny_task, strategy, reason):
+    model = bert_bundle.copy_model()
+    result = finetune(model, bert_bundle.tokenizer, tiny_task, FinetuneConfig(**QUICK, strategy=strategy, adapter_size=8),
+                      show_progress=False)
+    assert (result.last_layer_skipped is None) if reason is None else (reason in result.last_layer_skipped)
+    assert "forward" not in vars(model.bert.encoder.layer[-1])
+
+
+def test_a_custom_loss_keeps_the_whole_last_layer(bert_bundle, tiny_task):
+    seen = []
+
+    def reads_hidden_states(model, batch):
+        out = model(**batch, output_hidden_states=True)
+        seen.append(out.hidden_states[-1].shape[1])
+        return out.loss
+    result = finetune(bert_bundle.copy_model(), bert_bundle.tokenizer, tiny_task, FinetuneConfig(**QUICK),
+                      show_progress=False, loss_fn=reads_hidden_states)
+    assert "loss" in result.last_layer_skipped and min(seen) > 1

@@ -45,7 +45,7 @@ def test_every_model_is_exported_and_reported(done):
         assert ONNX_FIELDS <= set(onnx_entry)
         assert onnx_entry["path"] == str(out / f"{name}-onnx")
         assert onnx_entry["parity_max_abs_diff"] <= 1e-4 and onnx_entry["optimized"]
-        # every layer but the last, which runs the first token alone (export/first_token.py)
+        # every layer but the last, which runs the first token alone (pretrain/first_token.py)
         assert onnx_entry["fusions"]["Attention"] == (1 if name == "int8" else 3)
         assert evaluate_path(onnx_entry["path"], None)["accuracy"] == onnx_entry["accuracy"]
         if name == "teacher":

@@ -60,7 +60,7 @@ def test_export_interface_parity_and_accuracy(family, inputs, model_dirs, tiny_t
 
 
 # Fused Attention nodes: every layer, whatever its head count; with the last layer on the
-# first token only (export/first_token.py) that layer's attention is its own small graph.
+# first token only (pretrain/first_token.py) that layer's attention is its own small graph.
 @pytest.mark.parametrize("cls_only, attention_fused", [(False, 4), (True, 3)])
 def test_sliced_heads_and_ffn_export_fuse_and_match(cls_only, attention_fused, sliced_bundle, tiny_task, tmp_path):
     model = sliced_bundle.model

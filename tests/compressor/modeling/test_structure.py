@@ -140,7 +140,7 @@ def test_pruned_model_exports_fuses_and_passes_parity(pruned, tiny_task, tmp_pat
     record = export_bundle(pruned, tmp_path / "onnx", ExportSettings(), tiny_task).record
     assert record["parity_max_abs_diff"] <= record["parity_tolerance"]
     # ORT reads each layer's head count from its Reshape nodes (num_heads=0): the first two
-    # fuse (the last runs the first token alone, export/first_token.py).
+    # fuse (the last runs the first token alone, pretrain/first_token.py).
     assert record["optimized"], record["fusion_fallback"]
     assert record["fusions"].get("Attention") == 2 and record["cls_only_last_layer"]
 

@@ -91,7 +91,7 @@ def test_emptied_layer_is_dropped_and_the_result_reloads_and_fuses(bert_bundle, 
     plain = load_in_plain_process(directory, inputs, tmp_path)
     np.testing.assert_allclose(np.array(plain["logits"]), logits(out.model, inputs), atol=1e-5)
     record = export_bundle(out, tmp_path / "onnx", ExportSettings(), tiny_task).record
-    # every layer but the last, which runs the first token alone (export/first_token.py)
+    # every layer but the last, which runs the first token alone (pretrain/first_token.py)
     assert record["optimized"] and record["fusions"].get("Attention") == 2, record.get("fusion_fallback")
 
 

@@ -151,7 +151,7 @@ def test_onnx_stores_each_shared_tensor_once_fused_and_int8(bert_bundle, tiny_ta
     settings = ExportSettings(accuracy_tolerance=1.0)
     fp32 = export_bundle(shared, tmp_path / "fp32", settings, tiny_task).record
     # Fusion concatenates each fused layer's Q, K and V into a new constant: equal copies,
-    # merged (3 fused layers: the last runs the first token alone, export/first_token.py).
+    # merged (3 fused layers: the last runs the first token alone, pretrain/first_token.py).
     assert fp32["fusions"]["Attention"] == 3 and fp32["fused_duplicates_merged"] >= 2
     assert duplicated_initializers(tmp_path / "fp32" / ONNX_FILE) == 0
     full = export_bundle(bert_bundle, tmp_path / "full", settings, tiny_task).record

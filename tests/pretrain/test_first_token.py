@@ -1,5 +1,6 @@
-"""The exported last layer on the first token only: same logits, less work, refused where the
-head could read more than the first token."""
+"""The last layer on the first token only: same logits and gradients, less work, refused
+where the head could read more than the first token; the export traces it, fine-tuning
+trains through it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import torch
 import transformers
 
 from compressor.bundle import ModelBundle
-from compressor.export.first_token import first_token_copy, skip_reason
 from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.modeling.cost import multiply_adds
+from compressor.modeling.structure import tie_layers
+from pretrain.first_token import first_token_copy, first_token_last_layer, skip_reason
 from pretrain.models import encoder_layers
 from pretrain.strategies import add_scalar_mix
 
@@ -107,3 +109,60 @@ def test_a_scalar_mix_model_exports_whole(tiny_bert_dir, tiny_task, tmp_path):
                            tiny_task).record
     assert record["cls_only_last_layer"] is False and "scalar-mix" in record["cls_only_last_layer_skipped"]
     assert record["parity_max_abs_diff"] <= 1e-4
+
+
+def gradients(model, batch, labels) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    model(**batch, labels=labels).loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("model_class, config_class, attention", FAMILIES)
+def test_training_through_it_gives_the_whole_layers_gradients(model_class, config_class, attention):
+    dropout_off = ({"dropout": 0.0, "attention_dropout": 0.0, "seq_classif_dropout": 0.0} if config_class is transformers.DistilBertConfig
+                   else {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    model = tiny(model_class, config_class, attention, **dropout_off).train()
+    model.prune_heads({2: [1]})
+    batch, labels = padded_batch(), torch.tensor([0, 3, 4])
+    whole = gradients(model, batch, labels)
+    with first_token_last_layer(model):
+        assert "forward" in vars(encoder_layers(model)[-1])
+        first = gradients(model, batch, labels)
+    assert first.keys() == whole.keys()        # every weight of the last layer still learns
+    for name in whole:
+        torch.testing.assert_close(first[name], whole[name], atol=1e-6, rtol=1e-4)
+    assert "forward" not in vars(encoder_layers(model)[-1])     # the model's own layer is back
+
+
+def test_attention_dropout_still_acts_in_training():
+    model = tiny(transformers.BertForSequenceClassification, transformers.BertConfig,
+                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.5).train()
+    batch = padded_batch()
+    with first_token_last_layer(model), torch.no_grad():
+        runs = [model(**batch).logits for _ in range(2)]
+    assert not torch.equal(*runs)
+    model.eval()
+    with first_token_last_layer(model), torch.no_grad():
+        assert torch.equal(model(**batch).logits, model(**batch).logits)
+
+
+@pytest.mark.parametrize("sharing", ["parameters", "module"])
+def test_a_layer_shared_with_the_last_keeps_its_whole_forward_elsewhere_and_is_restored_after_errors(sharing):
+    model = tiny(transformers.BertForSequenceClassification, transformers.BertConfig,
+                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).eval()
+    layers = encoder_layers(model)
+    if sharing == "parameters":
+        tie_layers(model, [[1, 2]])                 # share-layers: own modules, one set of tensors
+    else:
+        layers[2] = layers[1]                       # one module object at two positions
+    original = layers[2]
+    batch = padded_batch()
+    with torch.no_grad():
+        expected = model(**batch).logits
+        with first_token_last_layer(model):
+            assert "forward" not in vars(layers[1]) and "forward" in vars(layers[2])
+            assert layers[2].attention.self.query.weight is original.attention.self.query.weight
+            torch.testing.assert_close(model(**batch).logits, expected, atol=1e-6, rtol=0)
+    with pytest.raises(RuntimeError), first_token_last_layer(model):
+        raise RuntimeError("interrupted")
+    assert layers[2] is original and "forward" not in vars(layers[2])
