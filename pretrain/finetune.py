@@ -221,7 +221,7 @@ def whole_last_layer_reason(models: list[PreTrainedModel], cfg: FinetuneConfig,
     """Why a stage trains the whole last layer; None when it trains on the first token only."""
     if not cfg.cls_only_last_layer:
         return "not asked (cls_only_last_layer: false)"
-    if hooks.custom_loss():
+    if hooks.custom_loss() and not getattr(hooks.loss_fn, "reads_only_logits", False):
         return "the caller's loss may read more than the logits"
     if len(models) > 1:
         return "multi-task heads share the encoder"

@@ -32,6 +32,7 @@ from pretrain.batching import encode, iterate, inference_order, usable_length
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
+from pretrain.first_token import first_token_copy, skip_reason
 from pretrain.models import (check_model_ref, check_transformer_family, encoder_layers, keep_encoder_layers,
                              read_model_type)
 from pretrain.structured import RECORD_FIELD
@@ -273,18 +274,31 @@ def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> Model
     stages = []
     with projection_attached(model, teacher.model, cfg):
         for stage in plan_stages(cfg, len(encoder_layers(model)) if cfg.layer_losses() else 0):
-            loss = DistillLoss(teacher.model, stage.weights, layer_map, cfg.temperature, cfg.attention_kind,
+            reader = teacher_reader(teacher.model, stage.weights, cfg)
+            loss = DistillLoss(reader, stage.weights, layer_map, cfg.temperature, cfg.attention_kind,
                                cfg.attention_layers, stage.layers)
             checkpoint = Checkpointing(directory=ctx.work_dir / stage.name) if ctx.work_dir is not None else None
             with frozen_below(model, stage.frozen_below):
                 result = finetune(model, bundle.tokenizer, task, stage.config(cfg), desc=f"distill {stage.name}",
-                                  show_progress=ctx.show_progress, loss_fn=loss, aux_modules=[teacher.model],
+                                  show_progress=ctx.show_progress, loss_fn=loss, aux_modules=[reader],
                                   checkpoint=checkpoint)
             stages.append({"stage": stage.name, "losses": stage.weights, "steps": result.train.steps,
                            "samples": result.train.samples, "final_loss": result.train.final_loss,
+                           "last_layer_skipped": result.last_layer_skipped,
                            "last_terms": {k: round(v, 6) for k, v in loss.last.items()}})
     record["stages"] = stages
     return bundle.replace(model=model, deploy={**bundle.deploy, "distill": record})
+
+
+def teacher_reader(teacher: PreTrainedModel, weights: dict[str, float], cfg: DistillConfig) -> PreTrainedModel:
+    """The teacher as the stage's loss runs it: where the loss reads only logits, a copy whose
+    last layer computes the first token only (same logits, less work per step; the teacher
+    itself is never changed), else the teacher."""
+    if set(weights) == {"hard"}:      # the loss never runs the teacher
+        return teacher
+    if cfg.cls_only_last_layer and set(weights) <= set(PREDICTION_LOSSES) and skip_reason(teacher) is None:
+        return first_token_copy(teacher)
+    return teacher
 
 
 def teacher_of(cfg: DistillConfig, ctx: Context) -> ModelBundle:
@@ -472,6 +486,11 @@ class DistillLoss:
     attention_layers: str
     layers: tuple[int, ...] | None = None
     last: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reads_only_logits(self) -> bool:
+        """The loop may train the student's last layer on the first token only (pretrain/finetune.py)."""
+        return set(self.weights) <= set(PREDICTION_LOSSES)
 
     def __call__(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
         needs_hidden = any(name in self.weights for name in ("cosine", "hidden", "progressive"))

@@ -266,3 +266,26 @@ def test_progressive_runs_one_phase_per_layer_with_lower_layers_frozen(bert_bund
         assert not model.get_input_embeddings().weight.requires_grad
         assert all(p.requires_grad for p in encoder_layers(model)[2].parameters())
     assert all(p.requires_grad for p in model.parameters())
+
+
+def test_logit_losses_train_and_read_the_last_layer_on_the_first_token_only(bert_bundle, tiny_task, tiny_bert_dir,
+                                                                         batch):
+    ctx = _ctx(tiny_task, tiny_bert_dir)
+    bundle = bert_bundle.replace(task=tiny_task.spec)
+    student = apply_pass(bundle, "student", _student(layers=[0, 1]), ctx)
+    teacher = ctx.teacher.model
+    reader = distillation_module.teacher_reader(teacher, {"soft": 1.0, "hard": 1.0}, _distill())
+    assert reader is not teacher and "forward" in vars(encoder_layers(reader)[-1])
+    with torch.no_grad():
+        torch.testing.assert_close(reader(**batch).logits, teacher(**batch).logits, atol=1e-5, rtol=0)
+    assert distillation_module.teacher_reader(teacher, {"soft": 1.0, "hidden": 1.0}, _distill()) is teacher
+    assert distillation_module.teacher_reader(teacher, {"soft": 1.0}, _distill(cls_only_last_layer=False)) is teacher
+    assert DistillLoss(teacher, {"soft": 1.0, "hard": 1.0}, (0, 1), 2.0, "scores", "mapped").reads_only_logits
+    assert not DistillLoss(teacher, {"soft": 1.0, "hidden": 1.0}, (0, 1), 2.0, "scores", "mapped").reads_only_logits
+
+    logits_only = apply_pass(student, "distill", _distill(losses=["soft", "hard"]), ctx)
+    with_states = apply_pass(student, "distill", _distill(losses=["soft", "hidden"]), ctx)
+    assert logits_only.deploy["distill"]["stages"][0]["last_layer_skipped"] is None
+    assert "more than the logits" in with_states.deploy["distill"]["stages"][0]["last_layer_skipped"]
+    for model in (teacher, logits_only.model, with_states.model):
+        assert "forward" not in vars(encoder_layers(model)[-1])
