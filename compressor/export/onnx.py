@@ -34,7 +34,6 @@ from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.export.embedding import factorize_graph
-from pretrain.first_token import first_token_copy, skip_reason
 from compressor.export.gate import Gate, GateFailure
 from compressor.export.graph_map import embedding_gathers, linear_nodes
 from compressor.export.graph_surgery import deduplicate_initializers, has_op, read_initializers_directly
@@ -50,6 +49,7 @@ from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
+from pretrain.first_token import first_token_copy, skip_reason
 
 ONNX_FILE = "model.onnx"
 EXPORT_FILE = "export.json"

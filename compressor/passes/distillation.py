@@ -294,11 +294,20 @@ def teacher_reader(teacher: PreTrainedModel, weights: dict[str, float], cfg: Dis
     """The teacher as the stage's loss runs it: where the loss reads only logits, a copy whose
     last layer computes the first token only (same logits, less work per step; the teacher
     itself is never changed), else the teacher."""
-    if set(weights) == {"hard"}:      # the loss never runs the teacher
-        return teacher
-    if cfg.cls_only_last_layer and set(weights) <= set(PREDICTION_LOSSES) and skip_reason(teacher) is None:
+    if cfg.cls_only_last_layer and runs_teacher(weights) and reads_only_logits(weights) \
+            and skip_reason(teacher) is None:
         return first_token_copy(teacher)
     return teacher
+
+
+def runs_teacher(weights: dict[str, float]) -> bool:
+    """The task labels alone need no teacher."""
+    return set(weights) != {"hard"}
+
+
+def reads_only_logits(weights: dict[str, float]) -> bool:
+    """Losses that read nothing but the logits (student's and teacher's)."""
+    return set(weights) <= set(PREDICTION_LOSSES)
 
 
 def teacher_of(cfg: DistillConfig, ctx: Context) -> ModelBundle:
@@ -490,13 +499,13 @@ class DistillLoss:
     @property
     def reads_only_logits(self) -> bool:
         """The loop may train the student's last layer on the first token only (pretrain/finetune.py)."""
-        return set(self.weights) <= set(PREDICTION_LOSSES)
+        return reads_only_logits(self.weights)
 
     def __call__(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
         needs_hidden = any(name in self.weights for name in ("cosine", "hidden", "progressive"))
         s_qkv, t_qkv = self.projection_requests(model)
         t_logits, teacher = None, dl.Taps()
-        if set(self.weights) != {"hard"}:     # the task labels alone need no teacher
+        if runs_teacher(self.weights):
             with torch.no_grad(), dl.tapped(self.teacher, needs_hidden, t_qkv) as teacher:
                 t_logits = self.teacher(**inputs_for(self.teacher, batch)).logits
         with dl.tapped(model, needs_hidden, s_qkv) as student:
