@@ -158,8 +158,8 @@ def main() -> None:
         parser.error("the theseus row replaces the teacher's layers; it takes --layers, not --prune-*")
     settings = {"student_layers": args.layers, "prune_heads": args.prune_heads, "prune_ffn": args.prune_ffn,
                 "prune_samples": args.prune_samples, "train_samples": args.train_samples, "epochs": args.epochs,
-                "batch_size": args.batch_size, "lr": args.lr, "max_eval_samples": args.max_eval_samples,
-                "mlm": str(args.mlm) if args.mlm else None, "copies": args.copies}
+                "batch_size": args.batch_size, "lr": args.lr, "max_eval_samples": args.max_eval_samples}
+    # --mlm and --copies shape only the *-augment rows: each such row records them in its config.
     previous = json.loads(args.out.read_text()) if args.out.is_file() else None
     if previous is not None and previous["settings"] != settings:
         parser.error(f"{args.out} holds runs with other settings; expected the same settings or another --out")

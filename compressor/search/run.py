@@ -50,7 +50,7 @@ from pretrain.models import check_model_ref, read_model_type, set_threads
 RECIPE_NAME = "search"           # the out dir's owner (run.json), as for `compressor run`
 FINALIST_EXPORT_S = 60.0         # a finalist's export and gate, beside its training
 FINALS_OVERHEAD_S = 300.0        # teacher scoring, baselines, benchmark, report
-LATENCY_WAIT_S = 10.0
+LATENCY_WAIT_S = 2.0
 PLAN_NAME = re.compile(r"^L\d+-")   # Plan.name's form: compared variants may not look like one
 SEARCH_PASSES = ("drop-layers", "prune-heads", "prune-ffn", "finetune", "distill", "theseus")
 

@@ -583,11 +583,12 @@ def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
     BertForMaskedLM(BertConfig(vocab_size=student.model.config.vocab_size, hidden_size=32, num_hidden_layers=1,
                                num_attention_heads=4, intermediate_size=64)).save_pretrained(str(mlm))
     student.tokenizer.save_pretrained(str(mlm))
-    augmented = tmp_path / "augment.json"
-    run_script("distill_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--rows", "soft-hard-augment",
-                                    "--layers", "0,2", "--mlm", mlm, "--copies", 1, "--train-samples", 32,
-                                    "--batch-size", 16, "--max-eval-samples", 16, "--out", augmented], monkeypatch)
-    (row,) = json.loads(augmented.read_text())["runs"]
+    # it joins the plain rows' file: --mlm and --copies are the row's own config, not the table's
+    run_script("distill_study.py", ["--rows", "soft-hard-augment", *budget, "--mlm", mlm, "--copies", 1], monkeypatch)
+    runs = {r["name"]: r for r in json.loads(out.read_text())["runs"]}
+    assert set(runs) == {"hard", "tinybert", "theseus", "soft-hard-augment"}
+    row = runs["soft-hard-augment"]
+    assert row["config"]["augment"] == {"copies": 1, "mlm": str(mlm)}
     # 32 texts + 32 copies for half the epochs: the same steps as the plain rows
     assert row["distill"]["augment"]["added"] == 32 and row["distill"]["stages"][0]["samples"] == 32
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -208,31 +212,101 @@ def test_outcome_says_which_constraint_failed_and_by_how_much():
     assert measured_front([slow, {**weak, "accuracy": 0.9}]) == ["b"]
 
 
+def read_db(db: Path, query: str) -> list[tuple]:
+    """Rows of `query` on the study's SQLite file, [] while it is missing, being made or locked
+    (this test only watches; the workers own the storage)."""
+    if not db.exists():
+        return []
+    con = sqlite3.connect(db, timeout=1)
+    try:
+        return con.execute(query).fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+
+
+def study_ready(db: Path) -> bool:
+    """The lead has stored the latency model and teacher score: workers can start trials."""
+    keys = {row[0] for row in read_db(db, "SELECT key FROM study_user_attributes")}
+    return {"latency_model", "teacher_validation_accuracy"} <= keys
+
+
+def completed_by(db: Path) -> list[str]:
+    """The worker of each completed trial."""
+    rows = read_db(db, "SELECT a.value_json FROM trials t JOIN trial_user_attributes a ON a.trial_id = t.trial_id "
+                       "WHERE t.state = 'COMPLETE' AND a.key = 'worker'")
+    return [json.loads(value) for (value,) in rows]
+
+
+def pause_outside_a_write(proc: subprocess.Popen, db: Path) -> None:
+    """SIGSTOP `proc` at a moment it holds no SQLite lock: a stopped writer would block the
+    other worker's writes, and a stopped reader its commits (hence EXCLUSIVE, which waits for
+    readers too)."""
+    for _ in range(100):
+        os.kill(proc.pid, signal.SIGSTOP)
+        con = sqlite3.connect(db, timeout=0.2, isolation_level=None)
+        try:
+            con.execute("BEGIN EXCLUSIVE")
+            con.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:
+            os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(0.05)
+        finally:
+            con.close()
+    raise AssertionError("the lead held a lock on the study for 100 tries")
+
+
+def wait_until(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds:.0f} s for {what}"
+        time.sleep(0.1)
+
+
 def test_two_workers_share_one_storage(tiny_bert_dir, tiny_csv, quick_profile, cache_dir, searched, tmp_path):
     """A lead and a joined worker, two processes, one SQLite study: together they run the
     study's trial limit, and both ran some of them. (The latency model comes from the cache
-    the first search filled: same machine, profile and teacher.)"""
-    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    the first search filled: same machine, profile and teacher.) Tiny trials take a second, so
+    the lead is paused once the study is ready until the worker has finished a trial: otherwise
+    the lead may run all six while the worker starts up, and the test would prove nothing."""
+    db = tmp_path / "shared.db"
+    storage = f"sqlite:///{db}"
     common = ["search", "--teacher", str(tiny_bert_dir), "--task", str(tiny_csv), "--profile", str(quick_profile),
               "--latency-budget-ms", "1000", "--min-retention", "0.5", "--storage", storage, "--study-name", "shared",
               "--max-trials", "6", "--finalists", "1", "--proxy-train-samples", "32", "--validation-samples", "30",
               "--train-samples", "64", "--precisions", "fp32", "--max-eval-samples", "30", "--threads", "1",
               "--scoring-samples", "16", "--latency-structures", "2", "--latency-held-out", "1",
-              "--baselines", "onnxruntime-fp32", "--quiet"]
-    tiny = ["--time-budget-min", "10"]
+              "--baselines", "onnxruntime-fp32", "--quiet", "--time-budget-min", "10"]
     env = {**os.environ, "COMPRESSOR_CACHE": str(cache_dir), "PYTHONPATH": str(ROOT)}
-    lead = subprocess.Popen([sys.executable, "-m", "compressor", *common, *tiny, "--out", str(tmp_path / "lead")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    worker = subprocess.Popen([sys.executable, "-m", "compressor", *common, *tiny, "--out", str(tmp_path / "worker"),
+    worker = subprocess.Popen([sys.executable, "-m", "compressor", *common, "--out", str(tmp_path / "worker"),
                                "--join"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lead_out, _ = lead.communicate(timeout=600)
-    worker_out, _ = worker.communicate(timeout=600)
+    lead = subprocess.Popen([sys.executable, "-m", "compressor", *common, "--out", str(tmp_path / "lead")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker_name = f"{socket.gethostname()}:{worker.pid}"
+
+    try:
+        wait_until(lambda: study_ready(db) or lead.poll() is not None, 300, "the lead to create the study")
+        pause_outside_a_write(lead, db)
+        try:    # well inside the storage's 120 s grace period for the lead's silent heartbeat
+            wait_until(lambda: worker_name in completed_by(db) or worker.poll() is not None, 90,
+                       "the worker's first trial")
+        finally:
+            os.kill(lead.pid, signal.SIGCONT)
+        lead_out, _ = lead.communicate(timeout=600)
+        worker_out, _ = worker.communicate(timeout=600)
+    finally:
+        for proc in (lead, worker):
+            if proc.poll() is None:     # a failed wait: leave no process behind
+                proc.kill()
     assert lead.returncode == 0, lead_out[-2000:]
     assert worker.returncode == 0, worker_out[-2000:]
     study = optuna.load_study(study_name="shared", storage=storage)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) >= 6
-    assert len({t.user_attrs["worker"] for t in done}) == 2, "one worker ran every trial"
+    ran = {t.user_attrs["worker"] for t in done}
+    assert worker_name in ran and len(ran) == 2, f"trials ran by {sorted(ran)}"
     assert (tmp_path / "lead" / "report.json").is_file() and not (tmp_path / "worker" / "report.json").exists()
 
 
