@@ -181,12 +181,15 @@ def main() -> None:
             print(f"running {name} seed {seed}", file=sys.stderr, flush=True)
             row = run_row(name, args, args.teacher, task, seed)
             row["kept_of_teacher"] = round(row["accuracy"] / teacher_metrics["accuracy"], 4)
-            previous = json.loads(args.out.read_text())["runs"] if args.out.is_file() else []
-            results = {(r["name"], r["seed"]): r for r in previous}
+            # Rows of one table may come from several commands (other --rows, --seeds, --mlm):
+            # each row keeps its own, the file the one that started it.
+            row["command"] = " ".join(["python", "benchmarks/distill_study.py", *map(str, sys.argv[1:])])
+            before = json.loads(args.out.read_text()) if args.out.is_file() else {"runs": [], "command": row["command"]}
+            results = {(r["name"], r["seed"]): r for r in before["runs"]}
             results[(name, seed)] = row
             print(json.dumps({k: row[k] for k in ("name", "seed", "accuracy", "kept_of_teacher", "train_seconds")}),
                   file=sys.stderr, flush=True)
-            record = {"command": " ".join(["python", "benchmarks/distill_study.py", *sys.argv[1:]]),
+            record = {"command": before["command"],
                       "environment": environment(),
                       "teacher": {"dir": str(args.teacher), **teacher_metrics},
                       "settings": settings, "runs": list(results.values())}

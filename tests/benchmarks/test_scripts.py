@@ -589,6 +589,8 @@ def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
     assert set(runs) == {"hard", "tinybert", "theseus", "soft-hard-augment"}
     row = runs["soft-hard-augment"]
     assert row["config"]["augment"] == {"copies": 1, "mlm": str(mlm)}
+    record = json.loads(out.read_text())
+    assert "--rows hard,tinybert,theseus" in record["command"] and "--mlm" in row["command"]
     # 32 texts + 32 copies for half the epochs: the same steps as the plain rows
     assert row["distill"]["augment"]["added"] == 32 and row["distill"]["stages"][0]["samples"] == 32
 
