@@ -11,7 +11,8 @@ no latency here (benchmarks/pruned_latency.py times the pruned model).
 
 Points run in priority order (the issue's targets first) and the file is rewritten after each,
 so a run cut short keeps what it measured; rerunning the same command skips the points
-already in --out (same teacher, eval and recovery budget) and measures the rest.
+already in --out (same teacher, eval and recovery budget) and measures the rest. Processes
+given other `--importances` may fill one --out side by side (each re-reads it before writing).
 `--markdown` prints --out as a table.
 """
 
@@ -117,15 +118,23 @@ def main() -> int:
             continue
         row = measure(point, teacher, ctx, test, args)
         row["retention"] = row["accuracy"] / teacher_accuracy
-        results[row["key"]] = row
         print(f"{row['key']}: accuracy {row['accuracy']:.4f} ({row['retention']:.3f} of the teacher) "
               f"{row['seconds']} s", flush=True)
+        results = saved_with(args.out, setup, results, row)
         write_json(args.out, {"command": " ".join(sys.argv), "setup": setup, "teacher_accuracy": teacher_accuracy,
                               "environment": environment(), "results": list(results.values()),
                               "targets": targets(results, teacher_accuracy)})
         if args.plot:
             plot(results, teacher_accuracy, args.plot)
     return 0
+
+
+def saved_with(out: Path, setup: dict, results: dict, row: dict) -> dict:
+    """Our points, the points another process has written to --out since (same setup; say
+    `--importances taylor` in one and `magnitude random` in another), and the new row."""
+    prior = json.loads(out.read_text()) if out.exists() else {}
+    theirs = {r["key"]: r for r in prior.get("results", [])} if prior.get("setup") == setup else {}
+    return {**theirs, **results, row["key"]: row}
 
 
 def targets(results: dict, teacher_accuracy: float) -> dict:

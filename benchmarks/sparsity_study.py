@@ -13,11 +13,18 @@ the saving is compressed size only. No latency is measured here.
 
 `--only METHOD-SPARSITY ...` (e.g. movement-0.9) runs those rows; rows already in --out are
 kept unless run again (two processes may fill one file, each writing after every row).
+
+`--start pretrained` prunes the pretrained MiniLM (a fresh head) while it is fine-tuned, as
+Sanh et al. fine-prune pretrained BERT: movement's scores learn from how weights move, and
+in a model already fine-tuned on the task they barely move. `--soft-targets` gives both
+methods the teacher's soft targets (0.5 * KL(T=2) * T^2 + 0.5 * CE, Sanh et al.'s pairing);
+`--methods dense` adds the same budget without pruning (what the budget reaches at all).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -31,8 +38,9 @@ from compressor.modeling.cost import compressed_size, encoder_sparsity
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.atomic import write_json
 from pretrain.data import load_task
+from compressor.passes import LazyTeacher
 from pretrain.finetune import evaluate
-from pretrain.models import set_threads
+from pretrain.models import load_classifier, set_threads
 
 INT8 = {"quantize": {"mode": "dynamic-int8", "per_channel": True}}
 OPEN_GATE = ExportSettings(optimize=True, accuracy_tolerance=1.0)   # every row gets a number
@@ -40,7 +48,9 @@ OPEN_GATE = ExportSettings(optimize=True, accuracy_tolerance=1.0)   # every row 
 
 def rows_wanted(args) -> list[tuple[str, str, float]]:
     """(row name, pass, sparsity): the highest sparsity first, the dense teacher (the reference) last."""
-    rows = [(f"{method}-{s:g}", f"prune-{method}", s) for s in args.sparsities for method in args.methods]
+    rows = [(f"{method}-{s:g}", f"prune-{method}", s) for s in args.sparsities for method in args.methods
+            if method != "dense"]
+    rows += [("dense", "finetune", 0.0)] if "dense" in args.methods else []
     rows += [("teacher", "", 0.0)]
     return [r for r in rows if not args.only or r[0] in args.only]
 
@@ -59,15 +69,35 @@ def sizes(bundle: ModelBundle, directory: Path, task, args) -> dict:
     return out
 
 
-def run_row(name: str, pass_name: str, sparsity: float, teacher: ModelBundle, task, ctx: Context, args) -> dict:
+def pass_config(pass_name: str, sparsity: float, args) -> dict:
+    config: dict = {"epochs": args.epochs, "max_train_samples": args.train_samples}
+    if pass_name != "finetune":
+        config.update(sparsity=sparsity, teacher_soft_targets=args.soft_targets)
+    if pass_name == "prune-movement":
+        config["scores_lr"] = args.scores_lr
+    return config
+
+
+def start_bundle(teacher: ModelBundle, args) -> ModelBundle:
+    """What the passes start from: the fine-tuned teacher, or the pretrained encoder with a
+    fresh head for the teacher's labels (seed 0)."""
+    if args.start == "teacher":
+        return teacher
+    model, tokenizer = load_classifier(args.pretrained, teacher.label_names, seed=0)
+    return ModelBundle(model=model, tokenizer=tokenizer, task=teacher.task)
+
+
+def run_row(name: str, pass_name: str, sparsity: float, teacher: ModelBundle, start_from: ModelBundle, task,
+            ctx: Context, args) -> dict:
     start = time.perf_counter()
     row: dict = {"name": name, "method": pass_name or "none (dense teacher)", "sparsity_target": sparsity}
     bundle = teacher
     if pass_name:
-        config = {"sparsity": sparsity, "epochs": args.epochs, "max_train_samples": args.train_samples,
-                  **({"scores_lr": args.scores_lr} if pass_name == "prune-movement" else {})}
-        row["config"] = config
-        bundle = apply_pass(teacher, pass_name, get_pass(pass_name).config_type.model_validate(config), ctx)
+        config = pass_config(pass_name, sparsity, args)
+        row.update(config=config, start=args.start if args.start == "teacher" else f"pretrained {args.pretrained}")
+        # Each row resumes its own interrupted training (a checkpoint per row, not per pass).
+        row_ctx = dataclasses.replace(ctx, work_dir=args.work / "resume" / f"{name}-from-{args.start}")
+        bundle = apply_pass(start_from, pass_name, get_pass(pass_name).config_type.model_validate(config), row_ctx)
         row["train_seconds"] = round(time.perf_counter() - start, 1)
     test = task.split("test").head(args.eval_samples)
     metrics, _ = evaluate(bundle.model, bundle.tokenizer, test)
@@ -83,7 +113,12 @@ def main() -> int:
     parser.add_argument("--teacher", type=Path, required=True)
     parser.add_argument("--task", default="wordnet-supersense",
                         help="a built-in task name or a CSV/JSONL file (text,label) of the teacher's labels")
-    parser.add_argument("--methods", nargs="+", default=["magnitude", "movement"], choices=["magnitude", "movement"])
+    parser.add_argument("--methods", nargs="+", default=["magnitude", "movement"],
+                        choices=["magnitude", "movement", "dense"])
+    parser.add_argument("--start", choices=["teacher", "pretrained"], default="teacher",
+                        help="prune the fine-tuned teacher, or fine-prune the pretrained encoder (Sanh et al.)")
+    parser.add_argument("--pretrained", default="minilm", help="with --start pretrained: the encoder to start from")
+    parser.add_argument("--soft-targets", action="store_true", help="both methods learn from the teacher too")
     parser.add_argument("--sparsities", nargs="+", type=float, default=[0.9, 0.5])
     parser.add_argument("--train-samples", type=int, default=8000)
     parser.add_argument("--epochs", type=float, default=1.0)
@@ -97,10 +132,12 @@ def main() -> int:
     set_threads(None)
     teacher = ModelBundle.load(args.teacher)
     task = load_task(task_arg(args.task))
-    ctx = Context(task=task, seed=0, show_progress=True)
+    # The teacher for soft targets is its own copy (loaded once, eval mode, never trained).
+    ctx = Context(task=task, seed=0, show_progress=True, teacher_source=LazyTeacher.from_dir(args.teacher))
+    start_from = start_bundle(teacher, args)
     for name, pass_name, sparsity in rows_wanted(args):
         try:
-            row = run_row(name, pass_name, sparsity, teacher, task, ctx, args)
+            row = run_row(name, pass_name, sparsity, teacher, start_from, task, ctx, args)
         except Exception as err:   # one failed row must not lose the others
             row = {"name": name, "error": f"{type(err).__name__}: {err}"}
         row.update(command=" ".join(sys.argv), environment=environment())
@@ -114,7 +151,8 @@ def save_row(out: Path, row: dict, args) -> None:
     prior = json.loads(out.read_text()) if out.exists() else {}
     rows = [r for r in prior.get("results", []) if r["name"] != row["name"]] + [row]
     write_json(out, {"study": "unstructured pruning, magnitude vs movement at the same training budget",
-                     "teacher": str(args.teacher), "task": args.task,
+                     "teacher": str(args.teacher), "task": args.task, "start": args.start,
+                     "soft_targets": args.soft_targets,
                      "note": "dense runtimes do not run sparse models faster; the saving is compressed size",
                      "results": rows})
 

@@ -216,9 +216,11 @@ def first_line(err: BaseException) -> str:
 
 
 def set_threads(threads: int | None) -> None:
-    """Use every core for intra-op parallelism unless told otherwise."""
+    """Use every core this process may run on (its CPU affinity: `taskset -c 0` gives one) for
+    intra-op parallelism unless told otherwise; more threads than cores only contend."""
     import os
-    torch.set_num_threads(threads or os.cpu_count() or 1)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(threads or usable or 1)
 
 
 def keep_encoder_layers(model: PreTrainedModel, keep: list[int]) -> None:

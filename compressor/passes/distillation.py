@@ -259,7 +259,7 @@ def refuse_losses(losses: tuple[str, ...], family: str, role: str) -> None:
 def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> ModelBundle:
     """Train the bundle (the student) against the teacher; the teacher is only read."""
     cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)
-    teacher = teacher_of(cfg, ctx)
+    teacher = ctx.teacher_at(cfg.teacher)
     check_pair(bundle, teacher, cfg)
     model = bundle.copy_model()
     record: dict = {"teacher": cfg.teacher or "recipe", "losses": list(cfg.losses)}
@@ -308,14 +308,6 @@ def runs_teacher(weights: dict[str, float]) -> bool:
 def reads_only_logits(weights: dict[str, float]) -> bool:
     """Losses that read nothing but the logits (student's and teacher's)."""
     return set(weights) <= set(PREDICTION_LOSSES)
-
-
-def teacher_of(cfg: DistillConfig, ctx: Context) -> ModelBundle:
-    if cfg.teacher is None:
-        return ctx.teacher
-    teacher = ModelBundle.load(Path(cfg.teacher))
-    teacher.model.eval().requires_grad_(False)
-    return teacher
 
 
 def check_pair(student: ModelBundle, teacher: ModelBundle, cfg: DistillConfig) -> None:

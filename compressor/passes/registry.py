@@ -79,6 +79,15 @@ class Context:
                             "expected Context(teacher_source=LazyTeacher(...)) (the pipeline passes the recipe's)")
         return self.teacher_source.get()
 
+    def teacher_at(self, ref: str | None) -> ModelBundle:
+        """The model dir a pass's config names as its teacher (`teacher: PATH`), else the
+        recipe's; either for inference only (eval mode, no gradients, never changed)."""
+        if ref is None:
+            return self.teacher
+        teacher = ModelBundle.load(Path(ref))
+        teacher.model.eval().requires_grad_(False)
+        return teacher
+
 
 PassFn = Callable[[ModelBundle, BaseModel, Context], ModelBundle]
 # Raises UserError when the pass, so configured, cannot apply to a model family: run before

@@ -13,8 +13,18 @@ step a loop callback recomputes the masks at s_t:
   set to zero after every step, so they stay zero (and pruned) for the rest of the run;
 - movement (Sanh, hard top-k): keep the largest learnable scores S; the mask's gradient
   passes straight through to S, so S accumulates -dL/dW' * W (weights moving away from
-  zero gain score). Scores train at their own rate (param_groups). Optionally the loss is
-  0.5 * KL(T=2) * T^2 + 0.5 * CE against the teacher.
+  zero gain score). Scores train at their own rate (param_groups).
+
+Either may learn from the teacher: 0.5 * KL(T=2) * T^2 + 0.5 * CE (`teacher_soft_targets`),
+Sanh et al.'s pairing, which also lets the two be compared with distillation on both sides.
+
+Movement's scores learn from how the weights move while they are fine-tuned: Sanh et al.
+fine-prune the *pretrained* model. From a model already fine-tuned on the task the weights
+barely move, the scores stay near their common start and the first masks are close to random
+(measured: a collapse to the majority class at 50% and 90%; benchmarks/README.md). Start it
+from the pretrained encoder and give it a fine-tuned teacher's soft targets: in a recipe, a
+teacher without `finetune` and `teacher: DIR, teacher_soft_targets: true` on the pass
+(`benchmarks/sparsity_study.py --start pretrained --soft-targets` does the same).
 
 At the end the masks are multiplied in and every parametrization (mask, scores) is
 removed: the output is a plain Transformers model whose pruned weights are real zeros. It
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, ClassVar, Literal
 
 import torch
@@ -40,6 +51,8 @@ from compressor.passes.registry import Context, register
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES, TRANSFORMER_FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
+from pretrain.first_token import first_token_copy, skip_reason
+from pretrain.models import check_model_ref
 from pretrain.train import Batch, Checkpointing, StepLog, task_loss
 
 # Sanh et al. train 10 epochs with 1 of warm-up (nothing pruned) and 2 of cool-down (final
@@ -58,13 +71,24 @@ class SparsityConfig(FinetuneConfig):
     initial_sparsity: float = Field(0.0, ge=0, lt=1)  # s_i
     sparsity_warmup_steps: int | None = Field(None, ge=0)    # t_w; None: 10% of the steps
     sparsity_cooldown_steps: int | None = Field(None, ge=0)  # t_c; None: 20% of the steps
+    teacher_soft_targets: bool = False          # 0.5 * KL(T) * T^2 + 0.5 * CE against the teacher
+    teacher: str | None = None                  # a fine-tuned model dir; default: the recipe's teacher
+    temperature: float = Field(2.0, gt=0)
     method: ClassVar[str] = "prune-magnitude"
+
+    def input_paths(self) -> dict[str, Path]:
+        """Dirs whose content the output depends on beyond the config (for cache keys)."""
+        return {"teacher": Path(self.teacher)} if self.teacher else {}
 
     @model_validator(mode="after")
     def _consistent(self) -> SparsityConfig:
         if self.initial_sparsity > self.sparsity:
             raise ValueError(f"initial_sparsity {self.initial_sparsity} is above sparsity {self.sparsity}; "
                              f"expected a schedule that only prunes more")
+        if self.teacher_soft_targets and self.epochs == 0:
+            raise ValueError("teacher_soft_targets train against the teacher; expected epochs > 0")
+        if self.teacher is not None and not self.teacher_soft_targets:
+            raise ValueError("teacher names where the soft targets come from; expected teacher_soft_targets: true")
         if self.strategy != "full" or self.intermediate_task or self.tasks or self.domain_corpus:
             raise ValueError(f"{self.method} trains the whole model on the target task alone; expected "
                              f"strategy full without intermediate_task, tasks or domain_corpus")
@@ -77,8 +101,6 @@ class MagnitudeConfig(SparsityConfig):
 
 class MovementConfig(SparsityConfig):
     scores_lr: float = Field(1e-2, gt=0)        # the scores' own rate (Sanh et al.'s)
-    teacher_soft_targets: bool = False          # 0.5 * KL(T) * T^2 + 0.5 * CE against ctx.teacher
-    temperature: float = Field(2.0, gt=0)
     method: ClassVar[str] = "prune-movement"
 
     @model_validator(mode="after")
@@ -90,11 +112,14 @@ class MovementConfig(SparsityConfig):
 
 
 def check_linear_family(cfg: SparsityConfig, family: str) -> None:
-    """Refuse families without Linear projections in Transformer layers (BiLM; XLNet's einsums)."""
+    """Refuse families without Linear projections in Transformer layers (BiLM; XLNet's einsums),
+    and a named teacher dir that holds no model, before anything trains."""
     if not linear_family(family):
         supported = ", ".join(f for f in TRANSFORMER_FAMILIES if linear_family(f))
         raise UserError(f"{cfg.method} prunes the Linear weights of Transformer layers, which model family "
                         f"{family!r} does not have; supported families: {supported}")
+    if cfg.teacher is not None:
+        check_model_ref(cfg.teacher)
 
 
 def linear_family(family: str) -> bool:
@@ -222,12 +247,18 @@ def top_k_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
 
 
 def soft_target_loss(teacher: nn.Module, temperature: float) -> Callable[[nn.Module, Batch], torch.Tensor]:
-    """Sanh et al.'s distillation: 0.5 * KL(student/T || teacher/T) * T^2 + 0.5 * CE."""
+    """Sanh et al.'s distillation: 0.5 * KL(student/T || teacher/T) * T^2 + 0.5 * CE.
+
+    It reads only logits, so the loop may train the last layer on the first token, and the
+    teacher runs as a first-token copy where it can (same logits, less work; never changed)."""
+    reader = first_token_copy(teacher) if skip_reason(teacher) is None else teacher
+
     def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
         out = model(**batch)
         with torch.no_grad():
-            target = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            target = reader(**{k: v for k, v in batch.items() if k != "labels"}).logits
         return 0.5 * soft_kl(out.logits, target, temperature) + 0.5 * out.loss
+    loss.reads_only_logits = True
     return loss
 
 
@@ -238,8 +269,8 @@ def prune(bundle: ModelBundle, cfg: SparsityConfig, ctx: Context, by: Literal["m
     schedule = schedule_for(cfg, planned_steps(cfg, len(ctx.task.split("train"))))   # refuses before training
     model = bundle.copy_model()
     loss_fn, aux = task_loss, []
-    if isinstance(cfg, MovementConfig) and cfg.teacher_soft_targets:
-        teacher = ctx.teacher.model
+    if cfg.teacher_soft_targets:
+        teacher = ctx.teacher_at(cfg.teacher).model
         if teacher.config.num_labels != model.config.num_labels:
             raise UserError(f"{cfg.method}: the teacher has {teacher.config.num_labels} labels and the model "
                             f"{model.config.num_labels}; expected the same label set for soft targets")

@@ -401,6 +401,25 @@ def test_sparsity_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     assert 0 <= moved["accuracy"] <= 1 and "--train-samples 32" in moved["command"]
 
 
+def test_sparsity_study_fine_prunes_the_pretrained_encoder(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    out = tmp_path / "sparsity.json"
+    run_script_exit("sparsity_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--sparsities", 0.5,
+                                          "--start", "pretrained", "--pretrained", tiny_bert_dir, "--soft-targets",
+                                          "--methods", "magnitude", "dense", "--train-samples", 32,
+                                          "--eval-samples", 16, "--work", tmp_path / "work", "--out", out],
+                    monkeypatch)
+    data = json.loads(out.read_text())
+    rows = {r["name"]: r for r in data["results"]}
+    assert list(rows) == ["magnitude-0.5", "dense", "teacher"] and data["start"] == "pretrained"
+    pruned, dense = rows["magnitude-0.5"], rows["dense"]
+    assert "error" not in pruned and "error" not in dense, (pruned.get("error"), dense.get("error"))
+    assert pruned["config"]["teacher_soft_targets"] and pruned["start"].startswith("pretrained")
+    assert pruned["encoder_sparsity"] == pytest.approx(0.5, abs=1e-3) and dense["encoder_sparsity"] == 0
+    assert "sparsity" not in dense["config"]     # the same budget, nothing pruned
+    # the pruning row checkpoints in a dir of its own, so rows never resume one another's runs
+    assert [p.name for p in (tmp_path / "work" / "resume").iterdir()] == ["magnitude-0.5-from-pretrained"]
+
+
 def test_finetune_throughput_profile(tmp_path, monkeypatch):
     out = tmp_path / "profile.json"
     run_script("finetune_throughput.py", ["--rounds", 1, "--train-samples", 32, "--eval-samples", 8,
@@ -515,6 +534,12 @@ def test_pruning_sweep(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     assert (tmp_path / "sweep.png").stat().st_size > 0
     run_script_exit("pruning_sweep.py", args, monkeypatch)   # resumes: nothing left to measure
     assert json.loads(out.read_text())["results"] == result["results"]
+    # another importance in a second process adds its points to the same file, keeping these
+    at = args.index("--importances")
+    other = args[:at + 1] + ["magnitude"] + args[at + 3:]     # "--importances taylor random" -> "magnitude"
+    run_script_exit("pruning_sweep.py", other, monkeypatch)
+    merged = {r["key"] for r in json.loads(out.read_text())["results"]}
+    assert keys < merged and "prune-heads/magnitude/0.50/recovered" in merged
 
 
 def test_pruned_latency(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -161,3 +162,18 @@ def test_keep_encoder_layers_renumbers_pruned_heads(tiny_bert_dir, tokenizer, tm
     reloaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path))
     with torch.no_grad():
         assert torch.allclose(reloaded(**_inputs(tokenizer)).logits, model(**_inputs(tokenizer)).logits, atol=1e-6)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_set_threads_uses_the_cores_this_process_may_run_on():
+    from pretrain.models import set_threads
+    allowed, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        os.sched_setaffinity(0, {min(allowed)})       # as under `taskset -c N`
+        set_threads(None)
+        assert torch.get_num_threads() == 1
+        set_threads(3)                                # an explicit count wins
+        assert torch.get_num_threads() == 3
+    finally:
+        os.sched_setaffinity(0, allowed)
+        torch.set_num_threads(threads)

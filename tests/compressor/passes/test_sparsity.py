@@ -30,6 +30,19 @@ def _zeros(model) -> dict[str, int]:
     return {name: int((m.weight == 0).sum()) for name, m in encoder_linears(model).items()}
 
 
+@pytest.fixture
+def finetune_calls(monkeypatch) -> list[dict]:
+    """The keyword arguments of every call the passes make to finetune (which still runs)."""
+    calls: list[dict] = []
+    real = sparsity_passes.finetune
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(sparsity_passes, "finetune", spy)
+    return calls
+
+
 def test_cubic_schedule_values():
     s = CubicSchedule(initial=0.0, final=0.9, total=100, warmup=10, cooldown=20)
     assert [s(t) for t in (0, 9, 10)] == [0.0, 0.0, 0.0]
@@ -123,23 +136,62 @@ def test_movement_scores_get_the_straight_through_gradient(bert_bundle, tiny_tas
     assert set(pruner.score_names(model)) == {n for n, _ in model.named_parameters() if n.endswith("scores")}
 
 
-def test_movement_with_soft_targets_and_its_own_score_rate(bert_bundle, tiny_task, tiny_bert_dir, monkeypatch):
-    calls = []
-    real = sparsity_passes.finetune
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(sparsity_passes, "finetune", spy)
+def test_movement_with_soft_targets_and_its_own_score_rate(bert_bundle, tiny_task, tiny_bert_dir, finetune_calls):
     cfg = get_pass("prune-movement").config_type.model_validate(
         {"sparsity": 0.75, "teacher_soft_targets": True, "scores_lr": 0.05, **TRAIN})
     ctx = Context(task=tiny_task, show_progress=False, teacher_source=LazyTeacher.from_dir(tiny_bert_dir))
     out = apply_pass(bert_bundle, "prune-movement", cfg, ctx)
     assert encoder_sparsity(out.model) == pytest.approx(0.75, abs=1e-3)
-    (kwargs,) = calls
+    (kwargs,) = finetune_calls
     assert kwargs["aux_modules"] == [ctx.teacher.model]
     groups = kwargs["param_groups"](torch.nn.Module())   # names come from the model it is given
     assert groups[0]["lr"] == 0.05 and groups[0]["weight_decay"] == 0.0
+
+
+def test_magnitude_learns_from_the_teachers_soft_targets(bert_bundle, tiny_task, tiny_bert_dir, finetune_calls):
+    cfg = get_pass("prune-magnitude").config_type.model_validate(
+        {"sparsity": 0.5, "teacher_soft_targets": True, **TRAIN})
+    ctx = Context(task=tiny_task, show_progress=False, teacher_source=LazyTeacher.from_dir(tiny_bert_dir))
+    out = apply_pass(bert_bundle, "prune-magnitude", cfg, ctx)
+    assert encoder_sparsity(out.model) == pytest.approx(0.5, abs=1e-3)
+    (kwargs,) = finetune_calls
+    assert kwargs["aux_modules"] == [ctx.teacher.model] and kwargs["param_groups"] is None
+    assert kwargs["loss_fn"].reads_only_logits       # so the loop may train the last layer on the first token
+
+
+def test_a_named_teacher_dir_gives_the_soft_targets(bert_bundle, tiny_task, tiny_bert_dir, finetune_calls):
+    cfg = get_pass("prune-movement").config_type.model_validate(
+        {"sparsity": 0.5, "teacher_soft_targets": True, "teacher": str(tiny_bert_dir), **TRAIN})
+    assert cfg.input_paths() == {"teacher": tiny_bert_dir}       # its content enters the stage key
+    get_pass("prune-movement").check_family(cfg, "bert")
+    ctx = Context(task=tiny_task, show_progress=False)           # no recipe teacher: the named one serves
+    apply_pass(bert_bundle, "prune-movement", cfg, ctx)
+    (teacher,) = finetune_calls[0]["aux_modules"]
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+
+
+def test_a_named_teacher_that_is_no_model_is_refused_up_front(tmp_path):
+    cfg = get_pass("prune-magnitude").config_type.model_validate(
+        {"sparsity": 0.5, "teacher_soft_targets": True, "teacher": str(tmp_path / "missing")})
+    with pytest.raises(UserError, match="missing"):
+        get_pass("prune-magnitude").check_family(cfg, "bert")
+
+
+def test_soft_target_loss_is_kl_and_ce_against_an_unchanged_teacher(bert_bundle, tiny_bert_dir):
+    teacher = LazyTeacher.from_dir(tiny_bert_dir).get().model
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    student = bert_bundle.copy_model().eval()
+    batch = {"input_ids": torch.randint(5, 90, (4, 7)), "attention_mask": torch.ones(4, 7, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 0, 1])}
+    loss = sparsity_passes.soft_target_loss(teacher, 2.0)(student, batch)
+    with torch.no_grad():
+        s_logits = student(**batch).logits
+        t_logits = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    kl = torch.nn.functional.kl_div(torch.log_softmax(s_logits / 2, -1), torch.softmax(t_logits / 2, -1),
+                                    reduction="batchmean") * 4
+    ce = torch.nn.functional.cross_entropy(s_logits, batch["labels"])
+    torch.testing.assert_close(loss, 0.5 * kl + 0.5 * ce, rtol=1e-4, atol=1e-5)
+    assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in before.items())
 
 
 def test_rerun_resumes_from_the_work_dir(bert_bundle, tiny_task, tmp_path):
@@ -157,6 +209,8 @@ def test_rerun_resumes_from_the_work_dir(bert_bundle, tiny_task, tmp_path):
     ({"sparsity": -0.1}, "greater than or equal to 0"),
     ({"sparsity": 0.5, "initial_sparsity": 0.6}, "only prunes more"),
     ({"sparsity": 0.5, "strategy": "adapters"}, "strategy full"),
+    ({"sparsity": 0.5, "teacher_soft_targets": True, "epochs": 0}, "expected epochs > 0"),
+    ({"sparsity": 0.5, "teacher": "runs/teacher"}, "expected teacher_soft_targets: true"),
 ])
 @pytest.mark.parametrize("name", ["prune-magnitude", "prune-movement"])
 def test_bad_config_is_refused(name, config, why):
