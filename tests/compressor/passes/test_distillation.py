@@ -242,16 +242,21 @@ def test_recipe_forms_of_the_contract():
     assert parse_step({"distill": {"losses": ["soft"], "layer_map": "auto"}}, "v").config.layer_map == "auto"
 
 
-def test_the_cache_key_follows_the_named_teacher_content(tiny_bert_dir, tmp_path):
+@pytest.mark.parametrize("name, config", [
+    ("distill", {"losses": ["soft"]}),
+    ("prune-movement", {"sparsity": 0.9, "teacher_soft_targets": True}),
+    ("prune-magnitude", {"sparsity": 0.9, "teacher_soft_targets": True}),
+])
+def test_the_cache_key_follows_the_named_teacher_content(name, config, tiny_bert_dir, tmp_path):
     teacher = ModelBundle.load(tiny_bert_dir)
     path = teacher.save(tmp_path / "teacher")
-    step = parse_step({"distill": {"teacher": str(path)}}, "v")
+    step = parse_step({name: {**config, "teacher": str(path)}}, "v")
     before = step_key(step)
     with torch.no_grad():
         teacher.model.classifier.bias.add_(1.0)
     teacher.save(tmp_path / "teacher")
     assert step_key(step) != before
-    plain = parse_step({"distill": {"losses": ["soft"]}}, "v")
+    plain = parse_step({name: config}, "v")
     assert len(step_key(plain)) == 2     # no named dir: the key is the step's config alone
 
 
