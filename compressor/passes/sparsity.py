@@ -21,7 +21,9 @@ Sanh et al.'s pairing, which also lets the two be compared with distillation on 
 Movement's scores learn from how the weights move while they are fine-tuned: Sanh et al.
 fine-prune the *pretrained* model. From a model already fine-tuned on the task the weights
 barely move, the scores stay near their common start and the first masks are close to random
-(measured: a collapse to the majority class at 50% and 90%; benchmarks/README.md). Start it
+(measured from the teacher with 250 steps: a collapse to the majority class at 50% and 90%;
+from the pretrained encoder with 1,875 steps it learns, though still below magnitude at this
+budget: benchmarks/README.md, "Unstructured pruning"). Start it
 from the pretrained encoder and give it a fine-tuned teacher's soft targets: in a recipe, a
 teacher without `finetune` and `teacher: DIR, teacher_soft_targets: true` on the pass
 (`benchmarks/sparsity_study.py --start pretrained --soft-targets` does the same).
