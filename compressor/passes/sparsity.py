@@ -18,15 +18,13 @@ step a loop callback recomputes the masks at s_t:
 Either may learn from the teacher: 0.5 * KL(T=2) * T^2 + 0.5 * CE (`teacher_soft_targets`),
 Sanh et al.'s pairing, which also lets the two be compared with distillation on both sides.
 
-Movement's scores learn from how the weights move while they are fine-tuned: Sanh et al.
-fine-prune the *pretrained* model. From a model already fine-tuned on the task the weights
-barely move, the scores stay near their common start and the first masks are close to random
-(measured from the teacher with 250 steps: a collapse to the majority class at 50% and 90%;
-from the pretrained encoder with 1,875 steps it learns, though still below magnitude at this
-budget: benchmarks/README.md, "Unstructured pruning"). Start it
-from the pretrained encoder and give it a fine-tuned teacher's soft targets: in a recipe, a
-teacher without `finetune` and `teacher: DIR, teacher_soft_targets: true` on the pass
-(`benchmarks/sparsity_study.py --start pretrained --soft-targets` does the same).
+Movement's scores need steps to separate: Adam moves each score by about its rate per step,
+so a few hundred steps rank how consistently weights moved, not how much they matter.
+Measured on MiniLM at 90% (benchmarks/README.md, "Unstructured pruning"): from the fine-tuned
+teacher with its soft targets over 1,875 steps movement keeps more than magnitude (0.7646 vs
+0.7308); with 250 steps and no soft targets it collapsed to the majority class; starting from
+the pretrained encoder instead (Sanh et al.'s start) both keep less at that budget, which must
+then teach the task too. `teacher: DIR` names another fine-tuned teacher for the soft targets.
 
 At the end the masks are multiplied in and every parametrization (mask, scores) is
 removed: the output is a plain Transformers model whose pruned weights are real zeros. It
