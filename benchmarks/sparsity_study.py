@@ -15,8 +15,8 @@ the saving is compressed size only. No latency is measured here.
 kept unless run again (two processes may fill one file, each writing after every row).
 
 `--start pretrained` prunes the pretrained MiniLM (a fresh head) while it is fine-tuned, as
-Sanh et al. fine-prune pretrained BERT: movement's scores learn from how weights move, and
-in a model already fine-tuned on the task they barely move. `--soft-targets` gives both
+Sanh et al. fine-prune pretrained BERT (the budget then has to teach the task as well).
+`--soft-targets` gives both
 methods the teacher's soft targets (0.5 * KL(T=2) * T^2 + 0.5 * CE, Sanh et al.'s pairing);
 `--methods dense` adds the same budget without pruning (what the budget reaches at all).
 """
@@ -35,10 +35,9 @@ from compressor.bundle import ModelBundle, weights_size
 from compressor.cli.commands import task_arg
 from compressor.export.onnx import ONNX_FILE, ExportSettings, export_bundle
 from compressor.modeling.cost import compressed_size, encoder_sparsity
-from compressor.passes import Context, apply_pass, get_pass
+from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
 from pretrain.atomic import write_json
 from pretrain.data import load_task
-from compressor.passes import LazyTeacher
 from pretrain.finetune import evaluate
 from pretrain.models import load_classifier, set_threads
 
