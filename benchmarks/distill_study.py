@@ -36,6 +36,9 @@ ROWS: dict[str, dict] = {
     "hard": {"losses": ["hard"]},
     "soft": {"losses": ["soft"]},
     "soft-hard": {"losses": ["soft", "hard"]},      # DistilBERT's classification recipe (CE for its MLM)
+    # layer-wise distillation beside both targets, as CoFi recovers a pruned model: each student
+    # layer's output (and the embedding output) against the teacher's by MSE
+    "soft-hard-hidden": {"losses": ["soft", "hard", "hidden"]},
     "tinybert": {"losses": ["soft", "hidden", "attention"]},
     # TinyBERT's score MSE is ~10x the other terms on this teacher: scaled down, or MiniLM's KL
     "tinybert-weighted": {"losses": ["soft", "hidden", "attention"], "weights": {"attention": 0.05}},

@@ -47,9 +47,10 @@ OPEN_GATE = ExportSettings(optimize=True, accuracy_tolerance=1.0)   # every row 
 
 def rows_wanted(args) -> list[tuple[str, str, float]]:
     """(row name, pass, sparsity): the highest sparsity first, the dense teacher (the reference) last."""
-    rows = [(f"{method}-{s:g}", f"prune-{method}", s) for s in args.sparsities for method in args.methods
+    suffix = f"-seed{args.seed}" if args.seed else ""   # seed 0's rows keep their first names
+    rows = [(f"{method}-{s:g}{suffix}", f"prune-{method}", s) for s in args.sparsities for method in args.methods
             if method != "dense"]
-    rows += [("dense", "finetune", 0.0)] if "dense" in args.methods else []
+    rows += [(f"dense{suffix}", "finetune", 0.0)] if "dense" in args.methods else []
     rows += [("teacher", "", 0.0)]
     return [r for r in rows if not args.only or r[0] in args.only]
 
@@ -89,7 +90,8 @@ def start_bundle(teacher: ModelBundle, args) -> ModelBundle:
 def run_row(name: str, pass_name: str, sparsity: float, teacher: ModelBundle, start_from: ModelBundle, task,
             ctx: Context, args) -> dict:
     start = time.perf_counter()
-    row: dict = {"name": name, "method": pass_name or "none (dense teacher)", "sparsity_target": sparsity}
+    row: dict = {"name": name, "method": pass_name or "none (dense teacher)", "sparsity_target": sparsity,
+                 "seed": args.seed}
     bundle = teacher
     if pass_name:
         config = pass_config(pass_name, sparsity, args)
@@ -124,6 +126,8 @@ def main() -> int:
     parser.add_argument("--scores-lr", type=float, default=1e-2)
     parser.add_argument("--eval-samples", type=int, default=5000)
     parser.add_argument("--int8", action="store_true", help="also export dynamic-int8 ONNX and size it")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the passes' seed (data order, dropout); rows of another seed get a -seedN suffix")
     parser.add_argument("--only", nargs="*", help="run only these rows (teacher, magnitude-0.9, ...)")
     parser.add_argument("--work", type=Path, default=Path("runs/sparsity-study"))
     parser.add_argument("--out", type=Path, required=True)
@@ -132,7 +136,7 @@ def main() -> int:
     teacher = ModelBundle.load(args.teacher)
     task = load_task(task_arg(args.task))
     # The teacher for soft targets is its own copy (loaded once, eval mode, never trained).
-    ctx = Context(task=task, seed=0, show_progress=True, teacher_source=LazyTeacher.from_dir(args.teacher))
+    ctx = Context(task=task, seed=args.seed, show_progress=True, teacher_source=LazyTeacher.from_dir(args.teacher))
     start_from = start_bundle(teacher, args)
     for name, pass_name, sparsity in rows_wanted(args):
         try:

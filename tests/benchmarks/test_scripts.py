@@ -399,6 +399,17 @@ def test_sparsity_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     assert moved["fp32_compressed_size_bytes"] < teacher["fp32_compressed_size_bytes"]
     assert moved["int8_compressed_size_bytes"] < teacher["int8_compressed_size_bytes"]
     assert 0 <= moved["accuracy"] <= 1 and "--train-samples 32" in moved["command"]
+    # another seed: its own row (and resume dir) beside seed 0's, which stays as it was
+    run_script_exit("sparsity_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--sparsities", 0.5,
+                                          "--train-samples", 32, "--eval-samples", 16, "--seed", 1,
+                                          "--only", "movement-0.5-seed1", "--work", tmp_path / "work", "--out", out],
+                    monkeypatch)
+    rows = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(rows) == ["movement-0.5", "teacher", "movement-0.5-seed1"] and rows["movement-0.5"] == moved
+    assert "error" not in rows["movement-0.5-seed1"] and "--seed 1" in rows["movement-0.5-seed1"]["command"]
+    assert rows["movement-0.5-seed1"]["seed"] == 1 and moved["seed"] == 0
+    assert sorted(p.name for p in (tmp_path / "work" / "resume").iterdir()) == [
+        "movement-0.5-from-teacher", "movement-0.5-seed1-from-teacher"]
 
 
 def test_sparsity_study_fine_prunes_the_pretrained_encoder(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
@@ -593,7 +604,7 @@ def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
     assert f"| `theseus` | {rows['theseus']['accuracy']:.4f} |" in table and "| seed 0 | mean |" in table
     # distillation as recovery: the student is the teacher with heads and FFN neurons pruned
     pruned = tmp_path / "recovery.json"
-    run_script("distill_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--rows", "soft-hard",
+    run_script("distill_study.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--rows", "soft-hard-hidden",
                                     "--prune-heads", 0.5, "--prune-ffn", 0.5, "--prune-samples", 32, "--train-samples", 32,
                                     "--batch-size", 16, "--max-eval-samples", 16, "--out", pruned], monkeypatch)
     record = json.loads(pruned.read_text())
