@@ -3,9 +3,12 @@
 For each kind, the same network is trained once per arm with the same budget (steps): on the
 teacher's logits (`distilled`: `alpha: 0`, MSE, Tang et al.'s objective) and on the labels
 alone (`labels-only`: `alpha: 1`, no teacher: the control); `--arms` adds `distilled-kl`
-(KL at T = 2), `distilled-mixed` (alpha 0.5) and `distilled-augment` (Tang et al.'s transfer
+(KL at T = 2), `distilled-mixed` (alpha 0.5), `distilled-augment` (Tang et al.'s transfer
 set: `--copies` noised copies of each text from the masked LM `--mlm`, labelled by the
-teacher; its epochs divided by 1 + copies, so it takes the same steps as the others). Each is exported through the real gate (`export_bundle`: ONNX,
+teacher; its epochs divided by 1 + copies, so it takes the same steps as the others) and
+`distilled-unlabeled` / `distilled-mixed-unlabeled` (the next `--unlabeled` train texts after
+the labelled ones, labels withheld, so only the teacher labels them; epochs scaled to the
+same steps). Each is exported through the real gate (`export_bundle`: ONNX,
 parity with PyTorch, accuracy on the test split) and its test accuracy and file size are
 recorded, with the teacher's. `--latency` also times every exported graph against the
 teacher's fused fp32 graph, interleaved, at batch 8 on real test batches (the `cpu`
@@ -44,6 +47,9 @@ ARMS: dict[str, dict] = {
     "distilled-kl": {"alpha": 0.0, "logit_loss": "kl"},
     "distilled-mixed": {"alpha": 0.5},
     "distilled-augment": {"alpha": 0.0, "augment": True},
+    # the next --unlabeled train texts, labels withheld: only the teacher labels them
+    "distilled-unlabeled": {"alpha": 0.0, "unlabeled": True},
+    "distilled-mixed-unlabeled": {"alpha": 0.5, "unlabeled": True},
 }
 
 
@@ -55,6 +61,8 @@ def main() -> int:
     parser.add_argument("--arms", nargs="+", default=["distilled", "labels-only"], choices=list(ARMS))
     parser.add_argument("--mlm", type=Path, help="distilled-augment: a masked-LM dir (compressor pretrain --init)")
     parser.add_argument("--copies", type=int, default=2, help="distilled-augment: noised copies per text")
+    parser.add_argument("--unlabeled", type=int, default=0,
+                        help="*-unlabeled arms: train texts after the --train-samples labelled ones, labels withheld")
     parser.add_argument("--embedding-dim", type=int, default=256)
     parser.add_argument("--train-samples", type=int, default=20000)
     parser.add_argument("--epochs", type=float, default=2.0)
@@ -68,6 +76,8 @@ def main() -> int:
     args = parser.parse_args()
     if "distilled-augment" in args.arms and args.mlm is None:
         parser.error("the distilled-augment arm needs --mlm, a masked-LM dir")
+    if any(arm.endswith("-unlabeled") for arm in args.arms) and args.unlabeled < 1:
+        parser.error("the *-unlabeled arms need --unlabeled N, a positive number of train texts")
 
     teacher = ModelBundle.load(args.teacher)
     task = load_task(task_arg(args.task) if args.task else teacher.task)
@@ -96,6 +106,9 @@ def arm_config(kind: str, arm: str, args) -> dict:
     if settings.pop("augment", False):
         settings["augment"] = {"copies": args.copies, "mlm": str(args.mlm)}
         epochs /= 1 + args.copies          # the same steps over originals + copies
+    if settings.pop("unlabeled", False):
+        settings["unlabeled_samples"] = args.unlabeled
+        epochs *= args.train_samples / (args.train_samples + args.unlabeled)   # the same steps again
     return {"kind": kind, **settings, "epochs": epochs, "max_train_samples": args.train_samples,
             "embedding_dim": args.embedding_dim, "hidden_size": 2 * args.embedding_dim}
 

@@ -11,6 +11,10 @@ Where TinyBERT masks one word per forward pass, this masks a copy's chosen words
 fills them from one forward pass (N passes per text instead of one per word: the difference
 is how much context each prediction sees). Words the masked LM splits into pieces are kept,
 where TinyBERT would take a GloVe neighbour (no word vectors ship offline).
+
+`unlabeled_samples: N` is the other transfer set: the next N texts of the train split after
+the labelled ones, their labels withheld (NO_LABEL), as when labels are scarce and in-domain
+text is not; the teacher alone labels them, under the same refusals as `augment`.
 """
 
 from __future__ import annotations
@@ -47,16 +51,38 @@ Config = TypeVar("Config", bound=PassConfig)
 
 
 def transfer_data(cfg: Config, ctx: Context, record: dict) -> tuple[TaskData, Config]:
-    """The task as the loop should see it: with `cfg.augment`, the train split's first
-    max_train_samples texts plus their noised copies (and the cap lifted, as it is applied).
-    `cfg` is any training pass's config with `augment`, `max_train_samples` and `seed`."""
-    if cfg.augment is None:
+    """The task as the loop should see it: the train split's first max_train_samples texts,
+    plus with `cfg.augment` their noised copies, plus with `cfg.unlabeled_samples` the next
+    texts without their labels (and the cap lifted, as it is applied). `cfg` is any training
+    pass's config with `augment`, `unlabeled_samples`, `max_train_samples` and `seed`."""
+    if cfg.augment is None and not cfg.unlabeled_samples:
         return ctx.task, cfg
-    originals = ctx.task.split("train").head(cfg.max_train_samples)
-    augmented = augment_split(originals, cfg.augment, Path(cfg.augment.mlm), cfg.seed)
-    record["augment"] = augmented.record
-    task = replace(ctx.task, splits={**ctx.task.splits, "train": augmented.split})
+    train = ctx.task.split("train")
+    split = originals = train.head(cfg.max_train_samples)
+    if cfg.augment is not None:
+        augmented = augment_split(originals, cfg.augment, Path(cfg.augment.mlm), cfg.seed)
+        record["augment"] = augmented.record
+        split = augmented.split
+    if cfg.unlabeled_samples:
+        split = joined(split, unlabeled_rows(train, len(originals), cfg.unlabeled_samples))
+        record["unlabeled"] = {"labelled": len(originals), "unlabeled": cfg.unlabeled_samples}
+    task = replace(ctx.task, splits={**ctx.task.splits, "train": split})
     return task, cfg.model_copy(update={"max_train_samples": None})
+
+
+def unlabeled_rows(train: Split, labelled: int, count: int) -> Split:
+    """The `count` train rows after the first `labelled`, their labels withheld."""
+    left = len(train) - labelled
+    if count > left:
+        raise UserError(f"unlabeled_samples {count} asks for more train texts than the {left} after the "
+                        f"{labelled} labelled ones; expected at most {left} (or a smaller max_train_samples)")
+    pairs = train.text_pairs[labelled:labelled + count] if train.text_pairs is not None else None
+    return Split(train.texts[labelled:labelled + count], [NO_LABEL] * count, pairs)
+
+
+def joined(first: Split, second: Split) -> Split:
+    pairs = first.text_pairs + second.text_pairs if first.text_pairs is not None else None
+    return Split(first.texts + second.texts, first.labels + second.labels, pairs)
 
 
 @dataclass

@@ -179,6 +179,7 @@ class DistillConfig(FinetuneConfig):
     projection: bool = True                    # a learnable W_h where the widths differ
     two_stage: bool = False                    # TinyBERT: layer losses first, then prediction losses
     augment: AugmentConfig | None = None       # noised copies of the train texts, learnt from soft targets
+    unlabeled_samples: int = Field(0, ge=0)    # train texts after the labelled ones, labels withheld
 
     @field_validator("losses")
     @classmethod
@@ -211,6 +212,9 @@ class DistillConfig(FinetuneConfig):
         if self.augment is not None and "soft" not in self.losses:
             raise ValueError("augment adds copies that only the teacher's soft targets label; expected soft "
                              "among the losses")
+        if self.unlabeled_samples and "soft" not in self.losses:
+            raise ValueError("unlabeled_samples adds texts that only the teacher's soft targets label; expected "
+                             "soft among the losses")
         if "progressive" in self.losses and len(layered) > 1:
             raise ValueError("progressive trains layer by layer with its own hidden + attention losses; "
                              "expected no other layer loss beside it (soft / hard follow it)")

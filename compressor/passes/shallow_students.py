@@ -13,8 +13,8 @@ loss, `mse` between student and teacher logits (their choice) or `kl`
 (KL(teacher/T || student/T) x T^2, DistilBERT's). `alpha: 1` trains the same network on
 the labels alone, without the teacher: the control that shows what distillation adds.
 `augment: {copies, mlm}` adds noised copies of the train texts that only the teacher labels
-(Tang et al.'s transfer-set augmentation; distill_augment.py); the labels' cross-entropy skips
-them.
+(Tang et al.'s transfer-set augmentation; distill_augment.py), and `unlabeled_samples: N` the
+next N train texts with their labels withheld; the labels' cross-entropy skips both.
 
 Word embeddings (`embeddings`): `teacher` (default) takes the input model's word embedding
 projected onto its top `embedding_dim` principal directions (a copy when the widths are
@@ -65,6 +65,7 @@ class DistillStructure(FinetuneConfig):
     logit_loss: Literal["mse", "kl"] = "mse"
     temperature: float = Field(2.0, gt=0)          # for kl
     augment: AugmentConfig | None = None           # noised copies of the train texts, teacher-labelled
+    unlabeled_samples: int = Field(0, ge=0)        # train texts after the labelled ones, teacher-labelled
 
     @model_validator(mode="after")
     def a_new_network_trains_whole(self) -> DistillStructure:
@@ -79,6 +80,9 @@ class DistillStructure(FinetuneConfig):
         if self.augment is not None and self.alpha == 1:
             raise ValueError("augment adds copies that only the teacher's logits label; expected alpha < 1 "
                              "(alpha 1 trains on the labels alone)")
+        if self.unlabeled_samples and self.alpha == 1:
+            raise ValueError("unlabeled_samples adds texts that only the teacher's logits label; expected "
+                             "alpha < 1 (alpha 1 trains on the labels alone)")
         return self
 
     def input_paths(self) -> dict[str, Path]:

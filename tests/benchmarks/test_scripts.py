@@ -297,6 +297,15 @@ def test_shallow_students(finished_run, tiny_csv, tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as refused:      # the augmented arm needs a masked LM
         run_script("shallow_students.py", [*args, "--arms", "distilled-augment"], monkeypatch)
     assert refused.value.code == 2
+    with pytest.raises(SystemExit) as refused:      # the unlabeled arms need --unlabeled
+        run_script("shallow_students.py", [*args, "--arms", "distilled-mixed-unlabeled"], monkeypatch)
+    assert refused.value.code == 2
+    run_script_exit("shallow_students.py", [*args, "--reuse", "--arms", "labels-only", "distilled-mixed-unlabeled",
+                                            "--unlabeled", 16], monkeypatch)
+    third = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(third) == ["teacher", "cnn-labels-only", "cnn-distilled-mixed-unlabeled"]
+    assert third["cnn-labels-only"] == {**second["results"][2], "retention": third["cnn-labels-only"]["retention"]}
+    assert 0 <= third["cnn-distilled-mixed-unlabeled"]["accuracy"] <= 1
 
 
 def test_latency_model(finished_run, tiny_csv, tmp_path, monkeypatch):

@@ -106,3 +106,32 @@ def test_refusals(bert_bundle, tiny_task, tiny_bert_dir, monkeypatch):
     missing = DistillConfig.model_validate({**TINY, "augment": {"copies": 1, "mlm": str(tiny_bert_dir / "nope")}})
     with pytest.raises(UserError, match="not a masked-LM model dir"):
         apply_pass(bert_bundle, "distill", missing, ctx)
+
+
+def test_unlabeled_rows_are_the_next_train_texts_without_labels(tiny_task):
+    ctx = Context(task=tiny_task, seed=0, show_progress=False)
+    cfg = DistillConfig.model_validate({**TINY, "losses": ["soft", "hard"], "unlabeled_samples": 20})
+    record: dict = {}
+    task, applied = distill_augment.transfer_data(cfg, ctx, record)
+    train, seen = tiny_task.split("train"), task.split("train")
+    assert seen.texts == train.texts[:52] and applied.max_train_samples is None      # the cap was applied here
+    assert seen.labels == train.labels[:32] + [NO_LABEL] * 20
+    assert record == {"unlabeled": {"labelled": 32, "unlabeled": 20}}
+    left = len(train) - 32
+    too_many = cfg.model_copy(update={"unlabeled_samples": left + 1})
+    with pytest.raises(UserError, match=f"more train texts than the {left} after the 32 labelled") as err:
+        distill_augment.transfer_data(too_many, ctx, {})
+    assert "\n" not in str(err.value)
+
+
+def test_distill_structure_learns_unlabeled_texts_from_the_teacher(bert_bundle, tiny_task, tiny_bert_dir):
+    ctx = Context(task=tiny_task, seed=0, show_progress=False, teacher_source=LazyTeacher.from_dir(tiny_bert_dir))
+    cfg = parse_step({"distill-structure": {"kind": "cnn", "embedding_dim": 16, "filters": 8, "alpha": 0.5,
+                                            **TINY, "unlabeled_samples": 16}}, "v").config
+    out = apply_pass(bert_bundle, "distill-structure", cfg, ctx)
+    assert out.deploy["distill-structure"]["unlabeled"] == {"labelled": 32, "unlabeled": 16}
+    # with alpha 1 (labels alone) or without soft targets nothing would learn the unlabeled texts
+    with pytest.raises(UserError, match="alpha < 1"):
+        parse_step({"distill-structure": {"kind": "cnn", "alpha": 1.0, "unlabeled_samples": 8}}, "v")
+    with pytest.raises(UserError, match="expected soft among the losses"):
+        parse_step({"distill": {"losses": ["hard", "hidden"], "unlabeled_samples": 8}}, "v")
