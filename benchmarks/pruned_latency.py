@@ -15,6 +15,11 @@ LATENCY NEEDS A QUIET MACHINE; run it alone:
 
 The pruned model and the exports are kept in --work, so a rerun only times (delete it to rebuild).
 Target (issue 15): pruned/teacher p50 latency <= 0.6 in both precisions.
+
+`--skip-layernorm fused unfused` exports all four graphs in each form of the residual
+LayerNorms (ORT's fused SkipLayerNormalization, or Sum + LayerNormalization; default: the
+exporter's `auto`) and times every graph in the same run; `--optimum` adds Optimum's int8
+recipe for this CPU (the `optimum-default-int8` baseline, built as the benchmark builds it).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from compressor.bench.baselines import build_optimum_default_int8, model_file, preset_for_this_cpu
 from compressor.bench.environment import environment
 from compressor.bench.measure import measure_models
 from compressor.bench.profiles import load_profile
@@ -55,13 +61,21 @@ def pruned_model(teacher: ModelBundle, ctx: Context, args) -> ModelBundle:
     return bundle
 
 
-def exported(bundle: ModelBundle, name: str, ctx: Context, args) -> tuple[Deployable, dict]:
-    """`bundle` exported with fusion to --work/<name> (reused when there), with its export record."""
+def exported(bundle: ModelBundle, name: str, form: str, ctx: Context, args) -> tuple[Deployable, dict]:
+    """`bundle` exported with fusion (residual LayerNorms as `form`) to --work/<name> (reused
+    when there), with its export record."""
     out = args.work / name
     if not (out / EXPORT_FILE).exists():
-        export_bundle(bundle, out, ExportSettings(optimize=True), ctx.task, args.eval_samples)
+        export_bundle(bundle, out, ExportSettings(optimize=True, skip_layernorm=form), ctx.task, args.eval_samples)
     record = read_export_record(out)
     return Deployable(name, "onnx", out / ONNX_FILE, record["precision"]), record
+
+
+def optimum_baseline(teacher_dir: Path, args) -> Deployable:
+    out = args.work / "optimum-default-int8"
+    if not model_file("optimum-default-int8", out).exists():
+        build_optimum_default_int8(teacher_dir, out, preset_for_this_cpu())
+    return Deployable("optimum-default-int8", "onnx", model_file("optimum-default-int8", out), "dynamic-int8")
 
 
 def main() -> int:
@@ -78,6 +92,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--iterations", type=int, help="timed calls per model (default: the profile's)")
     parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--skip-layernorm", nargs="+", default=["auto"], choices=["auto", "fused", "unfused"],
+                        help="forms of the residual LayerNorms to export and time (each graph once per form)")
+    parser.add_argument("--optimum", action="store_true", help="also time Optimum's int8 recipe for this CPU")
     parser.add_argument("--work", type=Path, default=Path("runs/pruned-latency"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -86,28 +103,35 @@ def main() -> int:
     ctx = Context(task=task, seed=0, show_progress=True)
     pruned = pruned_model(teacher, ctx, args)
     models, records = [], {}
-    for name, bundle in (("teacher-fp32", teacher), ("pruned-fp32", pruned)):
-        for suffix, quantized in (("fp32", bundle), ("int8", step(bundle, "quantize", INT8, ctx))):
-            label = name.replace("fp32", suffix)
-            model, records[label] = exported(quantized, label, ctx, args)
-            models.append(model)
+    # one form keeps the plain names (teacher-int8, ...); several get the form as a suffix
+    forms = {form: f"-{form}" if len(args.skip_layernorm) > 1 else "" for form in args.skip_layernorm}
+    for form, tag in forms.items():
+        for name, bundle in (("teacher", teacher), ("pruned", pruned)):
+            for precision, quantized in (("fp32", bundle), ("int8", step(bundle, "quantize", INT8, ctx))):
+                model, records[f"{name}-{precision}{tag}"] = exported(quantized, f"{name}-{precision}{tag}", form,
+                                                                     ctx, args)
+                models.append(model)
+    if args.optimum:
+        models.append(optimum_baseline(args.teacher, args))
     update = {"batch_sizes": [args.batch_size], "sequence_lengths": ["real"]}
     if args.iterations:
         update["iterations"] = args.iterations
     profile = load_profile(args.profile).model_copy(update=update)
     measured = measure_models(models, profile, teacher.tokenizer, task.split("test"))
     p50 = {row["model"]: row["p50_ms"] for row in measured.rows}
-    ratios = {precision: p50[f"pruned-{precision}"] / p50[f"teacher-{precision}"] for precision in ("fp32", "int8")}
+    ratios = {f"{precision}{tag}": p50[f"pruned-{precision}{tag}"] / p50[f"teacher-{precision}{tag}"]
+              for tag in forms.values() for precision in ("fp32", "int8")}
     write_json(args.out, {
         "command": " ".join(sys.argv), "environment": environment(), "profile": profile.model_dump(mode="json"),
         "pruned_passes": list(pruned.history), "params": {"teacher": teacher.params, "pruned": pruned.params},
         "accuracy": {name: r["accuracy"] for name, r in records.items()},
         "size_bytes": {name: r["size_bytes"] for name, r in records.items()},
         "fusions": {name: r.get("fusions") for name, r in records.items()},
+        "skip_layernorm": {name: r.get("skip_layernorm") for name, r in records.items()},
         "latency": measured.rows, "rankings": measured.rankings, "p50_ratio_pruned_to_teacher": ratios,
         "target_met": {precision: ratio <= TARGET_RATIO for precision, ratio in ratios.items()}})
-    for precision, ratio in ratios.items():
-        print(f"{precision}: pruned {p50[f'pruned-{precision}']:.2f} ms, teacher {p50[f'teacher-{precision}']:.2f} ms, "
+    for graphs, ratio in ratios.items():
+        print(f"{graphs}: pruned {p50[f'pruned-{graphs}']:.2f} ms, teacher {p50[f'teacher-{graphs}']:.2f} ms, "
               f"ratio {ratio:.3f} (target <= {TARGET_RATIO})")
     return 0
 

@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--whole-last-layer", action="store_true",
                     help="trace the last layer for every token (default: the first token only, the one "
                          "the head reads; pretrain/first_token.py)")
+    ex.add_argument("--skip-layernorm", choices=["auto", "fused", "unfused"], default="auto",
+                    help="with --optimize: residual add + LayerNorm as ORT's fused SkipLayerNormalization or as "
+                         "Sum + LayerNormalization (auto: unfused where the installed onnxruntime's CPU kernel is "
+                         "the slower one)")
     ex.add_argument("--quantize", choices=["none", *MODE_CONFIGS],
                     help="default: what the model's quantize pass recorded, else none (fp32)")
     ex.add_argument("--per-channel", action="store_const", const=True, help="per-channel int8 weight scales")
@@ -374,7 +378,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         args.model, args.out, task_arg(args.task) if args.task else None,
         settings={"optimize": args.optimize, "parity_tolerance": args.parity_tolerance,
                   "accuracy_tolerance": args.accuracy_tolerance, "min_accuracy": args.min_accuracy,
-                  "cls_only_last_layer": not args.whole_last_layer},
+                  "cls_only_last_layer": not args.whole_last_layer, "skip_layernorm": args.skip_layernorm},
         quantize=args.quantize,
         quantize_options={"per_channel": args.per_channel, "reduce_range": args.reduce_range,
                           "weight_type": args.weight_type, "calibration": args.calibration,

@@ -26,6 +26,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -56,8 +57,13 @@ EXPORT_FILE = "export.json"
 
 
 # What the exporter makes of the same model and settings; part of every export's cache key, so
-# that a graph traced the old way is not reused. 2: the last layer on the first token only.
-GRAPH_VERSION = 2
+# that a graph traced the old way is not reused. 2: the last layer on the first token only;
+# 3: residual LayerNorms unfused where ONNX Runtime's fused kernel is the slower one.
+GRAPH_VERSION = 3
+
+# The first onnxruntime release whose CPU SkipLayerNormalization kernel runs slower than
+# Sum + LayerNormalization (measured: benchmarks/README.md, "Residual LayerNorms").
+SLOW_SKIP_LAYERNORM_SINCE = (1, 30)
 
 
 class ExportSettings(BaseModel):
@@ -72,6 +78,9 @@ class ExportSettings(BaseModel):
     parity_samples: int = Field(512, ge=1)                # first N test examples for the parity check
     min_accuracy: float | None = Field(None, ge=0, le=1)  # absolute test-accuracy floor, quantized graphs
     cls_only_last_layer: bool = True                      # last layer on the first token only (pretrain/first_token.py)
+    # Residual add + LayerNorm as ORT's fused SkipLayerNormalization, or as Sum + LayerNormalization;
+    # auto: unfused where the installed onnxruntime's CPU kernel is the slower one (not for fp16)
+    skip_layernorm: Literal["auto", "fused", "unfused"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -140,9 +149,10 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
                   "parity_tolerance": settings.parity_tolerance,
                   "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
         if settings.optimize and type(quantize) not in UNFUSED_MODES:
-            graph, fusion_record = optimized(graph, work / "fused.onnx", gate, unfused_ops(quantize),
-                                             bundle.model.config)
-            record.update(fusion_record)
+            residual, why = skip_layernorm_choice(settings, quantize)
+            left_out = unfused_ops(quantize) + (("SkipLayerNormalization",) if residual == "unfused" else ())
+            graph, fusion_record = optimized(graph, work / "fused.onnx", gate, left_out, bundle.model.config)
+            record.update(fusion_record, skip_layernorm=residual, skip_layernorm_reason=why)
         else:
             why = UNFUSED_MODES.get(type(quantize)) if settings.optimize else None
             record.update({"optimized": False, "fusions": {}, "fusion_fallback": why})
@@ -180,6 +190,20 @@ def model_to_trace(model: PreTrainedModel, settings: ExportSettings) -> tuple[Pr
     reason = last_layer_skip_reason(model, settings)
     record = {"cls_only_last_layer": reason is None, "cls_only_last_layer_skipped": reason}
     return (first_token_copy(model) if reason is None else model), record
+
+
+def skip_layernorm_choice(settings: ExportSettings, quantize: QuantizeConfig | None) -> tuple[str, str]:
+    """How the residual LayerNorms are written ("fused" or "unfused"), and why."""
+    if settings.skip_layernorm != "auto":
+        return settings.skip_layernorm, "asked (skip_layernorm)"
+    if isinstance(quantize, Fp16Config):
+        return "fused", "fp16 targets GPU providers, whose fused kernel is the fast one"
+    import onnxruntime as ort
+    version = tuple(int(part) for part in ort.__version__.split(".")[:2])
+    if version >= SLOW_SKIP_LAYERNORM_SINCE:
+        return "unfused", (f"onnxruntime {ort.__version__}: its CPU SkipLayerNormalization kernel is slower "
+                           "than Sum + LayerNormalization")
+    return "fused", f"onnxruntime {ort.__version__}: its CPU SkipLayerNormalization kernel is the fast one"
 
 
 # Modes that quantize the unfused graph, and why (recorded as the fusion fallback).

@@ -2,6 +2,13 @@
 
 Fusion is an optimisation, never a requirement: if ORT's optimizer raises or finds no
 pattern, the caller keeps the unfused graph and records why (`Fusion.fallback`).
+
+The residual LayerNorms may stay unfused (`SkipLayerNormalization` among `unfused`): on
+onnxruntime 1.30 and later the CPU kernel of the fused SkipLayerNormalization runs several
+times slower than an elementwise sum followed by LayerNormalization (benchmarks/README.md,
+"Residual LayerNorms"). The residual add then becomes a two-input `Sum`: ONNX Runtime fuses
+`Add` + `LayerNormalization` back into SkipLayerNormalization when a session loads the graph,
+but not `Sum`, so the graph runs unfused under any session options, Optimum's included.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ class Fusion:
 
 
 # Fusions a caller may leave out -> ORT's FusionOptions flag.
-FUSION_FLAGS = {"Attention": "enable_attention", "EmbedLayerNormalization": "enable_embed_layer_norm"}
+FUSION_FLAGS = {"Attention": "enable_attention", "EmbedLayerNormalization": "enable_embed_layer_norm",
+                "SkipLayerNormalization": "enable_skip_layer_norm"}
 
 
 def fuse(source: Path, target: Path, unfused: tuple[str, ...] = (), config=None) -> Fusion:
@@ -62,5 +70,23 @@ def fuse(source: Path, target: Path, unfused: tuple[str, ...] = (), config=None)
     applied = {op: int(n) for op, n in counts.items() if n}
     if not applied:
         return Fusion(None, {}, "no fusion pattern matched the graph")
+    if "SkipLayerNormalization" in unfused:
+        applied["residual Sum + LayerNormalization"] = residual_adds_as_sums(model.model.graph)
     model.save_model_to_file(str(target))
     return Fusion(target, applied)
+
+
+def residual_adds_as_sums(graph) -> int:
+    """Turn every Add of two computed tensors that feeds a LayerNormalization (a residual add)
+    into the equivalent two-input Sum, which ONNX Runtime's session-time SkipLayerNormFusion
+    does not match; bias adds (one input an initializer) stay Adds. Returns how many changed."""
+    producers = {out: node for node in graph.node for out in node.output}
+    changed = 0
+    for norm in graph.node:
+        add = producers.get(norm.input[0]) if norm.op_type == "LayerNormalization" else None
+        computed = add is not None and all(name in producers and producers[name].op_type != "Constant"
+                                           for name in add.input)
+        if computed and add.op_type == "Add":
+            add.op_type = "Sum"
+            changed += 1
+    return changed

@@ -571,6 +571,19 @@ def test_pruned_latency(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     assert set(result["p50_ratio_pruned_to_teacher"]) == {"fp32", "int8"}
     assert result["params"]["pruned"] < result["params"]["teacher"]
     assert {row["model"] for row in result["latency"]} == {"teacher-fp32", "teacher-int8", "pruned-fp32", "pruned-int8"}
+    assert set(result["skip_layernorm"].values()) == {"unfused"}       # auto, on this onnxruntime
+    # both forms of the residual LayerNorms and Optimum's recipe, timed in one run (the pruned model reused)
+    from compressor.bench import measure
+    monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
+    run_script_exit("pruned_latency.py", [
+        "--teacher", tiny_bert_dir, "--task", tiny_csv, "--eval-samples", 16, "--iterations", 2,
+        "--skip-layernorm", "fused", "unfused", "--optimum", "--work", tmp_path / "work", "--out", out], monkeypatch)
+    both = json.loads(out.read_text())
+    assert set(both["p50_ratio_pruned_to_teacher"]) == {"fp32-fused", "int8-fused", "fp32-unfused", "int8-unfused"}
+    assert both["skip_layernorm"]["teacher-int8-fused"] == "fused" and both["params"] == result["params"]
+    assert both["fusions"]["pruned-fp32-fused"]["SkipLayerNormalization"] == 8         # 4 layers x 2
+    assert both["fusions"]["pruned-fp32-unfused"]["residual Sum + LayerNormalization"] == 8
+    assert "optimum-default-int8" in {row["model"] for row in both["latency"]}
 def test_sharing_study(finished_run, tiny_csv, tmp_path, monkeypatch):
     out = tmp_path / "sharing.json"
     teacher = json.loads((finished_run[1] / "report.json").read_text())["teacher"]["path"]
