@@ -690,3 +690,15 @@ def test_cls_only_latency(finished_run, tiny_bert_dir, tiny_csv, tmp_path, monke
     assert all(r["applied"] and r["speedup"] > 0 and r["cls_only_of_onnxruntime-fp32"] > 0 for r in rows)
     assert rows[0]["accuracy_whole"] == rows[0]["accuracy_cls_only"]      # fp32: the same logits
     assert "tiny fp32 batch 1: whole" in capsys.readouterr().out
+
+
+def test_skip_layernorm_kernel(tmp_path, monkeypatch):
+    out = tmp_path / "kernel.json"
+    run_script_exit("skip_layernorm_kernel.py", ["--shapes", "1x5", "2x7", "--hidden", 16, "--threads", 1,
+                                                 "--calls", 3, "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert [(r["batch"], r["sequence"]) for r in result["results"]] == [(1, 5), (2, 7)]
+    for row in result["results"]:
+        assert row["max_abs_diff"] < 1e-4                       # the two forms compute the same LayerNorm
+        assert row["p50_us"]["fused"] > 0 and row["p50_us"]["unfused"] > 0
+    assert result["onnxruntime"] and result["calls"] == 3
