@@ -196,7 +196,8 @@ def rank_correlation(rows: list[dict]) -> float | None:
     return None if np.isnan(rho) else float(rho)
 
 
-def model_key(machine: dict, profile: dict, teacher: TeacherShape, first_token_last: bool = False) -> str:
+def model_key(machine: dict, profile: dict, teacher: TeacherShape, first_token_last: bool = False,
+              residual_layernorm: str = "fused") -> str:
     """Same CPU (model and flags), cores, runtime versions, profile, teacher shape and export
     graph: same model."""
     cpu = machine.get("cpu", {})
@@ -206,6 +207,8 @@ def model_key(machine: dict, profile: dict, teacher: TeacherShape, first_token_l
                 "teacher": teacher.model_dump()}
     if first_token_last:   # absent otherwise, so models saved before it existed keep their key
         identity["last_layer"] = "first-token"
+    if residual_layernorm != "fused":   # likewise: Sum + LayerNormalization (export skip_layernorm)
+        identity["residual_layernorm"] = residual_layernorm
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

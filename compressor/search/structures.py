@@ -21,7 +21,8 @@ from compressor.bench.profiles import Profile
 from compressor.bench.runners import Deployable, input_batches, load_runner
 from compressor.bench.timing import time_interleaved
 from compressor.bundle import ModelBundle
-from compressor.export.onnx import GRAPH_VERSION, ONNX_FILE, ExportSettings, export_bundle, last_layer_skip_reason
+from compressor.export.onnx import (GRAPH_VERSION, ONNX_FILE, ExportSettings, export_bundle, last_layer_skip_reason,
+                                    skip_layernorm_choice)
 from compressor.modeling.structure import prune_heads, set_intermediate_size
 from compressor.search.latency import (LatencyModel, Point, Precision, Structure, TeacherShape, fit,
                                        held_out_error, load_or_none, model_key)
@@ -127,7 +128,8 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
     profile_identity = {**profile.model_dump(mode="json", exclude={"name", "iterations", "warmup"}),
                         "batch_sizes": sorted(batch_sizes), "precisions": sorted(precisions)}
     first_token_last = last_layer_skip_reason(teacher.model, STRUCTURE_EXPORT) is None   # as the exports trace it
-    key = model_key(machine, profile_identity, shape, first_token_last)
+    residual = skip_layernorm_choice(STRUCTURE_EXPORT, None)[0]                          # likewise
+    key = model_key(machine, profile_identity, shape, first_token_last, residual)
     if cache is not None and (saved := load_or_none(cache, key)) is not None:
         log(f"latency model: reusing {cache} (fitted on this machine for this profile and teacher)")
         return saved

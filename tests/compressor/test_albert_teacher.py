@@ -61,7 +61,8 @@ def test_albert_teacher_fine_tunes_exports_fused_quantizes_and_benchmarks(albert
     # between the embedding LayerNorm and the encoder); the per-layer copies that fusion and
     # quantization make of the one shared layer are merged back.
     assert fp32["fusions"]["Attention"] == LAYERS - 1 and "EmbedLayerNormalization" not in fp32["fusions"]
-    assert fp32["fusions"]["SkipLayerNormalization"] == 2 * LAYERS
+    # two residual LayerNorms per layer, plus the embedding sum's (no EmbedLayerNormalization here)
+    assert fp32["fusions"]["residual Sum + LayerNormalization"] == 2 * LAYERS + 1
     assert fp32["fused_duplicates_merged"] > 0 and int8["quantized_duplicates_merged"] > 0
     assert len(set(int8["kept_in_float"])) > len(int8["kept_layers"]) == 5   # of 9 Linear modules
     ops = {node.op_type for node in onnx.load(str(tmp_path / "out" / "int8-onnx" / "model.onnx")).graph.node}

@@ -73,7 +73,8 @@ def test_sliced_heads_and_ffn_export_fuse_and_match(cls_only, attention_fused, s
     assert record["optimized"] and record["fusion_fallback"] is None
     assert record["cls_only_last_layer"] is cls_only
     assert record["fusions"]["Attention"] == attention_fused
-    assert record["fusions"]["SkipLayerNormalization"] == 8
+    assert record["fusions"]["residual Sum + LayerNormalization"] == 8     # skip_layernorm auto, onnxruntime >= 1.30
+    assert record["skip_layernorm"] == "unfused" and "SkipLayerNormalization" not in record["fusions"]
     assert record["parity_max_abs_diff"] <= 1e-4
 
     torch_logits = predict_logits(model, encode(sliced_bundle.tokenizer, tiny_task.split("test")))
@@ -198,3 +199,39 @@ def test_a_model_with_few_positions_exports_evaluates_and_benchmarks_within_them
     assert max(b["input_ids"].shape[1] for b in batches) == positions
     with pytest.raises(UserError, match=f"sequence length 32 is longer than the model's {positions}"):
         input_batches(predictor.tokenizer, test, 8, 32, max_length=predictor.max_length)
+
+
+@pytest.mark.parametrize("form", ["fused", "unfused"])
+def test_residual_layernorms_stay_as_exported_when_a_session_loads_them(form, sliced_bundle, tiny_task, tmp_path):
+    """ORT's session-time SkipLayerNormFusion matches Add + LayerNormalization; the unfused
+    form writes the residual add as Sum, so a session with every optimization on (what
+    Optimum's ORTModel and a plain InferenceSession use) runs it as exported."""
+    import collections
+
+    import onnxruntime as ort
+    settings = ExportSettings(optimize=True, skip_layernorm=form)
+    record = export_bundle(sliced_bundle, tmp_path / "out", settings, tiny_task).record
+    assert record["skip_layernorm"] == form and record["skip_layernorm_reason"] == "asked (skip_layernorm)"
+    assert record["parity_max_abs_diff"] <= 1e-4 and record["fusions"]["Attention"] == 3
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "as-loaded.onnx")
+    ort.InferenceSession(str(tmp_path / "out" / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    loaded = collections.Counter(node.op_type for node in onnx.load(str(tmp_path / "as-loaded.onnx")).graph.node)
+    if form == "fused":
+        assert record["fusions"]["SkipLayerNormalization"] == 8 and loaded["SkipLayerNormalization"] == 8
+    else:
+        assert record["fusions"]["residual Sum + LayerNormalization"] == 8
+        assert loaded["SkipLayerNormalization"] == 0 and loaded["Sum"] == 8 and loaded["LayerNormalization"] == 8
+
+
+def test_skip_layernorm_auto_follows_the_onnxruntime_release(monkeypatch):
+    import onnxruntime as ort
+
+    from compressor.export.onnx import skip_layernorm_choice
+    from compressor.export.quantize import Fp16Config
+    monkeypatch.setattr(ort, "__version__", "1.29.0")
+    assert skip_layernorm_choice(ExportSettings(), None)[0] == "fused"
+    monkeypatch.setattr(ort, "__version__", "1.30.1")
+    assert skip_layernorm_choice(ExportSettings(), None)[0] == "unfused"
+    assert skip_layernorm_choice(ExportSettings(), Fp16Config())[0] == "fused"            # GPU providers
+    assert skip_layernorm_choice(ExportSettings(skip_layernorm="fused"), None) == ("fused", "asked (skip_layernorm)")

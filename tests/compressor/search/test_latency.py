@@ -69,6 +69,9 @@ def test_a_model_fitted_on_first_token_exports_says_so_in_its_key_and_prediction
     for point in points[:10]:
         assert model.predict_ms(point.structure, point.batch, point.length) == pytest.approx(point.ms, rel=1e-3)
     assert model_key(MACHINE, {}, SHAPE, True) != model_key(MACHINE, {}, SHAPE) == model_key(MACHINE, {}, SHAPE, False)
+    # graphs whose residual LayerNorms run unfused are another graph: another key (fused keeps the old one)
+    assert model_key(MACHINE, {}, SHAPE, True, "unfused") != model_key(MACHINE, {}, SHAPE, True, "fused") \
+        == model_key(MACHINE, {}, SHAPE, True)
 
 
 def test_fit_recovers_a_linear_machine_and_predicts_unseen_structures():
