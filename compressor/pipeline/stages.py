@@ -22,7 +22,8 @@ import numpy as np
 
 from compressor.bundle import ModelBundle, read_provenance
 from compressor.evaluate import load_predictor, predict_classes
-from compressor.export.onnx import GRAPH_VERSION, ExportSettings, export_into
+from compressor.export.onnx import GRAPH_VERSION, ExportSettings, export_into, skip_layernorm_choice
+from compressor.export.quantize import Fp16Config
 from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
 from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerprint, fingerprint_file, key_fields,
                                       task_fingerprint)
@@ -153,9 +154,12 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
     The key covers the stage's own key (its weights, passes and deploy settings), the export
     settings and the test-sample limit the gate evaluates on.
     """
-    path = out_dir / export_dir_name(stage.name, quantize_mode(stage.path))
+    mode = quantize_mode(stage.path)
+    path = out_dir / export_dir_name(stage.name, mode)
+    # `skip_layernorm: auto` resolves by the installed onnxruntime: the resolved form is in the key
+    residual = skip_layernorm_choice(settings, Fp16Config() if mode == "fp16" else None)[0]
     key = content_key({"input": stage.key, "export": key_fields(settings), "graph": GRAPH_VERSION,
-                       "eval": recipe.data.max_eval_samples})
+                       "residual_layernorm": residual, "eval": recipe.data.max_eval_samples})
 
     def write(tmp: Path) -> dict:
         exported = export_into(tmp, ModelBundle.load(stage.path), settings, task, recipe.data.max_eval_samples,
