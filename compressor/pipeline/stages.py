@@ -23,7 +23,7 @@ import numpy as np
 from compressor.bundle import ModelBundle, read_provenance
 from compressor.evaluate import load_predictor, predict_classes
 from compressor.export.onnx import GRAPH_VERSION, ExportSettings, export_into, skip_layernorm_choice
-from compressor.export.quantize import Fp16Config
+from compressor.export.quantize import QuantizeConfig, quantize_config_from_record
 from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
 from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerprint, fingerprint_file, key_fields,
                                       task_fingerprint)
@@ -154,10 +154,10 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
     The key covers the stage's own key (its weights, passes and deploy settings), the export
     settings and the test-sample limit the gate evaluates on.
     """
-    mode = quantize_mode(stage.path)
-    path = out_dir / export_dir_name(stage.name, mode)
+    quantize = recorded_quantize(stage.path)
+    path = out_dir / export_dir_name(stage.name, quantize.mode if quantize else None)
     # `skip_layernorm: auto` resolves by the installed onnxruntime: the resolved form is in the key
-    residual = skip_layernorm_choice(settings, Fp16Config() if mode == "fp16" else None)[0]
+    residual = skip_layernorm_choice(settings, quantize)[0]
     key = content_key({"input": stage.key, "export": key_fields(settings), "graph": GRAPH_VERSION,
                        "residual_layernorm": residual, "eval": recipe.data.max_eval_samples})
 
@@ -170,9 +170,10 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
     return {"path": str(path), **record["export"], "predictions": record["predictions"]}
 
 
-def quantize_mode(model_dir: Path) -> str | None:
-    """The quantize mode a stage's passes recorded (compressor.json deploy), if any."""
-    return (read_provenance(model_dir).get("deploy", {}).get("quantize") or {}).get("mode")
+def recorded_quantize(model_dir: Path) -> QuantizeConfig | None:
+    """The quantize config a stage's passes recorded (compressor.json deploy), if any."""
+    spec = read_provenance(model_dir).get("deploy", {}).get("quantize")
+    return quantize_config_from_record(spec) if spec else None
 
 
 def test_predictions(model_path: Path, task: TaskData, recipe: Recipe) -> np.ndarray:
