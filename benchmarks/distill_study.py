@@ -4,7 +4,7 @@ with the same budget, scored on the held-out test split.
 Every row starts from the same student, the teacher's layers [0, 2, 4] (the `student`
 pass), and trains it with the `distill` pass for the same number of steps (train samples x
 epochs / batch size; progressive and two-stage rows share those epochs out over their
-phases, augmented rows divide them by 1 + copies), seed and test examples; only the losses
+phases, augmented rows divide them by 1 + copies, unlabelled rows by the larger transfer set), seed and test examples; only the losses
 differ. `hard` (task cross-entropy alone) is what `drop-layers` + `finetune` does. `theseus` is the `theseus` pass on the teacher with
 one successor per student layer, each starting as the first layer of its block (0, 2, 4: the
 same start), at the pass's own learning rate unless --lr is given.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,12 @@ ROWS: dict[str, dict] = {
     # TinyBERT's augmentation: --copies noised copies of each text from the masked LM --mlm
     "soft-hard-augment": {"losses": ["soft", "hard"], "augment": True},
     "soft-augment": {"losses": ["soft"], "augment": True},
+    # Labels scarce, text not: the next --unlabeled train texts after the labelled ones, their
+    # labels withheld, so only the teacher labels them (`unlabeled_samples`); the same steps
+    "tinybert-unlabeled": {"losses": ["soft", "hidden", "attention"], "weights": {"attention": 0.05},
+                           "unlabeled": True},
+    "soft-unlabeled": {"losses": ["soft"], "unlabeled": True},
+    "soft-hard-unlabeled": {"losses": ["soft", "hard"], "unlabeled": True},
     # BERT-of-Theseus from the teacher: successors replace blocks of depth / len(--layers) layers
     "theseus": {"pass": "theseus"},
 }
@@ -76,6 +83,12 @@ def run_row(name: str, args, teacher_dir: Path, task, seed: int) -> dict:
         # Augmented rows see each text 1 + copies times per epoch: fewer epochs, the same steps.
         row["augment"] = {"copies": args.copies, "mlm": str(args.mlm)}
         share /= 1 + args.copies
+    if row.pop("unlabeled", False):
+        # Unlabelled rows run over train_samples + unlabeled texts: the epochs shrink so the
+        # number of steps is that of the labelled rows.
+        row["unlabeled_samples"] = args.unlabeled
+        share *= math.ceil(args.train_samples / args.batch_size) / math.ceil(
+            (args.train_samples + args.unlabeled) / args.batch_size)
     ctx = Context(task=task, seed=seed, show_progress=True, teacher_source=LazyTeacher.from_dir(teacher_dir),
                   work_dir=args.work / f"{name}-seed{seed}" if args.work else None)
     teacher = ModelBundle.load(teacher_dir)
@@ -139,6 +152,8 @@ def main() -> None:
     parser.add_argument("--prune-samples", type=int, default=512, help="train examples the taylor scores use")
     parser.add_argument("--mlm", type=Path, help="*-augment rows: a masked-LM dir (compressor pretrain --init)")
     parser.add_argument("--copies", type=int, default=2, help="*-augment rows: noised copies per text")
+    parser.add_argument("--unlabeled", type=int, default=0,
+                        help="*-unlabeled rows: train texts after the labelled ones, labels withheld")
     parser.add_argument("--train-samples", type=int, default=20000)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -157,12 +172,15 @@ def main() -> None:
         parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
     if args.mlm is None and any(ROWS[n].get("augment") for n in names):
         parser.error("the *-augment rows need --mlm, a masked-LM dir")
+    if args.unlabeled == 0 and any(ROWS[n].get("unlabeled") for n in names):
+        parser.error("the *-unlabeled rows need --unlabeled N, the train texts after the labelled ones")
     if "theseus" in names and (args.prune_heads or args.prune_ffn):
         parser.error("the theseus row replaces the teacher's layers; it takes --layers, not --prune-*")
     settings = {"student_layers": args.layers, "prune_heads": args.prune_heads, "prune_ffn": args.prune_ffn,
                 "prune_samples": args.prune_samples, "train_samples": args.train_samples, "epochs": args.epochs,
                 "batch_size": args.batch_size, "lr": args.lr, "max_eval_samples": args.max_eval_samples}
-    # --mlm and --copies shape only the *-augment rows: each such row records them in its config.
+    # --mlm, --copies and --unlabeled shape only the *-augment / *-unlabeled rows: each such row
+    # records them in its config.
     previous = json.loads(args.out.read_text()) if args.out.is_file() else None
     if previous is not None and previous["settings"] != settings:
         parser.error(f"{args.out} holds runs with other settings; expected the same settings or another --out")

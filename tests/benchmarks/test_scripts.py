@@ -651,6 +651,16 @@ def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
     assert "--rows hard,tinybert,theseus" in record["command"] and "--mlm" in row["command"]
     # 32 texts + 32 copies for half the epochs: the same steps as the plain rows
     assert row["distill"]["augment"]["added"] == 32 and row["distill"]["stages"][0]["samples"] == 32
+    # an unlabelled row: 32 more train texts, labels withheld, over half the epochs (the same steps);
+    # it needs --unlabeled, and refuses without it before anything trains
+    with pytest.raises(SystemExit) as refused:
+        run_script("distill_study.py", ["--rows", "soft-unlabeled", *budget], monkeypatch)
+    assert refused.value.code == 2 and "--unlabeled" in capsys.readouterr().err
+    run_script("distill_study.py", ["--rows", "soft-unlabeled", *budget, "--unlabeled", 32], monkeypatch)
+    row = {r["name"]: r for r in json.loads(out.read_text())["runs"]}["soft-unlabeled"]
+    assert row["config"]["unlabeled_samples"] == 32 and row["config"]["epochs"] == 0.5
+    assert row["distill"]["unlabeled"] == {"labelled": 32, "unlabeled": 32}
+    assert row["distill"]["stages"][0]["steps"] == 2
 
 
 def test_op_profile(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
