@@ -58,6 +58,8 @@ ROWS: dict[str, dict] = {
     # labels withheld, so only the teacher labels them (`unlabeled_samples`); the same steps
     "tinybert-unlabeled": {"losses": ["soft", "hidden", "attention"], "weights": {"attention": 0.05},
                            "unlabeled": True},
+    "tinybert-auto-unlabeled": {"losses": ["soft", "hidden", "attention"], "weights": {"attention": 0.05},
+                                "layer_map": "auto", "unlabeled": True},
     "soft-unlabeled": {"losses": ["soft"], "unlabeled": True},
     "soft-hard-unlabeled": {"losses": ["soft", "hard"], "unlabeled": True},
     # BERT-of-Theseus from the teacher: successors replace blocks of depth / len(--layers) layers
