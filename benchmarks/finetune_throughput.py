@@ -23,9 +23,8 @@ What both sides get alike:
   checkpoints, no evaluation during training.
 
 What differs: ours trains the last layer on the first token only (the one the classifier
-reads; same gradients, pretrain/first_token.py) and draws its dropout masks 16 bits per
-element (the same rate, pretrain/dropout.py), which the Trainer has no options for;
-`--modes sparse-whole` and `sparse-torchdropout` measure ours without each.
+reads; same gradients, pretrain/first_token.py), which the Trainer has no option for;
+`--modes sparse-whole` measures ours without it.
 
 What the clock covers, on both sides: the whole training call and nothing else. Ours:
 `pretrain.train.train` (optimizer creation included) with the TrainConfig that
@@ -84,7 +83,7 @@ TASK = "wordnet-supersense"
 LOG_EVERY = 50   # the Trainer logs the mean loss of the last 50 steps: ours' final_loss window
 
 
-MODE_FLAGS = ("ungrouped", "whole", "torchdropout")
+MODE_FLAGS = ("ungrouped", "whole")
 
 
 def mode_parts(mode: str) -> tuple[str, set[str]]:
@@ -95,14 +94,12 @@ def mode_parts(mode: str) -> tuple[str, set[str]]:
 
 def finetune_config(args: argparse.Namespace, seed: int, mode: str = "sparse") -> FinetuneConfig:
     """What `compressor finetune --epochs E --batch-size B --lr LR --seed S --max-train-samples N
-    [--embedding-updates M] [--whole-last-layer] [--dropout-masks torch]` builds; `-ungrouped`
-    turns off length grouping, `-whole` trains the whole last layer (not the first token only),
-    `-torchdropout` uses torch's dropout masks instead of the packed ones (pretrain/dropout.py)."""
+    [--embedding-updates M] [--whole-last-layer]` builds; `-ungrouped` turns off length
+    grouping, `-whole` trains the whole last layer (not the first token only)."""
     embedding_updates, flags = mode_parts(mode)
     return FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed,
                           max_train_samples=args.train_samples, embedding_updates=embedding_updates,
-                          group_by_length="ungrouped" not in flags, cls_only_last_layer="whole" not in flags,
-                          dropout_masks="torch" if "torchdropout" in flags else "packed")
+                          group_by_length="ungrouped" not in flags, cls_only_last_layer="whole" not in flags)
 
 
 def encoded_train(model, tokenizer, task: TaskData, cfg: FinetuneConfig) -> Encoded:
@@ -330,8 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="round r uses seed + r")
     parser.add_argument("--modes", default="sparse",
                         help="comma-separated runs of ours per round: sparse, dense, frozen, each optionally "
-                             "with -ungrouped, -whole (the whole last layer) and/or -torchdropout (torch's "
-                             "dropout masks)")
+                             "with -ungrouped and/or -whole (the whole last layer)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     parser.add_argument("--skip-trainer", action="store_true")
     parser.add_argument("--profile", action="store_true",
@@ -344,7 +340,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         updates, flags = mode_parts(mode)
         if updates not in ("sparse", "dense", "frozen") or not flags <= set(MODE_FLAGS):
             parser.error(f"unknown mode {mode!r}; expected sparse, dense or frozen, optionally with "
-                         f"-ungrouped, -whole and/or -torchdropout")
+                         f"-ungrouped and/or -whole")
     return args
 
 

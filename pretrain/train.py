@@ -20,10 +20,7 @@ Where the time goes on a small CPU, and what the loop does about it:
   and SparseAdam updates only the rows seen (`"frozen"` skips them, `"dense"` is the
   textbook behaviour). DDP all-reduces sparse gradients on gloo; NCCL cannot, so on GPU
   "sparse" falls back to "dense";
-- the optimizer step over the dense parameters uses the fused AdamW kernel;
-- torch's dropout draws one random number per element, 12% of a MiniLM step on 2 cores;
-  with `dropout_masks="packed"` (the default) the model's dropout modules draw 16 bits per
-  element instead, four elements per 64-bit word, for the same rate (pretrain/dropout.py).
+- the optimizer step over the dense parameters uses the fused AdamW kernel.
 """
 
 from __future__ import annotations
@@ -53,7 +50,6 @@ from torch.nn.parallel import DistributedDataParallel
 from pretrain import distributed
 from pretrain.atomic import atomic_write
 from pretrain.batching import Encoded, collate, training_order
-from pretrain.dropout import packed_dropout
 from pretrain.errors import UserError
 
 Batch = dict[str, torch.Tensor]
@@ -80,9 +76,6 @@ class TrainConfig(BaseModel):
     # "sgd": plain SGD without momentum over every parameter, sparse gradients included
     # (word2vec's update; Adam's per-coordinate scaling collapses skip-gram vectors).
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    # "packed": dropout masks from 16-bit slices of random words (pretrain/dropout.py);
-    # "torch": torch's own dropout, one random draw per element.
-    dropout_masks: Literal["packed", "torch"] = "packed"
 
 
 class Checkpointing(BaseModel):
@@ -222,7 +215,7 @@ def train(model: nn.Module, data: Encoded | BatchSource, cfg: TrainConfig, loss_
 
     model.train()
     with embedding_mode(model, embedding_mode_for(cfg.embedding_updates)) as sparse_params, \
-            frozen_on(aux_modules, device, model), dropout_kind(model, cfg.dropout_masks):
+            frozen_on(aux_modules, device, model):
         groups = param_groups(model) if param_groups is not None else []
         optimizers = make_optimizers(model, cfg, sparse_params, groups)
         schedules = [torch.optim.lr_scheduler.LambdaLR(o, warmup_then_linear_decay(cfg, source.steps))
@@ -436,11 +429,6 @@ def epoch_batches(data: Encoded, cfg: TrainConfig, rng: np.random.Generator,
     while len(batches) < total_steps:
         batches += training_order(lengths, cfg.batch_size, rng, cfg.group_by_length)
     return batches[:total_steps]
-
-
-def dropout_kind(model: nn.Module, masks: str) -> contextlib.AbstractContextManager:
-    """The model's dropout as `TrainConfig.dropout_masks` asks, for the duration of a run."""
-    return packed_dropout(model) if masks == "packed" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

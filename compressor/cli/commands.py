@@ -86,9 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--seed", type=int, **from_config(FinetuneConfig, "seed"))
     ft.add_argument("--embedding-updates", **from_config(
         FinetuneConfig, "embedding_updates", "how the word-embedding matrix trains (sparse: only rows in the batch)"))
-    ft.add_argument("--dropout-masks", **from_config(
-        FinetuneConfig, "dropout_masks", "packed: 16 random bits per element, the same rate (pretrain/dropout.py); "
-                                         "torch: torch's dropout"))
     ft.add_argument("--strategy", **from_config(
         FinetuneConfig, "strategy", "full: all weights; frozen: head only; scalar-mix: frozen encoder, learned "
                                     "mix of all layers; adapters: Houlsby bottlenecks + LayerNorms + head"))
@@ -352,8 +349,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         model_ref=args.model, task_spec=task_arg(args.task), out=args.out,
         overrides={"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                    "max_train_samples": args.max_train_samples, "seed": args.seed,
-                   "embedding_updates": args.embedding_updates, "dropout_masks": args.dropout_masks,
-                   "strategy": args.strategy,
+                   "embedding_updates": args.embedding_updates, "strategy": args.strategy,
                    "adapter_size": args.adapter_size, "adapter_init_std": args.adapter_init_std,
                    "intermediate_task": task_arg(args.intermediate_task) if args.intermediate_task else None,
                    "tasks": tuple(task_arg(t.strip()) for t in args.tasks.split(",") if t.strip())
