@@ -36,9 +36,13 @@ from compressor.bench.runners import Deployable
 from compressor.bundle import ModelBundle
 from compressor.cli.commands import task_arg
 from compressor.export.onnx import EXPORT_FILE, ONNX_FILE, ExportSettings, export_bundle, read_export_record
+from compressor.modeling.importance import heads_per_layer
+from compressor.modeling.structure import family_for
 from compressor.passes import Context, apply_pass, get_pass
 from pretrain.atomic import write_json
 from pretrain.data import load_task
+from pretrain.models import encoder_layers
+from pretrain.structured import submodule
 
 INT8 = {"mode": "dynamic-int8", "per_channel": True}
 TARGET_RATIO = 0.6
@@ -53,12 +57,22 @@ def pruned_model(teacher: ModelBundle, ctx: Context, args) -> ModelBundle:
     saved = args.work / "pruned"
     if saved.exists():
         return ModelBundle.load(saved)
-    bundle = step(teacher, "prune-heads", {"fraction": args.heads, "samples": args.samples}, ctx)
-    bundle = step(bundle, "prune-ffn", {"fraction": args.ffn, "samples": args.samples}, ctx)
+    ranking = {"samples": args.samples, "cost_aware": args.cost_aware}
+    bundle = step(teacher, "prune-heads", {"fraction": args.heads, **ranking}, ctx)
+    bundle = step(bundle, "prune-ffn", {"fraction": args.ffn, **ranking}, ctx)
     bundle = step(bundle, "finetune", {"epochs": args.recovery_epochs, "max_train_samples": args.recovery_samples,
                                        "lr": args.recovery_lr}, ctx)
     bundle.save(saved)
     return bundle
+
+
+def structure_of(bundle: ModelBundle) -> dict:
+    """Heads and FFN width of every layer, as pruned."""
+    model = bundle.model
+    family = family_for(model, "prune-heads")
+    layers = encoder_layers(model)
+    return {"heads": heads_per_layer(model, family, layers),
+            "ffn": [submodule(layer, family.ffn.outer).in_features for layer in layers]}
 
 
 def exported(bundle: ModelBundle, name: str, form: str, ctx: Context, args) -> tuple[Deployable, dict]:
@@ -85,6 +99,8 @@ def main() -> int:
     parser.add_argument("--heads", type=float, default=0.5, help="share of attention heads pruned")
     parser.add_argument("--ffn", type=float, default=0.5, help="share of FFN neurons pruned")
     parser.add_argument("--samples", type=int, default=512, help="train examples the taylor scores use")
+    parser.add_argument("--cost-aware", action="store_true",
+                        help="rank heads and neurons by importance per multiply-add in the deployed graph")
     parser.add_argument("--recovery-samples", type=int, default=8000)
     parser.add_argument("--recovery-epochs", type=float, default=1.0)
     parser.add_argument("--recovery-lr", type=float, default=1e-4)
@@ -124,6 +140,7 @@ def main() -> int:
     write_json(args.out, {
         "command": " ".join(sys.argv), "environment": environment(), "profile": profile.model_dump(mode="json"),
         "pruned_passes": list(pruned.history), "params": {"teacher": teacher.params, "pruned": pruned.params},
+        "pruned_structure": structure_of(pruned),
         "accuracy": {name: r["accuracy"] for name, r in records.items()},
         "size_bytes": {name: r["size_bytes"] for name, r in records.items()},
         "fusions": {name: r.get("fusions") for name, r in records.items()},

@@ -103,3 +103,30 @@ def attention_products(model: PreTrainedModel, sequence_length: int) -> int:
         # a Linear, or XLNet's einsum weight [hidden, heads, head_dim]
         width += query.out_features if isinstance(query, nn.Linear) else query.shape[1] * query.shape[2]
     return 2 * sequence_length ** 2 * width
+
+
+def unit_costs(model: PreTrainedModel, unit: str, sequence_length: float) -> list[float]:
+    """Multiply-adds one attention head (`unit="head"`) or one FFN neuron (`"neuron"`) costs
+    per example in each Transformer layer, as the deployed graph runs it.
+
+    The export runs the last layer on the first token only where the model allows it
+    (pretrain/first_token.py): there a neuron works on one token instead of L, and a head
+    still projects keys and values for every token but its query, output and attention for
+    one. Pruning a unit of that layer saves that much less."""
+    from pretrain.first_token import skip_reason          # the export's rule for the last layer
+
+    family = FAMILIES[model.config.model_type]
+    config = model.config
+    hidden = getattr(config, family.hidden_field)
+    dim = hidden // getattr(config, family.heads_field)
+    layers = len(encoder_layers(model))
+    first_token_last = skip_reason(model) is None
+    costs = []
+    for index in range(layers):
+        queries = 1.0 if first_token_last and index == layers - 1 else sequence_length
+        if unit == "neuron":
+            costs.append(2 * hidden * queries)                            # inner row + outer column
+        else:
+            costs.append(hidden * dim * (2 * sequence_length + 2 * queries)   # K, V; Q, output
+                         + 2 * queries * sequence_length * dim)               # QK^T, AV
+    return costs

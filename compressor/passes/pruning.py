@@ -13,11 +13,13 @@ import copy
 import math
 from typing import Literal
 
+import torch
 from pydantic import Field, model_validator
 from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.modeling import importance
+from compressor.modeling.cost import unit_costs
 from compressor.modeling.importance import Importance
 from compressor.modeling.structure import family_for, remove_current_heads, set_intermediate_size
 from compressor.passes.registry import Context, PassConfig, register
@@ -30,6 +32,10 @@ class PruningConfig(PassConfig):
     importance: Importance = "taylor"
     samples: int = Field(512, ge=1)          # first N train examples the taylor scores are summed over
     batch_size: int = Field(32, ge=1)
+    # Rank units by importance per multiply-add they cost in the deployed graph rather than by
+    # importance alone: the export runs the last layer on the first token only, so its units
+    # save little when removed, and the same share of units removed buys more speed elsewhere.
+    cost_aware: bool = False
 
 
 class PruneHeads(PruningConfig):
@@ -81,7 +87,7 @@ def prune_heads_pass(bundle: ModelBundle, cfg: PruneHeads, ctx: Context) -> Mode
     family = family_for(model, "prune-heads")
     counts = importance.heads_per_layer(model, family, encoder_layers(model))
     target = heads_to_remove(cfg, counts)          # every check on the config runs before scoring
-    data = sample(bundle, model, ctx, 0, cfg.samples, "prune-heads") if cfg.importance == "taylor" else None
+    data = sample(bundle, model, ctx, 0, cfg.samples, "prune-heads") if needs_sample(cfg) else None
     if cfg.iterative:
         model = prune_iteratively(bundle, model, cfg, ctx, target, data)
     else:
@@ -125,6 +131,8 @@ def choose_heads(model: PreTrainedModel, cfg: PruneHeads, ctx: Context, data, ta
                                         cfg.batch_size)
     if isinstance(target, list):
         return {layer: sorted(row.argsort()[:n].tolist()) for layer, (row, n) in enumerate(zip(scores, target)) if n}
+    if cfg.cost_aware:
+        scores = per_cost(scores, model, "head", data)
     return importance.lowest(scores, target, 0 if cfg.allow_drop_layers else 1)
 
 
@@ -147,6 +155,19 @@ def prune_iteratively(bundle: ModelBundle, model: PreTrainedModel, cfg: PruneHea
     return model
 
 
+def needs_sample(cfg: PruningConfig) -> bool:
+    """Taylor scores need train examples; so does the cost of a unit (their mean length)."""
+    return cfg.importance == "taylor" or cfg.cost_aware
+
+
+def per_cost(scores: list[torch.Tensor], model: PreTrainedModel, unit: str, data) -> list[torch.Tensor]:
+    """Each layer's scores divided by what one of its units costs (mean cost 1), at the sample's
+    mean length: global ranking then removes the units that buy least per multiply-add."""
+    costs = torch.tensor(unit_costs(model, unit, float(data.lengths().mean())))
+    costs = costs / costs.mean()
+    return [row / cost for row, cost in zip(scores, costs)]
+
+
 def sample(bundle: ModelBundle, model: PreTrainedModel, ctx: Context, start: int, stop: int, name: str):
     """Train rows [start, stop), encoded for `model`."""
     rows = importance.train_rows(ctx.task, start, stop, name)
@@ -161,8 +182,10 @@ def prune_ffn_pass(bundle: ModelBundle, cfg: PruneFFN, ctx: Context) -> ModelBun
     model = bundle.copy_model()
     family = family_for(model, "prune-ffn")
     layers = encoder_layers(model)
-    data = sample(bundle, model, ctx, 0, cfg.samples, "prune-ffn") if cfg.importance == "taylor" else None
+    data = sample(bundle, model, ctx, 0, cfg.samples, "prune-ffn") if needs_sample(cfg) else None
     scores = importance.neuron_importance(family, layers, cfg.importance, model, data, ctx.seed, cfg.batch_size)
+    if cfg.cost_aware and cfg.scope == "global":
+        scores = per_cost(scores, model, "neuron", data)
     if cfg.scope == "per_layer":
         drop = {layer: row.argsort()[:min(round(cfg.fraction * len(row)), len(row) - 1)].tolist()
                 for layer, row in enumerate(scores)}

@@ -566,9 +566,12 @@ def test_pruned_latency(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     out = tmp_path / "latency.json"
     run_script_exit("pruned_latency.py", [
         "--teacher", tiny_bert_dir, "--task", tiny_csv, "--samples", 16, "--recovery-samples", 16, "--eval-samples", 16,
-        "--iterations", 2, "--work", tmp_path / "work", "--out", out], monkeypatch)
+        "--iterations", 2, "--cost-aware", "--work", tmp_path / "work", "--out", out], monkeypatch)
     result = json.loads(out.read_text())
     assert set(result["p50_ratio_pruned_to_teacher"]) == {"fp32", "int8"}
+    assert [p["config"]["cost_aware"] for p in result["pruned_passes"][:2]] == [True, True]
+    structure = result["pruned_structure"]
+    assert sum(structure["heads"]) == 8 and sum(structure["ffn"]) == 128 and len(structure["ffn"]) == 4
     assert result["params"]["pruned"] < result["params"]["teacher"]
     assert {row["model"] for row in result["latency"]} == {"teacher-fp32", "teacher-int8", "pruned-fp32", "pruned-int8"}
     assert set(result["skip_layernorm"].values()) == {"unfused"}       # auto, on this onnxruntime

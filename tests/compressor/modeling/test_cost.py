@@ -7,7 +7,7 @@ import zlib
 import pytest
 import torch
 
-from compressor.modeling.cost import compressed_size, encoder_linears, encoder_sparsity, multiply_adds
+from compressor.modeling.cost import compressed_size, encoder_linears, encoder_sparsity, multiply_adds, unit_costs
 from compressor.modeling.structure import prune_heads, set_intermediate_size
 from pretrain.models import keep_encoder_layers
 
@@ -69,3 +69,19 @@ def test_every_family_is_counted(model_dirs):
     # the BiLM: 2 layers x 2 directions of LSTMP cells (input 8 -> 4 x 16 gates, recurrent 8, projection 16 -> 8)
     per_cell = 4 * 16 * 8 + 4 * 16 * 8 + 8 * 16
     assert multiply_adds(models["bilm"], 10) >= 10 * 4 * per_cell
+
+
+def test_unit_costs_match_the_multiply_adds_a_unit_removes(bert_bundle):
+    """A neuron or head of an inner layer costs what removing it takes off multiply_adds (every
+    token); the last layer, which the export runs on the first token only, costs less."""
+    length = 12
+    neuron, head = unit_costs(bert_bundle.model, "neuron", length), unit_costs(bert_bundle.model, "head", length)
+    narrower = bert_bundle.copy_model()
+    set_intermediate_size(narrower, 1, list(range(63)))
+    assert neuron[1] == multiply_adds(bert_bundle.model, length) - multiply_adds(narrower, length) == 2 * 32 * 12
+    fewer = bert_bundle.copy_model()
+    prune_heads(fewer, {2: [0]})
+    assert head[2] == multiply_adds(bert_bundle.model, length) - multiply_adds(fewer, length)
+    assert neuron[3] == 2 * 32 * 1                                   # one query token
+    assert head[3] == 32 * 8 * (2 * 12 + 2) + 2 * 12 * 8             # K, V on every token
+    assert neuron[:3] == [neuron[0]] * 3 and head[:3] == [head[0]] * 3

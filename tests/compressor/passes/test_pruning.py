@@ -102,6 +102,19 @@ def test_ffn_global_scope_keeps_a_neuron_in_every_layer(bert_bundle, tiny_task):
     assert [layer.output.dense.in_features for layer in encoder_layers(out.model)] == widths
 
 
+@pytest.mark.parametrize("name, width", [("prune-ffn", lambda layer: layer.intermediate.dense.out_features),
+                                         ("prune-heads", lambda layer: layer.attention.self.num_attention_heads)])
+def test_cost_aware_ranking_spares_the_first_token_last_layer(bert_bundle, tiny_task, name, width):
+    """The export runs the last layer on the first token only, so its units cost least: ranked
+    per multiply-add, the same share of units goes from the other layers instead."""
+    plain = [width(layer) for layer in encoder_layers(run(bert_bundle, name, tiny_task, fraction=0.5,
+                                                          importance="magnitude").model)]
+    aware = [width(layer) for layer in encoder_layers(run(bert_bundle, name, tiny_task, fraction=0.5,
+                                                          importance="magnitude", cost_aware=True).model)]
+    assert sum(aware) == sum(plain)
+    assert aware[-1] > plain[-1] and aware[-1] == width(encoder_layers(bert_bundle.model)[-1])
+
+
 @pytest.mark.parametrize("config, why", [
     ({"fraction": 1.0}, "less than 1"), ({"fraction": -0.1}, "greater than or equal"),
     ({}, "exactly one of"), ({"fraction": 0.5, "count": 3}, "exactly one of"),
