@@ -19,8 +19,11 @@ What both sides get alike:
   from the dataset's `input_ids` lists: `datasets` is not installed, so no `length` column
   applies, and nothing is re-tokenized);
 - the same torch thread count (`set_threads`, checked before and after each run: the
-  Trainer does not change it), no dataloader workers, no progress bars, fp32, no
-  checkpoints, no evaluation during training.
+  Trainer does not change it), no dataloader workers, no progress bars, no checkpoints, no
+  evaluation during training;
+- the same precision: fp32, or mixed bf16 on both sides (ours: a mode with `-bf16`, i.e.
+  `TrainConfig.precision="bf16"`; the Trainer: `--trainer-precisions bf16`, its own
+  `bf16=True`). Each mode of ours is compared with the Trainer run in its own precision.
 
 What differs: ours trains the last layer on the first token only (the one the classifier
 reads; same gradients, pretrain/first_token.py), which the Trainer has no option for;
@@ -59,6 +62,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import shlex
 import statistics
 import sys
@@ -83,7 +87,9 @@ TASK = "wordnet-supersense"
 LOG_EVERY = 50   # the Trainer logs the mean loss of the last 50 steps: ours' final_loss window
 
 
-MODE_FLAGS = ("ungrouped", "whole")
+MODE_FLAGS = ("ungrouped", "whole", "bf16")
+TRAINER = "transformers-trainer"
+ENV_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
 
 
 def mode_parts(mode: str) -> tuple[str, set[str]]:
@@ -94,12 +100,14 @@ def mode_parts(mode: str) -> tuple[str, set[str]]:
 
 def finetune_config(args: argparse.Namespace, seed: int, mode: str = "sparse") -> FinetuneConfig:
     """What `compressor finetune --epochs E --batch-size B --lr LR --seed S --max-train-samples N
-    [--embedding-updates M] [--whole-last-layer]` builds; `-ungrouped` turns off length
-    grouping, `-whole` trains the whole last layer (not the first token only)."""
+    [--embedding-updates M] [--whole-last-layer] [--precision bf16]` builds; `-ungrouped` turns
+    off length grouping, `-whole` trains the whole last layer (not the first token only), `-bf16`
+    trains in mixed precision."""
     embedding_updates, flags = mode_parts(mode)
     return FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed,
                           max_train_samples=args.train_samples, embedding_updates=embedding_updates,
-                          group_by_length="ungrouped" not in flags, cls_only_last_layer="whole" not in flags)
+                          group_by_length="ungrouped" not in flags, cls_only_last_layer="whole" not in flags,
+                          precision="bf16" if "bf16" in flags else "fp32")
 
 
 def encoded_train(model, tokenizer, task: TaskData, cfg: FinetuneConfig) -> Encoded:
@@ -187,9 +195,10 @@ class EncodedDataset(torch.utils.data.Dataset):
         return item
 
 
-def trainer_arguments(args: argparse.Namespace, seed: int, output_dir: str) -> dict:
-    """Every TrainingArguments value we set (the rest are the Trainer's defaults)."""
-    return dict(output_dir=output_dir, per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
+def trainer_arguments(args: argparse.Namespace, seed: int, output_dir: str, precision: str = "fp32") -> dict:
+    """Every TrainingArguments value we set (the rest are the Trainer's defaults); `bf16` is the
+    Trainer's own mixed precision (torch.autocast on the CPU)."""
+    return dict(output_dir=output_dir, bf16=precision == "bf16", per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
                 num_train_epochs=args.epochs, weight_decay=0.01, warmup_ratio=0.06, lr_scheduler_type="linear",
                 max_grad_norm=1.0, seed=seed, group_by_length=True, dataloader_num_workers=0, use_cpu=True,
                 report_to="none", save_strategy="no", eval_strategy="no", logging_steps=LOG_EVERY,
@@ -225,7 +234,28 @@ def trained_samples(examples: int, batch_size: int, steps: int) -> int:
     return epochs * examples + min(rest * batch_size, examples)
 
 
-def run_trainer(task: TaskData, args: argparse.Namespace, seed: int) -> dict:
+@contextlib.contextmanager
+def own_mixed_precision_env():
+    """TrainingArguments(bf16=True) writes ACCELERATE_MIXED_PRECISION=bf16 into os.environ, and
+    every later TrainingArguments without bf16 reads it back (transformers 4.57): an fp32
+    Trainer built after a bf16 one would train in bf16. Each Trainer gets a clean variable."""
+    from accelerate.state import AcceleratorState
+
+    saved = os.environ.pop(ENV_MIXED_PRECISION, None)
+    try:
+        yield
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)   # the Trainer's singleton, likewise
+        os.environ.pop(ENV_MIXED_PRECISION, None)
+        if saved is not None:
+            os.environ[ENV_MIXED_PRECISION] = saved
+
+
+def trainer_side(precision: str) -> str:
+    return TRAINER if precision == "fp32" else f"{TRAINER}-{precision}"
+
+
+def run_trainer(task: TaskData, args: argparse.Namespace, seed: int, precision: str) -> dict:
     from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
     class Losses(TrainerCallback):
@@ -241,8 +271,8 @@ def run_trainer(task: TaskData, args: argparse.Namespace, seed: int) -> dict:
     train_set = EncodedDataset(encoded_train(model, tokenizer, task, cfg))
     losses = Losses()
     threads = torch.get_num_threads()
-    with tempfile.TemporaryDirectory() as tmp:
-        targs = TrainingArguments(**trainer_arguments(args, seed, tmp))
+    with tempfile.TemporaryDirectory() as tmp, own_mixed_precision_env():
+        targs = TrainingArguments(**trainer_arguments(args, seed, tmp, precision))
         start = time.perf_counter()
         trainer = Trainer(model=model, args=targs, train_dataset=train_set,
                           data_collator=DataCollatorWithPadding(tokenizer), callbacks=[losses])
@@ -251,14 +281,16 @@ def run_trainer(task: TaskData, args: argparse.Namespace, seed: int) -> dict:
             start = time.perf_counter()
             out = trainer.train()
             seconds = time.perf_counter() - start
+        mixed_precision = trainer.accelerator.mixed_precision   # what it really ran: "no" or "bf16"
     model.eval()
     samples = trained_samples(len(train_set), args.batch_size, out.global_step)
-    return {"side": "transformers-trainer", "seconds": seconds, "samples": samples, "steps": out.global_step,
+    return {"side": trainer_side(precision), "seconds": seconds, "samples": samples, "steps": out.global_step,
             "samples_per_second": samples / seconds, "setup_seconds": setup_seconds,
             # the mean loss of the last LOG_EVERY steps (as ours), or of the whole run if shorter
             "final_loss": losses.logged[-1] if losses.logged else out.training_loss,
             "mean_loss": out.training_loss, "threads": [threads, torch.get_num_threads()],
             "optimizer": plain(targs.optim), "sampler": type(trainer._get_train_sampler()).__name__,
+            "mixed_precision": mixed_precision,
             "tokens": seen,
             **evaluate_model(model, tokenizer, task, args)}
 
@@ -269,45 +301,55 @@ def evaluate_model(model, tokenizer, task: TaskData, args: argparse.Namespace) -
             "eval_samples": len(task.split("test").head(args.eval_samples))}
 
 
+def baseline_for(mode: str, trainers: list[str]) -> str:
+    """The Trainer side a mode of ours is compared with: the one in the same precision when it
+    ran, else the first listed."""
+    precision = "bf16" if "bf16" in mode_parts(mode)[1] else "fp32"
+    return trainer_side(precision) if precision in trainers else trainer_side(trainers[0])
+
+
 def run_rounds(args: argparse.Namespace) -> dict:
     modes = args.modes.split(",")
+    trainers = [] if args.skip_trainer else args.trainer_precisions.split(",")
     rounds = []
     for r in range(args.rounds):
         seed = args.seed + r
         task = load_task(TASK, seed=seed)   # as `compressor finetune --seed` loads it
-        sides = [("ours", m) for m in modes] + ([] if args.skip_trainer else [("trainer", None)])
+        sides = [("ours", m) for m in modes] + [("trainer", p) for p in trainers]
         if r % 2 == 1:
             sides.reverse()
         runs = {}
         for kind, mode in sides:
             set_threads(args.threads)
-            run = run_ours(task, args, seed, mode) if kind == "ours" else run_trainer(task, args, seed)
+            run = run_ours(task, args, seed, mode) if kind == "ours" else run_trainer(task, args, seed, mode)
             runs[run["side"]] = run
             print(f"round {r} seed {seed} {run['side']}: {run['samples_per_second']:.1f} samples/s, "
                   f"{run['steps']} steps, loss {run['final_loss']:.4f}, accuracy {run['accuracy']:.4f}",
                   file=sys.stderr, flush=True)
         entry = {"round": r, "seed": seed, "order": [s["side"] for s in runs.values()], "runs": runs}
-        if not args.skip_trainer:
-            base = runs["transformers-trainer"]
-            entry["ratio"] = {f"ours-{m}": runs[f"ours-{m}"]["samples_per_second"] / base["samples_per_second"]
-                              for m in modes}
-            entry["accuracy_difference"] = {f"ours-{m}": runs[f"ours-{m}"]["accuracy"] - base["accuracy"]
+        if trainers:
+            base = {f"ours-{m}": runs[baseline_for(m, trainers)] for m in modes}
+            entry["ratio"] = {f"ours-{m}": runs[f"ours-{m}"]["samples_per_second"]
+                              / base[f"ours-{m}"]["samples_per_second"] for m in modes}
+            entry["accuracy_difference"] = {f"ours-{m}": runs[f"ours-{m}"]["accuracy"] - base[f"ours-{m}"]["accuracy"]
                                             for m in modes}
         rounds.append(entry)
-    return {"rounds": rounds, "summary": summarize(rounds, modes, args.skip_trainer)}
+    return {"rounds": rounds, "compared_with": {f"ours-{m}": baseline_for(m, trainers) for m in modes} if trainers
+            else {}, "summary": summarize(rounds, modes, trainers)}
 
 
-def summarize(rounds: list[dict], modes: list[str], skip_trainer: bool) -> dict:
-    sides = [f"ours-{m}" for m in modes] + ([] if skip_trainer else ["transformers-trainer"])
+def summarize(rounds: list[dict], modes: list[str], trainers: list[str]) -> dict:
+    ours = [f"ours-{m}" for m in modes]
+    sides = ours + [trainer_side(p) for p in trainers]
     summary: dict = {
         "samples_per_second": {s: [r["runs"][s]["samples_per_second"] for r in rounds] for s in sides},
         "mean_accuracy": {s: statistics.fmean(r["runs"][s]["accuracy"] for r in rounds) for s in sides},
         "mean_macro_f1": {s: statistics.fmean(r["runs"][s]["macro_f1"] for r in rounds) for s in sides},
     }
-    if not skip_trainer:
+    if trainers:
         summary["ratio"] = {}
         summary["accuracy_difference"] = {}
-        for s in sides[:-1]:
+        for s in ours:
             ratios = [r["ratio"][s] for r in rounds]
             diffs = [r["accuracy_difference"][s] for r in rounds]
             summary["ratio"][s] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
@@ -327,7 +369,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="round r uses seed + r")
     parser.add_argument("--modes", default="sparse",
                         help="comma-separated runs of ours per round: sparse, dense, frozen, each optionally "
-                             "with -ungrouped and/or -whole (the whole last layer)")
+                             "with -ungrouped, -whole (the whole last layer) and/or -bf16 (mixed precision)")
+    parser.add_argument("--trainer-precisions", default="fp32",
+                        help="comma-separated Trainer runs per round: fp32, bf16 (its `bf16=True`); each mode "
+                             "of ours is compared with the Trainer in its own precision when that ran")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     parser.add_argument("--skip-trainer", action="store_true")
     parser.add_argument("--profile", action="store_true",
@@ -340,7 +385,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         updates, flags = mode_parts(mode)
         if updates not in ("sparse", "dense", "frozen") or not flags <= set(MODE_FLAGS):
             parser.error(f"unknown mode {mode!r}; expected sparse, dense or frozen, optionally with "
-                         f"-ungrouped and/or -whole")
+                         f"-ungrouped, -whole and/or -bf16")
+    for precision in args.trainer_precisions.split(","):
+        if precision not in ("fp32", "bf16"):
+            parser.error(f"unknown Trainer precision {precision!r}; expected fp32 or bf16")
     return args
 
 
@@ -351,10 +399,16 @@ def main(argv: list[str] | None = None) -> dict:
         from transformers import TrainingArguments
         targs = TrainingArguments(**trainer_arguments(args, args.seed, tmp))
         differing = non_default_arguments(targs)
-    differing.pop("seed", None)
+        by_side = {}
+        for precision in args.trainer_precisions.split(","):
+            with own_mixed_precision_env():
+                by_side[trainer_side(precision)] = non_default_arguments(
+                    TrainingArguments(**trainer_arguments(args, args.seed, tmp, precision)))
+    for values in (differing, *by_side.values()):
+        values.pop("seed", None)
     result = {"command": command_line(argv), "settings": {k: v for k, v in vars(args).items() if k != "out"},
               "model": MODEL, "task": TASK, "torch_threads": torch.get_num_threads(),
-              "trainer_arguments": {"differing_from_defaults": differing,
+              "trainer_arguments": {"differing_from_defaults": differing, "differing_by_side": by_side,
                                     "seed": "the round's seed", "optimizer": plain(targs.optim)},
               "environment": environment(), **run_rounds(args)}
     summary = result["summary"]

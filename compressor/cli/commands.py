@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--seed", type=int, **from_config(FinetuneConfig, "seed"))
     ft.add_argument("--embedding-updates", **from_config(
         FinetuneConfig, "embedding_updates", "how the word-embedding matrix trains (sparse: only rows in the batch)"))
+    ft.add_argument("--precision", **from_config(
+        FinetuneConfig, "precision", "bf16: mixed precision (bfloat16 matrix products, fp32 weights), fast on "
+                                     "CPUs with AVX-512 BF16 or AMX"))
     ft.add_argument("--strategy", **from_config(
         FinetuneConfig, "strategy", "full: all weights; frozen: head only; scalar-mix: frozen encoder, learned "
                                     "mix of all layers; adapters: Houlsby bottlenecks + LayerNorms + head"))
@@ -349,7 +352,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         model_ref=args.model, task_spec=task_arg(args.task), out=args.out,
         overrides={"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                    "max_train_samples": args.max_train_samples, "seed": args.seed,
-                   "embedding_updates": args.embedding_updates, "strategy": args.strategy,
+                   "embedding_updates": args.embedding_updates, "precision": args.precision,
+                   "strategy": args.strategy,
                    "adapter_size": args.adapter_size, "adapter_init_std": args.adapter_init_std,
                    "intermediate_task": task_arg(args.intermediate_task) if args.intermediate_task else None,
                    "tasks": tuple(task_arg(t.strip()) for t in args.tasks.split(",") if t.strip())

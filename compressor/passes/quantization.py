@@ -18,7 +18,7 @@ import math
 from typing import ClassVar
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig, StaticInt8Config, check_quantize_family
@@ -56,6 +56,15 @@ class QATConfig(FinetuneConfig):
 
     default_lr: ClassVar[dict[str, float]] = QAT_DEFAULT_LR
     ema_decay: float = Field(0.9999, gt=0, lt=1)   # activation-range EMA (Q8BERT's value)
+
+    @model_validator(mode="after")
+    def fp32_only(self) -> "QATConfig":
+        # Fake quantization rounds fp32 values onto the int8 grid the export will use; under
+        # bf16 autocast the products it simulates would not be the ones the export runs.
+        if self.precision != "fp32":
+            raise ValueError(f"qat trains in fp32 (it simulates int8 on fp32 products); got precision "
+                             f"{self.precision!r}")
+        return self
 
 
 @register("qat", QATConfig, trains=True)

@@ -46,6 +46,29 @@ def test_every_script_is_listed():
     assert "finetune_throughput.py" in SCRIPTS and len(SCRIPTS) >= 10
 
 
+def test_finetune_throughput_mixed_precision_on_both_sides(tmp_path, monkeypatch):
+    """A -bf16 mode of ours is compared with the Trainer's own bf16, an fp32 mode with its fp32;
+    an fp32 Trainer that runs after a bf16 one (round 1) still trains in fp32."""
+    out = tmp_path / "throughput.json"
+    run_script("finetune_throughput.py", ["--rounds", 2, "--train-samples", 40, "--eval-samples", 16, "--threads", 1,
+                                          "--modes", "sparse,sparse-bf16", "--trainer-precisions", "fp32,bf16",
+                                          "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert result["compared_with"] == {"ours-sparse": "transformers-trainer",
+                                       "ours-sparse-bf16": "transformers-trainer-bf16"}
+    runs = result["rounds"][0]["runs"]
+    assert runs["ours-sparse-bf16"]["train_config"]["precision"] == "bf16"
+    assert runs["ours-sparse"]["train_config"]["precision"] == "fp32"
+    assert result["rounds"][0]["ratio"]["ours-sparse-bf16"] == pytest.approx(
+        runs["ours-sparse-bf16"]["samples_per_second"] / runs["transformers-trainer-bf16"]["samples_per_second"])
+    assert result["rounds"][1]["order"][:2] == ["transformers-trainer-bf16", "transformers-trainer"]
+    for r in result["rounds"]:
+        assert r["runs"]["transformers-trainer"]["mixed_precision"] == "no"
+        assert r["runs"]["transformers-trainer-bf16"]["mixed_precision"] == "bf16"
+    by_side = result["trainer_arguments"]["differing_by_side"]
+    assert by_side["transformers-trainer-bf16"]["bf16"] is True and "bf16" not in by_side["transformers-trainer"]
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_help(name, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:

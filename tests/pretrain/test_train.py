@@ -60,6 +60,29 @@ def test_loss_decreases_on_a_learnable_task(make_tiny_bert, toy):
     assert pred == toy.labels[0]
 
 
+def test_bf16_runs_the_products_in_bfloat16_and_keeps_fp32_weights(make_tiny_bert, toy):
+    """Mixed precision: Linear outputs are bfloat16 inside the step, the weights, their gradients
+    and what the optimizer updates stay fp32, and the model still learns."""
+    model = make_tiny_bert()
+    dtypes = set()
+    hook = model.bert.encoder.layer[0].intermediate.dense.register_forward_hook(
+        lambda module, args, output: dtypes.add(output.dtype))
+    grads = set()
+    for param in model.parameters():
+        param.register_hook(lambda grad: grads.add(grad.dtype))
+    result = train(model, toy, cfg(epochs=12, lr=3e-3, precision="bf16"), show_progress=False)
+    hook.remove()
+    assert dtypes == {torch.bfloat16} and grads == {torch.float32}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert np.mean(result.losses[-5:]) < 0.5 * np.mean(result.losses[:5])
+    assert not torch.is_autocast_enabled("cpu")                # nothing left on after the run
+    plain, dtypes = make_tiny_bert(), set()
+    plain.bert.encoder.layer[0].intermediate.dense.register_forward_hook(
+        lambda module, args, output: dtypes.add(output.dtype))
+    train(plain, toy, cfg(), show_progress=False)
+    assert dtypes == {torch.float32}                            # fp32, the default
+
+
 def test_frozen_embeddings_do_not_change(make_tiny_bert, toy):
     model = make_tiny_bert()
     before = word_embedding(model)

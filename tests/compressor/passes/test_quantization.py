@@ -15,6 +15,7 @@ from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.export.trace import write_onnx
 from compressor.modeling.fake_quant import fake_quantize, linear_layers, q8bert_fake_quant
 from compressor.passes import Context, apply_pass, get_pass
+from compressor.pipeline.recipe import parse_step
 from pretrain.errors import UserError
 
 LOOSE = ExportSettings(optimize=True, accuracy_tolerance=1.0)
@@ -56,6 +57,12 @@ def test_q8bert_context_quantizes_weights_tracks_ema_ranges_and_cleans_up(make_t
     assert float(ranges["bert.encoder.layer.0.intermediate.dense"].threshold) == pytest.approx(float(expected))
     assert not parametrize.is_parametrized(linear)
     assert torch.equal(linear.weight, trained_weight) and isinstance(linear.weight, torch.nn.Parameter)
+
+
+def test_qat_refuses_mixed_precision():
+    with pytest.raises(UserError, match="qat trains in fp32") as err:
+        parse_step({"qat": {"precision": "bf16"}}, "variants.v[0]")
+    assert "\n" not in str(err.value)
 
 
 def test_qat_trains_with_the_loop_and_records_ranges_for_every_linear(bert_bundle, tiny_task):
