@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from compressor.modeling.importance import head_dim
 from pretrain.families import FAMILIES
+from pretrain.first_token import skip_reason          # the export's rule for the last layer
 from pretrain.models import encoder_layers
 from pretrain.structured import submodule
 
@@ -113,12 +115,8 @@ def unit_costs(model: PreTrainedModel, unit: str, sequence_length: float) -> lis
     (pretrain/first_token.py): there a neuron works on one token instead of L, and a head
     still projects keys and values for every token but its query, output and attention for
     one. Pruning a unit of that layer saves that much less."""
-    from pretrain.first_token import skip_reason          # the export's rule for the last layer
-
     family = FAMILIES[model.config.model_type]
-    config = model.config
-    hidden = getattr(config, family.hidden_field)
-    dim = hidden // getattr(config, family.heads_field)
+    hidden, dim = getattr(model.config, family.hidden_field), head_dim(model, family)
     layers = len(encoder_layers(model))
     first_token_last = skip_reason(model) is None
     costs = []
