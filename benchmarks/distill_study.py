@@ -45,6 +45,10 @@ ROWS: dict[str, dict] = {
     "tinybert-weighted": {"losses": ["soft", "hidden", "attention"], "weights": {"attention": 0.05}},
     "tinybert-kl": {"losses": ["soft", "hidden", "attention"], "attention_kind": "distribution"},
     "tinybert-auto": {"losses": ["soft", "hidden", "attention"], "weights": {"attention": 0.05}, "layer_map": "auto"},
+    # TinyBERT's losses beside the labels (DistilBERT's soft + hard, plus the layer-wise terms)
+    "tinybert-hard": {"losses": ["soft", "hidden", "attention", "hard"], "weights": {"attention": 0.05}},
+    "tinybert-auto-hard": {"losses": ["soft", "hidden", "attention", "hard"], "weights": {"attention": 0.05},
+                           "layer_map": "auto"},
     "tinybert-two-stage": {"losses": ["soft", "hidden", "attention"], "two_stage": True, "epochs_share": 0.5},
     "minilm": {"losses": ["soft", "attention", "value-relation"], "attention_kind": "distribution",
                "attention_layers": "last"},
@@ -99,7 +103,8 @@ def run_row(name: str, args, teacher_dir: Path, task, seed: int) -> dict:
     else:
         student = make_student(teacher, args, ctx)
     config = {**row, "epochs": args.epochs * share, "max_train_samples": args.train_samples,
-              "batch_size": args.batch_size, "seed": seed, **({"lr": args.lr} if args.lr else {})}
+              "batch_size": args.batch_size, "seed": seed, **({"lr": args.lr} if args.lr else {}),
+              **({"precision": args.precision} if args.precision != "fp32" else {})}
     start = time.perf_counter()
     out = apply_pass(student, pass_name, get_pass(pass_name).config_type.model_validate(config), ctx)
     seconds = time.perf_counter() - start
@@ -160,6 +165,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, help="default: the distill pass's (fine-tuning's 1e-4)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: every row trains in mixed precision (fast on CPUs with AVX-512 BF16 or AMX)")
     parser.add_argument("--max-eval-samples", type=int, default=5000)
     parser.add_argument("--work", type=Path, help="checkpoint dir per row (a killed sweep resumes)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "distill_study.json")
@@ -180,7 +187,8 @@ def main() -> None:
         parser.error("the theseus row replaces the teacher's layers; it takes --layers, not --prune-*")
     settings = {"student_layers": args.layers, "prune_heads": args.prune_heads, "prune_ffn": args.prune_ffn,
                 "prune_samples": args.prune_samples, "train_samples": args.train_samples, "epochs": args.epochs,
-                "batch_size": args.batch_size, "lr": args.lr, "max_eval_samples": args.max_eval_samples}
+                "batch_size": args.batch_size, "lr": args.lr, "max_eval_samples": args.max_eval_samples,
+                **({"precision": args.precision} if args.precision != "fp32" else {})}
     # --mlm, --copies and --unlabeled shape only the *-augment / *-unlabeled rows: each such row
     # records them in its config.
     previous = json.loads(args.out.read_text()) if args.out.is_file() else None

@@ -687,6 +687,14 @@ def test_distill_study(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
     assert row["config"]["unlabeled_samples"] == 32 and row["config"]["epochs"] == 0.5
     assert row["distill"]["unlabeled"] == {"labelled": 32, "unlabeled": 32}
     assert row["distill"]["stages"][0]["steps"] == 2
+    # TinyBERT's losses beside the labels, every row in bf16: its own table (other settings)
+    bf16 = tmp_path / "bf16.json"
+    run_script("distill_study.py", ["--rows", "tinybert-hard", *budget[:-1], bf16, "--precision", "bf16"], monkeypatch)
+    record = json.loads(bf16.read_text())
+    (row,) = record["runs"]
+    assert record["settings"]["precision"] == "bf16" and row["config"]["precision"] == "bf16"
+    assert row["distill"]["losses"] == ["soft", "hidden", "attention", "hard"]
+    assert row["distill"]["stages"][0]["losses"]["attention"] == 0.05
 
 
 def test_op_profile(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
