@@ -50,6 +50,7 @@ ARMS: dict[str, dict] = {
     # the next --unlabeled train texts, labels withheld: only the teacher labels them
     "distilled-unlabeled": {"alpha": 0.0, "unlabeled": True},
     "distilled-mixed-unlabeled": {"alpha": 0.5, "unlabeled": True},
+    "distilled-kl-unlabeled": {"alpha": 0.0, "logit_loss": "kl", "unlabeled": True},
 }
 
 
@@ -69,6 +70,7 @@ def main() -> int:
     parser.add_argument("--eval-samples", type=int, default=5000)
     parser.add_argument("--latency", action="store_true", help="also time the graphs (quiet machine)")
     parser.add_argument("--reuse", action="store_true", help="students already exported under --work are kept")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every arm's initialisation and data order")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--work", type=Path, default=Path("runs/shallow_students"))
@@ -81,7 +83,7 @@ def main() -> int:
 
     teacher = ModelBundle.load(args.teacher)
     task = load_task(task_arg(args.task) if args.task else teacher.task)
-    ctx = Context(task=task, seed=0, show_progress=False, teacher_source=LazyTeacher.from_dir(args.teacher))
+    ctx = Context(task=task, seed=args.seed, show_progress=False, teacher_source=LazyTeacher.from_dir(args.teacher))
     rows = [exported("teacher", teacher, task, args, seconds=0.0)]
     for kind in args.kinds:
         for arm in args.arms:
@@ -136,7 +138,7 @@ def write_results(args, rows: list[dict], latency: dict | None) -> None:
     for row in rows:
         row["retention"] = row["accuracy"] / teacher_accuracy
     write_json(args.out, {"command": " ".join(["benchmarks/shallow_students.py", *sys.argv[1:]]),
-                          "train_samples": args.train_samples, "epochs": args.epochs,
+                          "train_samples": args.train_samples, "epochs": args.epochs, "seed": args.seed,
                           "eval_samples": args.eval_samples, "results": rows, "latency": latency,
                           "environment": environment()})
 

@@ -324,11 +324,19 @@ def test_shallow_students(finished_run, tiny_csv, tmp_path, monkeypatch):
         run_script("shallow_students.py", [*args, "--arms", "distilled-mixed-unlabeled"], monkeypatch)
     assert refused.value.code == 2
     run_script_exit("shallow_students.py", [*args, "--reuse", "--arms", "labels-only", "distilled-mixed-unlabeled",
-                                            "--unlabeled", 16], monkeypatch)
+                                            "distilled-kl-unlabeled", "--unlabeled", 16], monkeypatch)
     third = {r["name"]: r for r in json.loads(out.read_text())["results"]}
-    assert list(third) == ["teacher", "cnn-labels-only", "cnn-distilled-mixed-unlabeled"]
+    assert list(third) == ["teacher", "cnn-labels-only", "cnn-distilled-mixed-unlabeled", "cnn-distilled-kl-unlabeled"]
     assert third["cnn-labels-only"] == {**second["results"][2], "retention": third["cnn-labels-only"]["retention"]}
     assert 0 <= third["cnn-distilled-mixed-unlabeled"]["accuracy"] <= 1
+    assert 0 <= third["cnn-distilled-kl-unlabeled"]["accuracy"] <= 1
+    # --seed reaches the students: another seed trains another network, and is recorded
+    seeded_out = tmp_path / "seed1.json"
+    run_script_exit("shallow_students.py", [*args[:-4], "--work", tmp_path / "seed1", "--out", seeded_out,
+                                            "--arms", "labels-only", "--seed", 1], monkeypatch)
+    assert json.loads(seeded_out.read_text())["seed"] == 1
+    assert ((tmp_path / "seed1" / "cnn-labels-only" / "model.onnx").read_bytes()
+            != (tmp_path / "work" / "cnn-labels-only" / "model.onnx").read_bytes())
 
 
 def test_latency_model(finished_run, tiny_csv, tmp_path, monkeypatch):
