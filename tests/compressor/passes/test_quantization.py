@@ -128,7 +128,19 @@ def test_qat_export_computes_what_qat_simulated(bert_bundle, tiny_task, tmp_path
         simulated = predict_logits(model.eval(), data)
     # Not bit-exact: float sums in a different order flip the odd rounding at a half step.
     to_simulation, to_fp32 = np.abs(int8 - simulated).mean(), np.abs(int8 - fp32).mean()
-    assert to_simulation < 0.1 * to_fp32, (to_simulation, to_fp32)
+    assert to_simulation < int8_kernel_error_bound() * to_fp32, (to_simulation, to_fp32)
+
+
+def int8_kernel_error_bound() -> float:
+    """How far, relative to fp32, ORT's int8 result may stray from the exact integer product.
+    With VNNI (or AMX, or on ARM) the uint8 x int8 kernel sums in 32 bits: measured 0.0015 of
+    the distance to fp32. x86 CPUs without them multiply-add pairs into 16 bits (VPMADDUBSW),
+    which saturates when two large products meet, as ORT's quantization docs warn: measured
+    0.13 on an AVX2 EPYC. An unquantized graph would sit at 1."""
+    import platform
+    from compressor.bench.environment import cpu_flags
+    exact = platform.machine() not in ("x86_64", "AMD64") or cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"}
+    return 0.02 if exact else 0.3
 
 
 def test_linear_scope_graph_runs_every_linear_as_an_integer_kernel(bert_bundle, tiny_task, tmp_path):
