@@ -68,6 +68,9 @@ ROWS: dict[str, dict] = {
     "soft-hard-unlabeled": {"losses": ["soft", "hard"], "unlabeled": True},
     # BERT-of-Theseus from the teacher: successors replace blocks of depth / len(--layers) layers
     "theseus": {"pass": "theseus"},
+    # the official code's start: successors are the first layers (0..N-1), the layers `auto`
+    # picks on this teacher, rather than the first layer of each block
+    "theseus-first": {"pass": "theseus", "init": "first"},
 }
 
 
