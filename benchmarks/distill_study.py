@@ -71,6 +71,8 @@ ROWS: dict[str, dict] = {
     # the official code's start: successors are the first layers (0..N-1), the layers `auto`
     # picks on this teacher, rather than the first layer of each block
     "theseus-first": {"pass": "theseus", "init": "first"},
+    # the paper's first schedule: p = 0.5 for half the steps, then the successors alone
+    "theseus-constant": {"pass": "theseus", "schedule": "constant"},
 }
 
 
