@@ -618,6 +618,13 @@ def test_pruned_latency(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     assert both["fusions"]["pruned-fp32-fused"]["SkipLayerNormalization"] == 8         # 4 layers x 2
     assert both["fusions"]["pruned-fp32-unfused"]["residual Sum + LayerNormalization"] == 8
     assert "optimum-default-int8" in {row["model"] for row in both["latency"]}
+    # one precision: its two graphs timed alone
+    run_script_exit("pruned_latency.py", [
+        "--teacher", tiny_bert_dir, "--task", tiny_csv, "--eval-samples", 16, "--iterations", 2,
+        "--precisions", "int8", "--work", tmp_path / "work", "--out", out], monkeypatch)
+    alone = json.loads(out.read_text())
+    assert set(alone["p50_ratio_pruned_to_teacher"]) == {"int8"}
+    assert {row["model"] for row in alone["latency"]} == {"teacher-int8", "pruned-int8"}
 def test_sharing_study(finished_run, tiny_csv, tmp_path, monkeypatch):
     out = tmp_path / "sharing.json"
     teacher = json.loads((finished_run[1] / "report.json").read_text())["teacher"]["path"]
