@@ -625,6 +625,8 @@ def test_pruned_latency(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     alone = json.loads(out.read_text())
     assert set(alone["p50_ratio_pruned_to_teacher"]) == {"int8"}
     assert {row["model"] for row in alone["latency"]} == {"teacher-int8", "pruned-int8"}
+
+
 def test_sharing_study(finished_run, tiny_csv, tmp_path, monkeypatch):
     out = tmp_path / "sharing.json"
     teacher = json.loads((finished_run[1] / "report.json").read_text())["teacher"]["path"]
