@@ -12,6 +12,15 @@ def test_the_cpu_profile_runs_here():
     assert unavailable_reason(load_profile("cpu")) is None
 
 
+def test_the_one_thread_profile_is_the_cpu_profile_on_one_thread():
+    one, cpu = load_profile("cpu-1thread"), load_profile("cpu")
+    assert unavailable_reason(one) is None
+    assert one.thread_count() == 1 and cpu.threads == "cores"
+    same = ("provider", "device", "graph_optimization", "batch_sizes", "sequence_lengths", "warmup", "iterations",
+            "precisions")
+    assert {f: getattr(one, f) for f in same} == {f: getattr(cpu, f) for f in same}
+
+
 def test_a_gpu_profile_without_a_gpu_says_no_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(profiles, "nvidia_gpu_present", lambda: False)
