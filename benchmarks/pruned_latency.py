@@ -17,6 +17,13 @@ The pruned model and the exports are kept in --work, so a rerun only times (dele
 Target (issue 15): pruned/teacher p50 latency <= 0.6 in both precisions. `--precisions int8`
 times one precision's two graphs alone.
 
+`--drop-layers K` removes K encoder layers whole first (the `drop-layers` pass with `count`,
+which keeps the layers whose removal would cost the most loss), as `prune-heads` does with
+`allow_drop_layers` when a layer loses every head: --heads and --ffn stay shares of the
+teacher's heads and neurons, the dropped layers' included, so the model has as many heads and
+neurons as without it, but fewer layers' fixed work (LayerNorms, residual sums, quantizing
+activations).
+
 `--skip-layernorm fused unfused` exports all four graphs in each form of the residual
 LayerNorms (ORT's fused SkipLayerNormalization, or Sum + LayerNormalization; default: the
 exporter's `auto`) and times every graph in the same run; `--optimum` adds Optimum's int8
@@ -59,12 +66,27 @@ def pruned_model(teacher: ModelBundle, ctx: Context, args) -> ModelBundle:
     if saved.exists():
         return ModelBundle.load(saved)
     ranking = {"samples": args.samples, "cost_aware": args.cost_aware}
-    bundle = step(teacher, "prune-heads", {"fraction": args.heads, **ranking}, ctx)
-    bundle = step(bundle, "prune-ffn", {"fraction": args.ffn, **ranking}, ctx)
+    heads, ffn = units(teacher)
+    bundle = teacher
+    if args.drop_layers:
+        # whole layers first, chosen by drop-layers' measured importance; the head and FFN
+        # fractions stay shares of the teacher's units, so the pruning passes remove the rest
+        depth = len(encoder_layers(teacher.model))
+        bundle = step(bundle, "drop-layers", {"count": depth - args.drop_layers, "samples": args.samples}, ctx)
+    left_heads, left_ffn = units(bundle)
+    bundle = step(bundle, "prune-heads", {"count": round(args.heads * heads) - (heads - left_heads), **ranking}, ctx)
+    bundle = step(bundle, "prune-ffn", {"fraction": (round(args.ffn * ffn) - (ffn - left_ffn)) / left_ffn, **ranking},
+                  ctx)
     bundle = step(bundle, "finetune", {"epochs": args.recovery_epochs, "max_train_samples": args.recovery_samples,
                                        "lr": args.recovery_lr}, ctx)
     bundle.save(saved)
     return bundle
+
+
+def units(bundle: ModelBundle) -> tuple[int, int]:
+    """Attention heads and FFN neurons of the whole model."""
+    structure = structure_of(bundle)
+    return sum(structure["heads"]), sum(structure["ffn"])
 
 
 def structure_of(bundle: ModelBundle) -> dict:
@@ -100,6 +122,9 @@ def main() -> int:
     parser.add_argument("--heads", type=float, default=0.5, help="share of attention heads pruned")
     parser.add_argument("--ffn", type=float, default=0.5, help="share of FFN neurons pruned")
     parser.add_argument("--samples", type=int, default=512, help="train examples the taylor scores use")
+    parser.add_argument("--drop-layers", type=int, default=0,
+                        help="encoder layers removed whole first (by measured importance); --heads and --ffn "
+                             "stay shares of the teacher's heads and neurons, these layers' included")
     parser.add_argument("--cost-aware", action="store_true",
                         help="rank heads and neurons by importance per multiply-add in the deployed graph")
     parser.add_argument("--recovery-samples", type=int, default=8000)

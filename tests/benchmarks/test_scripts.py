@@ -625,6 +625,15 @@ def test_pruned_latency(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     alone = json.loads(out.read_text())
     assert set(alone["p50_ratio_pruned_to_teacher"]) == {"int8"}
     assert {row["model"] for row in alone["latency"]} == {"teacher-int8", "pruned-int8"}
+    # a layer removed whole first: the same heads and neurons in all, on three layers
+    run_script_exit("pruned_latency.py", [
+        "--teacher", tiny_bert_dir, "--task", tiny_csv, "--samples", 16, "--recovery-samples", 16, "--eval-samples", 16,
+        "--iterations", 2, "--drop-layers", 1, "--precisions", "int8", "--work", tmp_path / "drop", "--out", out],
+        monkeypatch)
+    dropped = json.loads(out.read_text())
+    assert [p["pass"] for p in dropped["pruned_passes"][:3]] == ["drop-layers", "prune-heads", "prune-ffn"]
+    structure = dropped["pruned_structure"]
+    assert len(structure["heads"]) == 3 and sum(structure["heads"]) == 8 and sum(structure["ffn"]) == 128
 
 
 def test_sharing_study(finished_run, tiny_csv, tmp_path, monkeypatch):
