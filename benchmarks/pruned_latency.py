@@ -144,6 +144,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     teacher = ModelBundle.load(args.teacher)
+    depth = len(encoder_layers(teacher.model))
+    if not 0 <= args.drop_layers < depth:
+        parser.error(f"--drop-layers {args.drop_layers}: expected 0 to {depth - 1} (the teacher has {depth} layers)")
     task = load_task(task_arg(args.task))
     ctx = Context(task=task, seed=0, show_progress=True)
     pruned = pruned_model(teacher, ctx, args)
