@@ -73,6 +73,8 @@ ROWS: dict[str, dict] = {
     "theseus-first": {"pass": "theseus", "init": "first"},
     # the paper's first schedule: p = 0.5 for half the steps, then the successors alone
     "theseus-constant": {"pass": "theseus", "schedule": "constant"},
+    # module replacing plus the predecessor's soft targets (KL at T = 2, weight 1) beside the labels
+    "theseus-soft": {"pass": "theseus", "soft_weight": 1.0},
 }
 
 

@@ -28,7 +28,10 @@ from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.passes.registry import Context, register
+from compressor.passes.distill_losses import soft_kl
+from compressor.passes.distillation import inputs_for
 from pretrain.errors import UserError
+from pretrain.first_token import first_token_copy, skip_reason
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
 from pretrain.models import check_transformer_family, encoder_layers, keep_encoder_layers, set_encoder_layers
 from pretrain.train import Batch, Checkpointing, StepLog, epoch_steps, task_loss
@@ -59,6 +62,11 @@ class TheseusConfig(FinetuneConfig):
     # block (0, k, 2k, ...: the layers `drop-layers` would keep); "first" = layers 0..N-1,
     # what the official code does (`deepcopy(layer[ix]) for ix in range(scc_n_layer)`)
     init: Literal["block", "first"] = "block"
+    # The predecessor's soft targets beside the labels (the paper calls module replacing
+    # orthogonal to distillation): loss = CE + soft_weight * KL(T) T^2 against the input
+    # model's logits on the same batch. 0, the default, is the paper's Theseus: labels only.
+    soft_weight: float = Field(0.0, ge=0)
+    temperature: float = Field(2.0, gt=0)     # of the soft targets (DistilBERT's T)
     checkpoint_every: int = Field(200, ge=1)  # optimizer steps between checkpoints in ctx.work_dir
 
     @model_validator(mode="after")
@@ -180,10 +188,14 @@ def theseus_pass(bundle: ModelBundle, cfg: TheseusConfig, ctx: Context) -> Model
     total = epoch_steps(len(ctx.task.split("train").head(cfg.max_train_samples)), cfg)
     checkpoint = None if ctx.work_dir is None else Checkpointing(directory=ctx.work_dir,
                                                                  every_steps=cfg.checkpoint_every)
+    # The predecessor as a frozen reader of soft targets: a copy (the loop sets it to eval
+    # mode), its last layer on the first token where the family allows (same logits).
+    reader = (first_token_copy(bundle.model) if skip_reason(bundle.model) is None
+              else copy.deepcopy(bundle.model)) if cfg.soft_weight else None
     with replacing(model, predecessors) as layers:
         def loss_fn(trained: nn.Module, batch: Batch) -> torch.Tensor:
             layers.choose(replacing_rate(cfg, int(layers.steps_done), total), cfg.seed)
-            loss = task_loss(trained, batch)
+            loss = task_loss(trained, batch) if reader is None else with_soft_targets(trained, reader, batch, cfg)
             # A batch on which every block drew its predecessors reaches no trainable
             # parameter: the step leaves every gradient empty and so updates nothing, as in
             # the official code (the loop still calls backward, hence a leaf that wants one).
@@ -193,5 +205,14 @@ def theseus_pass(bundle: ModelBundle, cfg: TheseusConfig, ctx: Context) -> Model
             layers.steps_done.fill_(log.step)
 
         finetune(model, bundle.tokenizer, ctx.task, cfg, desc="theseus", show_progress=ctx.show_progress,
-                 loss_fn=loss_fn, callbacks=[count_step], checkpoint=checkpoint)
+                 loss_fn=loss_fn, callbacks=[count_step], checkpoint=checkpoint,
+                 aux_modules=[reader] if reader is not None else [])
     return bundle.replace(model=model)
+
+
+def with_soft_targets(model: nn.Module, reader: nn.Module, batch: Batch, cfg: TheseusConfig) -> torch.Tensor:
+    """The task's cross-entropy plus soft_weight x the KL to the predecessor's logits."""
+    out = model(**batch)
+    with torch.no_grad():
+        targets = reader(**inputs_for(reader, batch)).logits
+    return out.loss + cfg.soft_weight * soft_kl(out.logits, targets, cfg.temperature)

@@ -139,6 +139,26 @@ def test_each_block_runs_its_successor_with_probability_p(bert_bundle, tiny_task
     assert type(encoder_layers(model)) is torch.nn.ModuleList and len(encoder_layers(model)) == 2
 
 
+def test_soft_targets_are_the_predecessors_logits(bert_bundle, tiny_task, monkeypatch):
+    """With soft_weight, each step adds soft_weight x KL(T) against the input model's own logits
+    (in eval mode, on the same batch); the input model stays as it was."""
+    seen, real_kl, real_inputs = [], theseus.soft_kl, theseus.inputs_for
+    batches = []
+    monkeypatch.setattr(theseus, "inputs_for", lambda m, b: batches.append(real_inputs(m, b)) or batches[-1])
+    monkeypatch.setattr(theseus, "soft_kl", lambda s, t, temp: seen.append((t.clone(), temp)) or real_kl(s, t, temp))
+    before = {k: v.clone() for k, v in bert_bundle.model.state_dict().items()}
+    out = apply_pass(bert_bundle, "theseus", config(soft_weight=0.5, temperature=3.0), ctx(tiny_task))
+    assert len(seen) == 6 and {temp for _, temp in seen} == {3.0}
+    predecessor = copy.deepcopy(bert_bundle.model).eval()
+    with torch.no_grad():
+        for (targets, _), inputs in zip(seen, batches):
+            assert torch.allclose(targets, predecessor(**inputs).logits, atol=1e-5)
+    assert all(torch.equal(v, before[k]) for k, v in bert_bundle.model.state_dict().items())
+    plain = apply_pass(bert_bundle, "theseus", config(), ctx(tiny_task))
+    assert not torch.equal(out.model.bert.encoder.layer[0].output.dense.weight,
+                           plain.model.bert.encoder.layer[0].output.dense.weight)
+
+
 def test_default_rate_is_the_measured_one_and_an_explicit_rate_wins():
     assert theseus.TheseusConfig(successor_layers=2).lr == 3e-4
     assert theseus.TheseusConfig(successor_layers=2, lr=1e-4).lr == 1e-4
@@ -201,7 +221,9 @@ def test_refuses_a_family_without_transformer_layers():
                                       ({}, "successor_layers"),
                                       ({"successor_layers": 2, "strategy": "adapters"}, "strategy"),
                                       ({"successor_layers": 2, "schedule": "cubic"}, "schedule"),
-                                      ({"successor_layers": 2, "p": 0}, "greater than 0")])
+                                      ({"successor_layers": 2, "p": 0}, "greater than 0"),
+                                      ({"successor_layers": 2, "soft_weight": -1}, "soft_weight"),
+                                      ({"successor_layers": 2, "temperature": 0}, "temperature")])
 def test_config_validation(raw, why):
     with pytest.raises(ValidationError, match=why):
         theseus.TheseusConfig.model_validate(raw)
