@@ -27,9 +27,9 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
-from compressor.passes.registry import Context, register
 from compressor.passes.distill_losses import soft_kl
 from compressor.passes.distillation import inputs_for
+from compressor.passes.registry import Context, register
 from pretrain.errors import UserError
 from pretrain.first_token import first_token_copy, skip_reason
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
