@@ -7,7 +7,8 @@ per batch) or else its k predecessor layers, so the successors learn to stand in
 blocks inside the trained model. Only the successors train: embeddings, predecessor layers
 and classifier stay frozen (the official code gives the optimizer only the successor
 layers). p follows a schedule: `constant` (p for the replacing phase, then p = 1: successor
-fine-tuning) or `linear` (the curriculum p_t = min(1, theta * t + b)).
+fine-tuning) or `linear` (the curriculum p_t = min(1, theta * t + b)). The loss is the task's
+cross-entropy, as in the paper; `soft_weight` adds the predecessor's own soft targets to it.
 
 The result is the predecessor's own model class with the successors as its N layers: a plain
 smaller model of the same family (no wrapper is left), which saves, loads, exports and
