@@ -16,6 +16,7 @@ from compressor.bench.baselines import (BUILDERS, OPTIMUM, baseline_kind, model_
 from compressor.bench.measure import run_benchmarks
 from compressor.bench.profiles import unavailable_reason
 from compressor.bench.runners import Deployable
+from compressor.bench.timing import HARNESS_VERSION
 from compressor.bundle import ModelBundle, weights_size
 from compressor.export.onnx import ONNX_FILE
 from compressor.pipeline.cache import cached, content_key, fingerprint_file, key_fields
@@ -100,7 +101,7 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
     key = content_key({"models": [[m.name, m.kind, m.precision, fingerprint_file(m.path),
                                    [[p, fingerprint_file(f)] for p, f in m.on_profiles]] for m in models],
                        "benchmark": key_fields(settings), "eval": recipe.data.max_eval_samples,
-                       "profiles": settings.resolved_profiles()})
+                       "profiles": settings.resolved_profiles(), "harness": HARNESS_VERSION})
     path = out_dir / BENCHMARK_DIR
     test = task.split("test").head(recipe.data.max_eval_samples)
     teacher_bundle = ModelBundle.load(teacher.path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from compressor.bench import profiles
-from compressor.bench.profiles import load_profile, unavailable_reason
+from compressor.bench.profiles import load_profile, ort_session_options, unavailable_reason
 
 
 def test_the_cpu_profile_runs_here():
@@ -19,6 +19,13 @@ def test_the_one_thread_profile_is_the_cpu_profile_on_one_thread():
     same = ("provider", "device", "graph_optimization", "batch_sizes", "sequence_lengths", "warmup", "iterations",
             "precisions")
     assert {f: getattr(one, f) for f in same} == {f: getattr(cpu, f) for f in same}
+
+
+def test_sessions_stop_spinning_when_a_call_returns():
+    # The benchmark times several sessions in turn: an idle one must not spin on the cores.
+    options = ort_session_options(2, "all")
+    assert options.intra_op_num_threads == 2
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
 
 
 def test_a_gpu_profile_without_a_gpu_says_no_device(monkeypatch):

@@ -130,6 +130,12 @@ def test_rerun_reuses_the_measurements_unless_asked(done, tmp_path, monkeypatch,
     for expected in (2, 4):   # every rebenchmark measures (2 batch sizes), also right after another
         run_raw(raw, copy, rebenchmark=True)
         assert len(calls) == expected
+    # A newer harness measures again without being asked; the same harness reuses.
+    from compressor.pipeline import benchmark_stages
+    monkeypatch.setattr(benchmark_stages, "HARNESS_VERSION", benchmark_stages.HARNESS_VERSION + 1)
+    run_raw(raw, copy)
+    run_raw(raw, copy)
+    assert len(calls) == 6
 
 
 def test_an_out_dir_of_another_recipe_is_refused_unless_forced(done, tiny_bert_dir, tiny_csv, tmp_path, run_raw):
