@@ -623,7 +623,7 @@ def test_pruned_latency(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
         "--teacher", tiny_bert_dir, "--task", tiny_csv, "--eval-samples", 16, "--iterations", 2,
         "--precisions", "int8", "--work", tmp_path / "work", "--out", out], monkeypatch)
     alone = json.loads(out.read_text())
-    assert set(alone["p50_ratio_pruned_to_teacher"]) == {"int8"}
+    assert set(alone["p50_ratio_pruned_to_teacher"]) == {"int8"} == set(alone["round_ratios"])
     assert {row["model"] for row in alone["latency"]} == {"teacher-int8", "pruned-int8"}
     # a layer removed whole first: the same heads and neurons in all, on three layers
     run_script_exit("pruned_latency.py", [
@@ -634,6 +634,15 @@ def test_pruned_latency(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     assert [p["pass"] for p in dropped["pruned_passes"][:3]] == ["drop-layers", "prune-heads", "prune-ffn"]
     structure = dropped["pruned_structure"]
     assert len(structure["heads"]) == 3 and sum(structure["heads"]) == 8 and sum(structure["ffn"]) == 128
+
+
+def test_pruned_latency_ratios_per_round():
+    round_ratios = runpy.run_path(str(BENCHMARKS / "pruned_latency.py"))["round_ratios"]
+    # two rounds of two calls: the pruned model at half the teacher's time, then at 0.7
+    calls = {"rounds": [[0, 2], [2, 4]], "times_ms": {"p": [5.0, 5.0, 7.0, 7.0], "t": [10.0, 10.0, 10.0, 10.0]}}
+    spread = round_ratios(calls, "p", "t")
+    assert spread["rounds"] == 2 and spread["share_at_or_under_target"] == 0.5
+    assert spread["p10"] == pytest.approx(0.52) and spread["p50"] == pytest.approx(0.6)
 
 
 def test_sharing_study(finished_run, tiny_csv, tmp_path, monkeypatch):
