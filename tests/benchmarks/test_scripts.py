@@ -755,6 +755,30 @@ def test_op_profile(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch, capsys):
     assert "| op type | fp32 (ms) | int8 (ms) | int8 / fp32 |" in table and "| total |" in table
 
 
+def test_session_threads(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    """Both experiments on two tiny exports: the spinning settings alternate over child
+    processes, and every window has both graphs on two threads and on one."""
+    from compressor.bundle import ModelBundle
+    from compressor.export.onnx import ExportSettings, export_bundle
+    from pretrain.data import load_task
+    bundle, task = ModelBundle.load(tiny_bert_dir), load_task({"path": str(tiny_csv)})
+    for name in ("a", "b"):
+        export_bundle(bundle, tmp_path / name, ExportSettings(optimize=True), task, 16)
+    out = tmp_path / "threads.json"
+    run_script_exit("session_threads.py", [tmp_path / "a", tmp_path / "b", "--task", tiny_csv, "--repeats", 2,
+                                           "--rounds", 2, "--window", 1, "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert [r["setting"] for r in result["spinning"]] == ["spinning after calls", "stopped after calls",
+                                                          "stopped after calls", "spinning after calls"]
+    assert all(set(r["p50_ms"]) == {"a@2", "b@2"} and r["ratio"] > 0 for r in result["spinning"])
+    assert [w["rounds"] for w in result["states"]] == [[0, 1], [1, 2]]
+    assert all(set(w["p50_ms"]) == {"a@2", "b@2", "a@1", "b@1"} and set(w["ratio_by_threads"]) == {"2", "1"}
+               for w in result["states"])
+    with pytest.raises(SystemExit) as bad:
+        run_script("session_threads.py", [tmp_path, tmp_path / "b", "--out", out], monkeypatch)
+    assert bad.value.code == 2
+
+
 def test_cls_only_latency(finished_run, tiny_bert_dir, tiny_csv, tmp_path, monkeypatch, capsys):
     from compressor.bench import measure
     monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
