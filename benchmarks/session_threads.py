@@ -7,7 +7,7 @@ harness uses); each setting in its own child process, the settings alternating, 
 times. Shows what an idle session's spinning workers cost the session being timed.
 
 `states`: the two graphs on two intra-op threads and on one, all four sessions interleaved in
-one process for --rounds rounds; the p50 of every window of --window rounds, per session. On
+one process for --state-rounds rounds; the p50 of every window of --window rounds, per session. On
 a VM whose second core slows down for a while, the two-thread sessions slow down in those
 windows and the one-thread ones do not.
 
@@ -43,8 +43,7 @@ def sessions(models: list[Path], batches: list[dict], threads: int, stop_spinnin
     import onnxruntime as ort
     loaded = {}
     for model in models:
-        options = ort_session_options(threads, "all")
-        options.add_session_config_entry("session.force_spinning_stop", "1" if stop_spinning else "0")
+        options = ort_session_options(threads, "all", stop_spinning)
         session = ort.InferenceSession(str(model / ONNX_FILE), options, providers=["CPUExecutionProvider"])
         wanted = {i.name for i in session.get_inputs()}
         feeds = [{k: v for k, v in b.items() if k in wanted} for b in batches]
@@ -81,7 +80,8 @@ def spinning_child(args, batches: list[dict]) -> dict:
     """One setting in this process: the two graphs' p50 over all their calls' round p50s."""
     loaded = sessions(args.models, batches, args.threads, args.setting == SPIN_SETTINGS[1])
     per_round = interleaved(loaded, args.rounds)
-    return {name: statistics.median(p50s) for name, p50s in per_round.items()}
+    return {"p50_ms": {name: statistics.median(p50s) for name, p50s in per_round.items()},
+            "batch_size": len(batches[0]["input_ids"])}
 
 
 def spinning(args) -> list[dict]:
@@ -89,24 +89,27 @@ def spinning(args) -> list[dict]:
     for repeat in range(args.repeats):
         for setting in SPIN_SETTINGS if repeat % 2 == 0 else SPIN_SETTINGS[::-1]:
             command = [sys.executable, __file__, *map(str, args.models), "--task", args.task, "--child", setting,
-                       "--rounds", str(args.rounds), "--threads", str(args.threads)]
+                       "--rounds", str(args.rounds), "--threads", str(args.threads),
+                       "--batch-size", str(args.batch_size)]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
-            p50 = json.loads(done.stdout.strip().splitlines()[-1])
+            child = json.loads(done.stdout.strip().splitlines()[-1])
+            p50 = child["p50_ms"]
             first, second = (p50[f"{m.name}@{args.threads}"] for m in args.models)
-            results.append({"repeat": repeat, "setting": setting, "p50_ms": p50, "ratio": second / first})
+            results.append({"repeat": repeat, "setting": setting, "batch_size": child["batch_size"], "p50_ms": p50,
+                            "ratio": second / first})
             print(f"{setting}: {first:.2f} / {second:.2f} ms, ratio {second / first:.3f}", file=sys.stderr)
     return results
 
 
 def states(args, batches: list[dict]) -> list[dict]:
     loaded = {**sessions(args.models, batches, args.threads, True), **sessions(args.models, batches, 1, True)}
-    per_round = interleaved(loaded, args.rounds)
+    per_round = interleaved(loaded, args.state_rounds)
     windows = []
-    for start in range(0, args.rounds, args.window):
+    for start in range(0, args.state_rounds, args.window):
         p50 = {name: statistics.median(p50s[start:start + args.window]) for name, p50s in per_round.items()}
         ratios = {threads: p50[f"{args.models[1].name}@{threads}"] / p50[f"{args.models[0].name}@{threads}"]
                   for threads in (args.threads, 1)}
-        windows.append({"rounds": [start, min(start + args.window, args.rounds)], "p50_ms": p50,
+        windows.append({"rounds": [start, min(start + args.window, args.state_rounds)], "p50_ms": p50,
                         "ratio_by_threads": ratios})
         print(f"rounds {start}-: " + ", ".join(f"{k} {v:.2f}" for k, v in p50.items())
               + ", ratios " + ", ".join(f"{t} threads {r:.3f}" for t, r in ratios.items()), file=sys.stderr)
@@ -121,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of the multi-thread sessions")
     parser.add_argument("--experiments", default="spinning,states")
     parser.add_argument("--repeats", type=int, default=4, help="spinning: child processes per setting")
-    parser.add_argument("--rounds", type=int, default=60, help="rounds per child (spinning) or in all (states)")
+    parser.add_argument("--rounds", type=int, default=60, help="spinning: rounds per child process")
+    parser.add_argument("--state-rounds", type=int, default=400, help="states: rounds in all")
     parser.add_argument("--window", type=int, default=20, help="states: rounds per window")
     parser.add_argument("--child", choices=SPIN_SETTINGS, dest="setting", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)

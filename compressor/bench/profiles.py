@@ -78,22 +78,21 @@ class Profile(BaseModel):
         return precision_family(precision) in self.precisions
 
 
-def ort_session_options(threads: int, graph_optimization: str):
+def ort_session_options(threads: int, graph_optimization: str, stop_spinning: bool = True):
     """ONNX Runtime session options for a profile's threads and graph optimization level.
 
     Shared by the benchmark and the memory probe, so both run the graph ORT would run.
+    `stop_spinning`: the pool's workers stop spinning when a call returns. The benchmark
+    times several sessions in turn in one process; left spinning (ONNX Runtime's default),
+    an idle session's workers take the cores from the session being timed, which shows most
+    at batch 1 (benchmarks/README.md, "Idle spinning"). Within a call the workers still spin
+    between operators, and a session timed alone runs as fast either way.
     """
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    # Each session has its own thread pool, whose workers spin for a while after a call
-    # returns. The benchmark times several sessions in turn in one process, so an idle
-    # session's spinning workers would take the cores from the session being timed (worth
-    # 0.04 on a pruned/teacher int8 ratio at 2 threads). Stopping the spin when a call
-    # returns removes that; within a call the workers still spin between operators, and a
-    # session timed alone runs as fast either way (benchmarks/README.md, "Idle spinning").
-    options.add_session_config_entry("session.force_spinning_stop", "1")
+    options.add_session_config_entry("session.force_spinning_stop", "1" if stop_spinning else "0")
     options.graph_optimization_level = {
         "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

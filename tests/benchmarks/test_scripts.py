@@ -765,12 +765,14 @@ def test_session_threads(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     for name in ("a", "b"):
         export_bundle(bundle, tmp_path / name, ExportSettings(optimize=True), task, 16)
     out = tmp_path / "threads.json"
-    run_script_exit("session_threads.py", [tmp_path / "a", tmp_path / "b", "--task", tiny_csv, "--repeats", 2,
-                                           "--rounds", 2, "--window", 1, "--out", out], monkeypatch)
+    run_script_exit("session_threads.py", [tmp_path / "a", tmp_path / "b", "--task", tiny_csv, "--batch-size", 4,
+                                           "--repeats", 2,
+                                           "--rounds", 2, "--state-rounds", 2, "--window", 1, "--out", out], monkeypatch)
     result = json.loads(out.read_text())
     assert [r["setting"] for r in result["spinning"]] == ["spinning after calls", "stopped after calls",
                                                           "stopped after calls", "spinning after calls"]
     assert all(set(r["p50_ms"]) == {"a@2", "b@2"} and r["ratio"] > 0 for r in result["spinning"])
+    assert result["batch_size"] == 4 and all(r["batch_size"] == 4 for r in result["spinning"])   # children too
     assert [w["rounds"] for w in result["states"]] == [[0, 1], [1, 2]]
     assert all(set(w["p50_ms"]) == {"a@2", "b@2", "a@1", "b@1"} and set(w["ratio_by_threads"]) == {"2", "1"}
                for w in result["states"])

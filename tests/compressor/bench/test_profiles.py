@@ -26,6 +26,8 @@ def test_sessions_stop_spinning_when_a_call_returns():
     options = ort_session_options(2, "all")
     assert options.intra_op_num_threads == 2
     assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert ort_session_options(2, "all", stop_spinning=False).get_session_config_entry(
+        "session.force_spinning_stop") == "0"
 
 
 def test_a_gpu_profile_without_a_gpu_says_no_device(monkeypatch):
