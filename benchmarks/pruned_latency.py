@@ -196,9 +196,10 @@ def main() -> int:
 def round_ratios(calls: dict, pruned: str, teacher: str) -> dict:
     """The pruned/teacher ratio of p50s within each interleaved round, summarized.
 
-    Both models of a round run within milliseconds of each other, so a round's ratio is
-    taken in one state of the machine; on a VM whose speed comes and goes (benchmarks/README.md,
-    "Idle spinning"), their spread shows how much of a run sat in each state."""
+    Both models of a round run within a fraction of a second of each other, so each round's
+    ratio is taken in one state of the machine; on a VM whose speed comes and goes
+    (benchmarks/README.md, "Idle spinning"), the spread of these ratios shows how much of a run
+    sat in each state."""
     times = {name: np.asarray(calls["times_ms"][name]) for name in (pruned, teacher)}
     per_round = np.array([np.median(times[pruned][start:stop]) / np.median(times[teacher][start:stop])
                           for start, stop in calls["rounds"]])
