@@ -27,7 +27,8 @@ import numpy as np
 from compressor.bench.environment import environment
 from compressor.bench.profiles import Profile, unavailable_reason
 from compressor.bench.runners import Deployable, Feed, id_translation, input_batches, load_runner, translated
-from compressor.bench.timing import TIE_THRESHOLD, ranking_with_ties, summarize, tied_pairs, time_interleaved
+from compressor.bench.timing import (HARNESS_VERSION, TIE_THRESHOLD, ranking_with_ties, summarize, tied_pairs,
+                                     time_interleaved)
 from pretrain.batching import MAX_LENGTH
 from pretrain.data import Split
 
@@ -60,8 +61,8 @@ def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
         rankings += result.rankings
         calls += result.calls
         measured.append(profile.model_dump(mode="json"))
-    return {"profiles": measured, "skipped": skipped, "measurements": rows, "rankings": rankings,
-            "timings": calls, "environment": environment()}
+    return {"harness_version": HARNESS_VERSION, "profiles": measured, "skipped": skipped, "measurements": rows,
+            "rankings": rankings, "timings": calls, "environment": environment()}
 
 
 def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: Split, *,

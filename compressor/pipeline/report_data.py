@@ -59,8 +59,8 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
         "models": models,
     }
     if benchmark is not None:
-        report["benchmark"] = {"profiles": benchmark["profiles"], "skipped": benchmark["skipped"],
-                               "rankings": benchmark.get("rankings", [])}
+        report["benchmark"] = {"harness_version": benchmark["harness_version"], "profiles": benchmark["profiles"],
+                               "skipped": benchmark["skipped"], "rankings": benchmark.get("rankings", [])}
         report["pareto"] = pareto_fronts(models)
         report["warnings"] = runtime_warnings(report)
     return report

@@ -9,6 +9,7 @@ import pytest
 
 from compressor.bench import measure
 from compressor.bench.baselines import preset_for_this_cpu
+from compressor.bench.timing import HARNESS_VERSION
 from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
 
@@ -60,6 +61,7 @@ def test_absent_hardware_is_skipped_with_its_reason(done):
     _, _, report = done
     assert report["benchmark"]["skipped"] == [{"profile": "gpu-cuda-fp16", "reason": "no CUDA device is visible"}]
     assert [p["name"] for p in report["benchmark"]["profiles"]] == ["cpu"]
+    assert report["benchmark"]["harness_version"] == HARNESS_VERSION
 
 
 def test_each_measurement_has_a_ranking_of_every_model(done):

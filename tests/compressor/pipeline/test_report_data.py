@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from compressor.bench.timing import HARNESS_VERSION
 from compressor.bundle import ModelBundle
 from compressor.modeling.cost import compressed_size, multiply_adds
 from compressor.passes import Context, apply_pass, get_pass
@@ -34,7 +35,8 @@ def report(bert_bundle, tiny_bert_dir, tiny_csv, tiny_task, tmp_path):
                               "variants": {"sparse": [{"prune-magnitude": {"sparsity": 0.9, "epochs": 0}}]}})
     baseline = {"name": "onnxruntime-fp32", "path": "b", "kind": "onnx", "precision": "fp32", "params": 1,
                 "metrics": {"accuracy": 0.5, "macro_f1": 0.4}, "size_bytes": 10, "predictions": [0] * n}
-    benchmark = {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}], "skipped": [],
+    benchmark = {"harness_version": HARNESS_VERSION, "profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}],
+                 "skipped": [],
                  "measurements": [latency("sparse", 9.5), latency("onnxruntime-fp32", 10.0)]}
     return build_report(recipe, stage("teacher", tiny_bert_dir, bert_bundle, n),
                         [stage("sparse", sparse.save(tmp_path / "sparse"), sparse, n)],
