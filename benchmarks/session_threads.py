@@ -22,12 +22,12 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from compressor.bench.environment import environment
 from compressor.bench.profiles import ort_session_options
 from compressor.bench.runners import input_batches
+from compressor.bench.timing import timed_calls
 from compressor.cli.commands import task_arg
 from compressor.export.onnx import ONNX_FILE
 from pretrain.atomic import write_json
@@ -54,15 +54,10 @@ def sessions(models: list[Path], batches: list[dict], threads: int, stop_spinnin
 
 
 def round_p50(session, feeds: list[dict], round_: int) -> float:
-    """One untimed call, then the p50 (ms) of ROUND_CALLS timed ones."""
+    """One untimed call, then the p50 (ms) of ROUND_CALLS timed ones (the harness's hot loop)."""
     session.run(None, feeds[round_ % len(feeds)])
-    times = []
-    for i in range(ROUND_CALLS):
-        feed = feeds[(round_ * ROUND_CALLS + i) % len(feeds)]
-        start = time.perf_counter()
-        session.run(None, feed)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return statistics.median(timed_calls(lambda feed: session.run(None, feed), feeds, round_ * ROUND_CALLS,
+                                         ROUND_CALLS))
 
 
 def interleaved(loaded: dict, rounds: int) -> dict[str, list[float]]:

@@ -112,5 +112,4 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
         write_json(tmp / "benchmark.json", results)
         return results
     record = cached(path, key, write, force=rebenchmark)
-    # The key holds the harness version, so a cached record was measured with this one.
-    return {**{k: v for k, v in record.items() if k != "key"}, "harness_version": HARNESS_VERSION}
+    return {k: v for k, v in record.items() if k != "key"}
