@@ -50,23 +50,30 @@ def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBund
                         f"the model has {n_layers} layers (0..{n_layers - 1})")
     model = bundle.copy_model()
     if cfg.keep is not None:
-        keep = list(cfg.keep)
-    else:
-        data = encode_for_model(model, bundle.tokenizer, ctx.task, train_rows(ctx.task, 0, cfg.samples, "drop-layers"))
-        keep = layers_to_keep(model, data, cfg.count, cfg.batch_size)
+        keep_encoder_layers(model, list(cfg.keep))
+        return bundle.replace(model=model)
+    data = encode_for_model(model, bundle.tokenizer, ctx.task, train_rows(ctx.task, 0, cfg.samples, "drop-layers"))
+    keep, rounds = layers_to_keep(model, data, cfg.count, cfg.batch_size)
     keep_encoder_layers(model, keep)
-    return bundle.replace(model=model)
+    # Which layers the measurement chose is not in the config: record it (compressor.json, deploy).
+    return bundle.replace(model=model, deploy={**bundle.deploy, "drop_layers": {"kept": keep, "rounds": rounds}})
 
 
-def layers_to_keep(model: PreTrainedModel, data: Encoded, count: int, batch_size: int) -> list[int]:
+def layers_to_keep(model: PreTrainedModel, data: Encoded, count: int,
+                   batch_size: int) -> tuple[list[int], list[dict]]:
     """Greedy: drop, one at a time, the layer whose removal raises the loss on `data` least
-    (re-measured after each removal, since layers compensate for each other)."""
+    (re-measured after each removal, since layers compensate for each other). Returns the
+    kept layers and, per round, the loss without each candidate and the layer dropped."""
     keep = list(range(len(encoder_layers(model))))
+    rounds = []
     while len(keep) > count:
         losses = {}
         for layer in keep:
             trial = copy.deepcopy(model)
             keep_encoder_layers(trial, [i for i in keep if i != layer])
             losses[layer] = mean_loss(trial, data, batch_size)
-        keep.remove(min(losses, key=losses.get))
-    return keep
+        dropped = min(losses, key=losses.get)
+        keep.remove(dropped)
+        rounds.append({"loss_without": {str(layer): round(loss, 4) for layer, loss in losses.items()},
+                       "dropped": dropped})
+    return keep, rounds

@@ -7,6 +7,8 @@ The tiny BERT of the conftest: 4 layers, 4 heads of width 8, FFN 64.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,8 @@ from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.passes import Context, apply_pass, get_pass
 from compressor.pipeline.recipe import parse_step
 from pretrain.errors import UserError
-from pretrain.models import encoder_layers
+from compressor.modeling.importance import encode_for_model, mean_loss, train_rows
+from pretrain.models import encoder_layers, keep_encoder_layers
 from tests.compressor.modeling.test_structure import example_ids, load_in_plain_process, logits
 
 
@@ -149,19 +152,35 @@ def test_iterative_stops_before_accuracy_falls(bert_bundle, tiny_task):
 
 # --- drop-layers: count ---
 
-def test_drop_layers_count_removes_the_layer_that_does_nothing(bert_bundle, tiny_task):
-    """Layer 2 with zeroed attention-output and FFN-output weights passes its (normalized) input
-    through unchanged: keeping 3 of 4 layers must drop it."""
-    model = bert_bundle.copy_model()
-    with torch.no_grad():
-        for linear in (encoder_layers(model)[2].attention.output.dense, encoder_layers(model)[2].output.dense):
-            linear.weight.zero_()
-            linear.bias.zero_()
-    bundle = bert_bundle.replace(model=model)
+def test_drop_layers_count_drops_the_layer_whose_removal_costs_least(bert_bundle, tiny_task):
+    """Greedy selection against brute force, on a trained model (a random tiny classifier
+    predicts the same loss without any of its layers, so nothing would tell them apart): each
+    round drops the layer whose removal gives the lowest loss, measured again after each drop,
+    and the record says which layers stayed and the losses it chose by."""
+    finetune = get_pass("finetune").config_type.model_validate({"epochs": 10, "lr": 5e-3, "batch_size": 16})
+    bundle = apply_pass(bert_bundle, "finetune", finetune, Context(task=tiny_task, seed=0, show_progress=False))
+    data = encode_for_model(bundle.model, bundle.tokenizer, tiny_task, train_rows(tiny_task, 0, 128, "test"))
+
+    out = run(bundle, "drop-layers", tiny_task, count=2, samples=128)
+
+    record, keep = out.deploy["drop_layers"], [0, 1, 2, 3]
+    for round_ in record["rounds"]:
+        losses = {layer: mean_loss(without(bundle.model, keep, layer), data) for layer in keep}
+        assert max(losses.values()) - min(losses.values()) > 0.05, losses     # the layers differ
+        assert round_["loss_without"] == pytest.approx({str(k): v for k, v in losses.items()}, abs=1e-3)
+        assert round_["dropped"] == min(losses, key=losses.get)
+        keep.remove(round_["dropped"])
+    assert record["kept"] == keep and len(keep) == 2 and out.model.config.num_hidden_layers == 2
     inputs = example_ids(bundle)
-    out = run(bundle, "drop-layers", tiny_task, count=3)
-    assert out.model.config.num_hidden_layers == 3
-    np.testing.assert_allclose(logits(out.model, inputs), logits(model, inputs), atol=1e-3)
+    np.testing.assert_allclose(logits(out.model, inputs), logits(without(bundle.model, keep + [99], 99), inputs),
+                               atol=1e-5)
+
+
+def without(model, keep: list[int], layer: int):
+    """A copy of `model` with only the layers of `keep` other than `layer`."""
+    trial = copy.deepcopy(model)
+    keep_encoder_layers(trial, [i for i in keep if i != layer])
+    return trial
 
 
 @pytest.mark.parametrize("config, why", [({"keep": [0], "count": 1}, "exactly one of"), ({}, "exactly one of"),
