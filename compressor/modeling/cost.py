@@ -6,11 +6,13 @@ the work of every Linear (rows x in x out: per-layer head counts and FFN widths 
 pruning, dropped and shared layers as they run, a pooler or classifier on one vector), adds
 every LSTM's matrices once per token and direction, plus the attention products of
 each Transformer layer (QK^T and AV: 2 x L^2 x heads x head_dim). Embedding lookups, norms,
-activations and softmax are left out (a few percent at these lengths).
+activations and softmax are left out (a few percent at these lengths). Convolutions (the CNN
+student) count every output value times its input channels and kernel width.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from pathlib import Path
 
@@ -68,7 +70,14 @@ def multiply_adds(model: PreTrainedModel, sequence_length: int, embedding_rank: 
         nonlocal total
         total += inputs[0].numel() // module.in_features * module.in_features * module.out_features
 
+    def convolution(module: nn.modules.conv._ConvNd, _inputs: tuple, output: torch.Tensor) -> None:
+        # every output value sums (in channels / groups) x kernel products (the CNN student)
+        nonlocal total
+        total += output.numel() * module.in_channels // module.groups * math.prod(module.kernel_size)
+
     handles = [m.register_forward_hook(linear) for m in model.modules() if isinstance(m, nn.Linear)]
+    handles += [m.register_forward_hook(convolution) for m in model.modules()
+                if isinstance(m, nn.modules.conv._ConvNd)]
     was_training = model.training
     model.eval()
     try:

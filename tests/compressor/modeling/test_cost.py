@@ -71,6 +71,18 @@ def test_every_family_is_counted(model_dirs):
     assert multiply_adds(models["bilm"], 10) >= 10 * 4 * per_cell
 
 
+def test_the_cnn_student_counts_its_convolutions():
+    """textcnn by hand: each kernel size k, Conv1d(E -> F, k, same padding) on every token, then
+    the classifier on the pooled F x kernels vector (embedding lookups are not counted)."""
+    from pretrain.textcnn import TextCNNConfig, TextCNNForSequenceClassification
+    torch.manual_seed(0)
+    model = TextCNNForSequenceClassification(TextCNNConfig(vocab_size=100, embedding_dim=8, kernel_sizes=(3, 4, 5),
+                                                           filters=6, num_labels=3))
+    length = 10
+    convs = sum(length * 6 * 8 * k for k in (3, 4, 5))
+    assert multiply_adds(model, length) == convs + 6 * 3 * 3
+
+
 def test_unit_costs_match_the_multiply_adds_a_unit_removes(bert_bundle):
     """A neuron or head of an inner layer costs what removing it takes off multiply_adds (every
     token); the last layer, which the export runs on the first token only, costs less."""
