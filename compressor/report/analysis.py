@@ -74,6 +74,8 @@ def runtime_warnings(report: dict) -> list[str]:
                     for key in measurement_keys([m]) if reference and latency_row(reference, key)}
         if m.get("sparsity"):
             warnings.append(unstructured_warning(m, speedups))
+        if any(step.get("pass") == "share-layers" for step in m.get("passes") or ()):
+            warnings.append(shared_layers_warning(m, reference, speedups))
         saved = compute_saved(m, report["teacher"])
         for key, speedup in speedups.items():
             where = f"on {key[0]} at batch {key[1]}"
@@ -113,6 +115,16 @@ def unstructured_warning(model: dict, speedups: dict[tuple, float]) -> str:
               if compressed else "")
     return (f"{model['name']} has {model['sparsity']:.0%} of its encoder weights at zero (unstructured "
             f"sparsity): dense runtimes do not run it faster{measured}; the saving is compressed size{saving}")
+
+
+def shared_layers_warning(model: dict, reference: dict | None, speedups: dict[tuple, float]) -> str:
+    """Layers that share weights: the file holds each shared tensor once, but every layer runs."""
+    smaller = (f" is {1 - model['size_bytes'] / reference['size_bytes']:.0%} smaller than onnxruntime-fp32"
+               if reference else " stores each shared tensor once")
+    measured = "".join(f"; {speedup:.2f}x as fast as onnxruntime-fp32 on {key[0]} at batch {key[1]}"
+                       for key, speedup in speedups.items())
+    return (f"{model['name']} shares layer weights (share-layers): it{smaller}, but every layer still runs, "
+            f"so expect no speed-up from the sharing itself{measured}")
 
 
 def slow_int8_cause(model: dict) -> str:

@@ -105,3 +105,19 @@ def test_unstructured_sparsity_is_always_warned_about():
     assert warning.startswith("sparse has 90% of its encoder weights at zero (unstructured sparsity): "
                               "dense runtimes do not run it faster; 2.00x as fast as onnxruntime-fp32 on cpu")
     assert warning.endswith("the saving is compressed size (0.0 MB compressed vs 0.0 MB as stored)")
+
+
+def test_shared_layers_are_said_to_save_size_not_time():
+    """share-layers keeps every layer's compute: the report says the file shrank but no speed-up is due."""
+    base = entry("onnxruntime-fp32", 0.8, 10.0, size=1000, params=1200, baseline=True)
+    shared = {**entry("shared", 0.75, 8.0, size=630, params=700), "flops": 3000,
+              "passes": [{"pass": "share-layers", "config": {"mode": "all", "groups": 1}},
+                         {"pass": "finetune", "config": {}}]}
+    plain = {**entry("plain", 0.8, 8.0, size=1000, params=1200), "flops": 3000,
+             "passes": [{"pass": "finetune", "config": {}}]}
+    report = {"teacher": {"path": None, "params": 1200, "flops": 3000}, "models": [base, shared, plain],
+              "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
+    (warning,) = runtime_warnings(report)
+    assert warning == ("shared shares layer weights (share-layers): it is 37% smaller than onnxruntime-fp32, "
+                       "but every layer still runs, so expect no speed-up from the sharing itself; 1.25x as "
+                       "fast as onnxruntime-fp32 on cpu at batch 8")
