@@ -4,8 +4,7 @@ The family recipes read the demo's fine-tuned teacher (runs/demo/teacher), which
 does not have, so the end-to-end test runs each one as written but on a tiny 6-layer BERT
 and the tiny task, with the training and scoring budgets cut (`shrink`): the same variants,
 the same passes in the same order with the same structural settings (every budget field a
-pass has, written or defaulted, is cut), the real export and
-benchmark stages.
+pass has, written or defaulted, is cut), the real export and benchmark stages.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ from pydantic import ValidationError
 
 from compressor.bundle import ModelBundle
 from compressor.export.onnx import ExportSettings, export_bundle
+from compressor.modeling.importance import encode_for_model, mean_loss, train_rows
 from compressor.passes import Context, apply_pass, get_pass
 from compressor.pipeline.recipe import parse_step
 from pretrain.errors import UserError
-from compressor.modeling.importance import encode_for_model, mean_loss, train_rows
 from pretrain.models import encoder_layers, keep_encoder_layers
 from tests.compressor.modeling.test_structure import example_ids, load_in_plain_process, logits
 
@@ -165,21 +165,20 @@ def test_drop_layers_count_drops_the_layer_whose_removal_costs_least(bert_bundle
 
     record, keep = out.deploy["drop_layers"], [0, 1, 2, 3]
     for round_ in record["rounds"]:
-        losses = {layer: mean_loss(without(bundle.model, keep, layer), data) for layer in keep}
+        losses = {layer: mean_loss(with_layers(bundle.model, [i for i in keep if i != layer]), data) for layer in keep}
         assert max(losses.values()) - min(losses.values()) > 0.05, losses     # the layers differ
         assert round_["loss_without"] == pytest.approx({str(k): v for k, v in losses.items()}, abs=1e-3)
         assert round_["dropped"] == min(losses, key=losses.get)
         keep.remove(round_["dropped"])
     assert record["kept"] == keep and len(keep) == 2 and out.model.config.num_hidden_layers == 2
     inputs = example_ids(bundle)
-    np.testing.assert_allclose(logits(out.model, inputs), logits(without(bundle.model, keep + [99], 99), inputs),
-                               atol=1e-5)
+    np.testing.assert_allclose(logits(out.model, inputs), logits(with_layers(bundle.model, keep), inputs), atol=1e-5)
 
 
-def without(model, keep: list[int], layer: int):
-    """A copy of `model` with only the layers of `keep` other than `layer`."""
+def with_layers(model, layers: list[int]):
+    """A copy of `model` that keeps only `layers`."""
     trial = copy.deepcopy(model)
-    keep_encoder_layers(trial, [i for i in keep if i != layer])
+    keep_encoder_layers(trial, layers)
     return trial
 
 
