@@ -43,6 +43,37 @@ def finetune_calls(monkeypatch) -> list[dict]:
     return calls
 
 
+def _stable_sort_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
+    keep = round((1 - sparsity) * scores.numel())
+    mask = torch.zeros_like(scores)
+    mask[torch.sort(scores, descending=True, stable=True).indices[:keep]] = 1
+    return mask
+
+
+def _scores(kind: str, n: int) -> torch.Tensor:
+    """Score vectors the masks meet: weights, |weights| with pruned zeros, untrained movement
+    scores (all 0), rounded values (many ties), and a vector whose strided sample misleads."""
+    values = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    if kind == "zeros":
+        values = values.abs() * (torch.arange(n) % 3 != 0)
+    elif kind == "constant":
+        values = torch.zeros(n)
+    elif kind == "rounded":
+        values = (values * 4).round()
+    elif kind == "misleading":   # every sampled position holds the largest value
+        values[::max(1, n // sparsity_passes.SAMPLE)] = 100.0
+    return values
+
+
+@pytest.mark.parametrize("n", [3_000, 147_456])   # ranked whole; bracketed by a sample
+@pytest.mark.parametrize("kind", ["normal", "zeros", "constant", "rounded", "misleading"])
+def test_top_k_mask_keeps_exactly_the_largest_and_the_first_of_ties(n, kind):
+    scores = _scores(kind, n)
+    for sparsity in (0.0, 1e-4, 0.1, 0.5, 0.9, 0.97, 0.99999):
+        mask = sparsity_passes.top_k_mask(scores, sparsity)
+        assert torch.equal(mask, _stable_sort_mask(scores, sparsity)), (kind, sparsity)
+
+
 def test_cubic_schedule_values():
     s = CubicSchedule(initial=0.0, final=0.9, total=100, warmup=10, cooldown=20)
     assert [s(t) for t in (0, 9, 10)] == [0.0, 0.0, 0.0]
