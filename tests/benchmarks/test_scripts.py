@@ -807,3 +807,19 @@ def test_skip_layernorm_kernel(tmp_path, monkeypatch):
         assert row["max_abs_diff"] < 1e-4                       # the two forms compute the same LayerNorm
         assert row["p50_us"]["fused"] > 0 and row["p50_us"]["unfused"] > 0
     assert result["onnxruntime"] and result["calls"] == 3
+
+
+def test_mask_update(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    out = tmp_path / "mask.json"
+    run_script_exit("mask_update.py", ["--model", tiny_bert_dir, "--task", tiny_csv, "--sparsities", 0.5,
+                                       "--rounds", 2, "--train-samples", 32, "--train-rounds", 1, "--out", out],
+                    monkeypatch)
+    result = json.loads(out.read_text())
+    assert [(u["sparsity"], u["scope"]) for u in result["updates"]] == [(0.5, "per_layer"), (0.5, "global")]
+    for row in result["updates"]:
+        assert row["same_counts"] and 0 < row["identical_masks"] <= row["matrices"]
+        assert set(row["median_ms"]) == {"threshold", "topk-indices"}
+    trained = {r["method"]: r for r in result["training"]}
+    assert set(trained) == {"threshold", "topk-indices"}
+    assert all(r["updates"] > 1 and r["samples_per_second"] > 0 for r in trained.values())
+    assert "--train-samples 32" in result["command"]
