@@ -243,15 +243,18 @@ def top_k_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
 
     This runs after every optimizer step on every encoder matrix, so it finds the threshold
     value and compares rather than scattering topk's indices over the whole matrix: on 2
-    cores that took 135 ms of a 400-500 ms MiniLM step, this about a third of it."""
+    cores less than half the time (benchmarks/README.md, "Mask updates"). The values equal
+    to the threshold (the k-th value itself and its ties) are set from the bracket's few
+    positions, not from a pass over the whole matrix."""
     n = scores.numel()
     keep = round((1 - sparsity) * n)
     if keep in (0, n):
         return torch.full_like(scores, float(keep == n))
-    threshold, above = kth_largest(scores, keep)
+    threshold, above, candidates = kth_largest(scores, keep)
     mask = (scores > threshold).to(scores.dtype)
     if above < keep:
-        mask[(scores == threshold).nonzero().flatten()[:keep - above]] = 1
+        where = torch.arange(n, device=scores.device) if candidates is None else candidates
+        mask[where[scores[where] == threshold][:keep - above]] = 1
     return mask
 
 
@@ -259,8 +262,9 @@ def top_k_mask(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
 SAMPLE = 4096
 
 
-def kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
-    """The k-th largest of the 1-d `values` and how many are strictly larger.
+def kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """The k-th largest of the 1-d `values`, how many are strictly larger, and the positions
+    (ascending) that hold every value equal to it (None: anywhere).
 
     For large inputs, a strided sample's quantiles give a bracket about 5 standard errors
     wide around the k-th value; only the values inside it are ranked. The counts check
@@ -273,12 +277,13 @@ def kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
         high = sample[max(0, int((share - margin) * m))]
         low = sample[min(m - 1, int((share + margin) * m))]
         over = int(torch.count_nonzero(values > high))
-        bracket = values[(values >= low) & (values <= high)]
-        if over < k <= over + bracket.numel():
+        inside = ((values >= low) & (values <= high)).nonzero().flatten()
+        if over < k <= over + inside.numel():
+            bracket = values[inside]
             threshold = torch.topk(bracket, k - over, sorted=False).values.min()
-            return threshold, over + int(torch.count_nonzero(bracket > threshold))
+            return threshold, over + int(torch.count_nonzero(bracket > threshold)), inside
     threshold = torch.topk(values, k, sorted=False).values.min()
-    return threshold, int(torch.count_nonzero(values > threshold))
+    return threshold, int(torch.count_nonzero(values > threshold)), None
 
 
 def soft_target_loss(teacher: nn.Module, temperature: float) -> Callable[[nn.Module, Batch], torch.Tensor]:
