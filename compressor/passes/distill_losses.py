@@ -23,7 +23,9 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from pretrain.families import FAMILIES
+from pretrain.first_token import first_token_copy, skip_reason
 from pretrain.models import encoder_layers
+from pretrain.train import accepts_token_types
 from pretrain.structured import submodule
 
 QKV = ("query", "key", "value")
@@ -108,6 +110,48 @@ def hard_ce(student: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     if not labelled.any():
         return student.sum() * 0.0
     return F.cross_entropy(student[labelled], labels[labelled])
+
+
+class TeacherLogits:
+    """The teacher's logits for a batch, each distinct example computed once per run.
+
+    The teacher only reads (eval mode, no dropout) and the transfer texts are fixed, so an
+    example's logits are the same in every epoch: a run of E epochs pays one teacher forward
+    per example instead of E (Tang et al. label their transfer set once, too). Examples are
+    known by their real token ids (and token types), padding cut off; the rows a batch has
+    not seen run through the teacher together. A cached row comes from a batch padded to
+    another width, which moves logits by float rounding only.
+
+    `reader` is the teacher as it runs: with `first_token` and where the model allows, a copy
+    whose last layer computes the first token only (same logits, less work; the teacher
+    itself is never changed). Loops take it as an aux module. `cache=False` runs the teacher
+    on every batch."""
+
+    def __init__(self, teacher: PreTrainedModel, first_token: bool = True, cache: bool = True):
+        self.reader = first_token_copy(teacher) if first_token and skip_reason(teacher) is None else teacher
+        self.takes_token_types = accepts_token_types(teacher)
+        self.cache: dict[bytes, torch.Tensor] | None = {} if cache else None
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items()
+                  if k in ("input_ids", "attention_mask") or (k == "token_type_ids" and self.takes_token_types)}
+        if self.cache is None:
+            with torch.no_grad():
+                return self.reader(**inputs).logits
+        keys = example_keys(inputs)
+        missing = [i for i, key in enumerate(keys) if key not in self.cache]
+        if missing:
+            with torch.no_grad():
+                logits = self.reader(**{k: v[missing] for k, v in inputs.items()}).logits
+            self.cache.update((keys[i], row) for i, row in zip(missing, logits))
+        return torch.stack([self.cache[key] for key in keys])
+
+
+def example_keys(inputs: dict[str, torch.Tensor]) -> list[bytes]:
+    """Each row's real token ids (then token types), as bytes."""
+    real = inputs["attention_mask"].bool().cpu().numpy()
+    parts = [inputs[k].cpu().numpy() for k in ("input_ids", "token_type_ids") if k in inputs]
+    return [b"".join(p[i][real[i]].tobytes() for p in parts) for i in range(len(real))]
 
 
 # --- hidden-state losses ---

@@ -279,8 +279,11 @@ def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> Model
     with projection_attached(model, teacher.model, cfg):
         for stage in plan_stages(cfg, len(encoder_layers(model)) if cfg.layer_losses() else 0):
             reader = teacher_reader(teacher.model, stage.weights, cfg)
+            # Logits alone come once per example; layer states are too large to keep.
+            logits = dl.TeacherLogits(reader, first_token=False) \
+                if runs_teacher(stage.weights) and reads_only_logits(stage.weights) else None
             loss = DistillLoss(reader, stage.weights, layer_map, cfg.temperature, cfg.attention_kind,
-                               cfg.attention_layers, stage.layers)
+                               cfg.attention_layers, stage.layers, teacher_logits=logits)
             checkpoint = Checkpointing(directory=ctx.work_dir / stage.name) if ctx.work_dir is not None else None
             with frozen_below(model, stage.frozen_below):
                 result = finetune(model, bundle.tokenizer, task, stage.config(cfg), desc=f"distill {stage.name}",
@@ -490,6 +493,7 @@ class DistillLoss:
     attention_kind: str
     attention_layers: str
     layers: tuple[int, ...] | None = None
+    teacher_logits: dl.TeacherLogits | None = None   # where the losses read only logits
     last: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -501,7 +505,9 @@ class DistillLoss:
         needs_hidden = any(name in self.weights for name in ("cosine", "hidden", "progressive"))
         s_qkv, t_qkv = self.projection_requests(model)
         t_logits, teacher = None, dl.Taps()
-        if runs_teacher(self.weights):
+        if self.teacher_logits is not None:
+            t_logits = self.teacher_logits(batch)
+        elif runs_teacher(self.weights):
             with torch.no_grad(), dl.tapped(self.teacher, needs_hidden, t_qkv) as teacher:
                 t_logits = self.teacher(**inputs_for(self.teacher, batch)).logits
         with dl.tapped(model, needs_hidden, s_qkv) as student:

@@ -36,7 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from compressor.bundle import ModelBundle
 from compressor.passes.distill_augment import AugmentConfig, transfer_data
-from compressor.passes.distill_losses import hard_ce, soft_kl
+from compressor.passes.distill_losses import TeacherLogits, hard_ce, soft_kl
 from compressor.passes.registry import Context, register
 from pretrain.errors import UserError
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
@@ -109,9 +109,10 @@ def distill_structure(bundle: ModelBundle, cfg: DistillStructure, ctx: Context) 
     checkpoint = Checkpointing(directory=ctx.work_dir / "distill-structure") if ctx.work_dir else None
     record: dict = {}
     task, train_cfg = transfer_data(cfg, ctx, record)
+    logits = TeacherLogits(teacher) if teacher is not None else None
     finetune(student, bundle.tokenizer, task, train_cfg, desc=f"distill-structure ({cfg.kind})",
-             show_progress=ctx.show_progress, loss_fn=student_loss(teacher, cfg), checkpoint=checkpoint,
-             aux_modules=[teacher] if teacher is not None else [])
+             show_progress=ctx.show_progress, loss_fn=student_loss(logits, cfg), checkpoint=checkpoint,
+             aux_modules=[logits.reader] if logits is not None else [])
     # Deployment settings that name the old model's layers (qat ranges, kept-float layers) do
     # not carry over to a new network; the requested precision does.
     deploy = {key: value for key, value in bundle.deploy.items() if key == "quantize"}
@@ -199,17 +200,16 @@ def static_table(directory: Path, tokenizer: PreTrainedTokenizerBase, rows: int,
     return torch.from_numpy(table)
 
 
-def student_loss(teacher: nn.Module | None, cfg: DistillStructure):
-    """alpha x CE(labels) + (1 - alpha) x logit loss against the teacher (Tang et al. 2019)."""
+def student_loss(teacher_logits: TeacherLogits | None, cfg: DistillStructure):
+    """alpha x CE(labels) + (1 - alpha) x logit loss against the teacher (Tang et al. 2019);
+    the teacher's logits come once per example (TeacherLogits)."""
     def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         # hard_ce skips augmented copies (no label); they learn from the teacher alone
         total = cfg.alpha * hard_ce(logits, batch["labels"]) if cfg.alpha > 0 else logits.new_zeros(())
-        if teacher is None:
+        if teacher_logits is None:
             return total
-        with torch.no_grad():
-            target = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
-        return total + (1 - cfg.alpha) * logit_loss(logits, target, cfg)
+        return total + (1 - cfg.alpha) * logit_loss(logits, teacher_logits(batch), cfg)
     return loss
 
 

@@ -46,12 +46,11 @@ from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.modeling.cost import encoder_linears
-from compressor.passes.distill_losses import soft_kl
+from compressor.passes.distill_losses import TeacherLogits, soft_kl
 from compressor.passes.registry import Context, register
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES, TRANSFORMER_FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
-from pretrain.first_token import first_token_copy, skip_reason
 from pretrain.models import check_model_ref
 from pretrain.train import Batch, Checkpointing, StepLog, task_loss
 
@@ -286,18 +285,14 @@ def kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, int, torch.
     return threshold, int(torch.count_nonzero(values > threshold)), None
 
 
-def soft_target_loss(teacher: nn.Module, temperature: float) -> Callable[[nn.Module, Batch], torch.Tensor]:
+def soft_target_loss(teacher_logits: TeacherLogits, temperature: float) -> Callable[[nn.Module, Batch], torch.Tensor]:
     """Sanh et al.'s distillation: 0.5 * KL(student/T || teacher/T) * T^2 + 0.5 * CE.
 
     It reads only logits, so the loop may train the last layer on the first token, and the
-    teacher runs as a first-token copy where it can (same logits, less work; never changed)."""
-    reader = first_token_copy(teacher) if skip_reason(teacher) is None else teacher
-
+    teacher's logits come once per example (TeacherLogits)."""
     def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
         out = model(**batch)
-        with torch.no_grad():
-            target = reader(**{k: v for k, v in batch.items() if k != "labels"}).logits
-        return 0.5 * soft_kl(out.logits, target, temperature) + 0.5 * out.loss
+        return 0.5 * soft_kl(out.logits, teacher_logits(batch), temperature) + 0.5 * out.loss
     loss.reads_only_logits = True
     return loss
 
@@ -314,7 +309,8 @@ def prune(bundle: ModelBundle, cfg: SparsityConfig, ctx: Context, by: Literal["m
         if teacher.config.num_labels != model.config.num_labels:
             raise UserError(f"{cfg.method}: the teacher has {teacher.config.num_labels} labels and the model "
                             f"{model.config.num_labels}; expected the same label set for soft targets")
-        loss_fn, aux = soft_target_loss(teacher, cfg.temperature), [teacher]
+        logits = TeacherLogits(teacher)
+        loss_fn, aux = soft_target_loss(logits, cfg.temperature), [logits.reader]
     pruner = Pruner(model, by, cfg.scope)
     pruner.update(schedule(0))
     if schedule.total:
