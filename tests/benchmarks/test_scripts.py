@@ -823,3 +823,16 @@ def test_mask_update(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
     assert set(trained) == {"threshold", "topk-indices"}
     assert all(r["updates"] > 1 and r["samples_per_second"] > 0 for r in trained.values())
     assert "--train-samples 32" in result["command"]
+
+
+def test_teacher_logits(tmp_path, tiny_bert_dir, tiny_csv, monkeypatch):
+    out = tmp_path / "logits.json"
+    run_script_exit("teacher_logits.py", ["--teacher", tiny_bert_dir, "--task", tiny_csv, "--arms", "cnn", "soft",
+                                          "--train-samples", 32, "--epochs", 2, "--rounds", 1, "--eval-samples", 16, "--embedding-dim", 16,
+                                          "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    assert [(r["arm"], r["cache"]) for r in result["runs"]] == [("cnn", True), ("cnn", False),
+                                                               ("soft", True), ("soft", False)]
+    for on, off in zip(result["runs"][::2], result["runs"][1::2]):   # the same training, within float rounding
+        assert on["accuracy"] == pytest.approx(off["accuracy"], abs=2 / 16)
+    assert set(result["summary"]) == {"cnn", "soft"} and "--epochs 2" in result["command"]
