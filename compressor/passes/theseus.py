@@ -28,8 +28,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
-from compressor.passes.distill_losses import soft_kl
-from compressor.passes.distillation import inputs_for
+from compressor.passes.distill_losses import TeacherLogits, soft_kl
 from compressor.passes.registry import Context, register
 from pretrain.errors import UserError
 from pretrain.first_token import first_token_copy, skip_reason
@@ -190,9 +189,10 @@ def theseus_pass(bundle: ModelBundle, cfg: TheseusConfig, ctx: Context) -> Model
     checkpoint = None if ctx.work_dir is None else Checkpointing(directory=ctx.work_dir,
                                                                  every_steps=cfg.checkpoint_every)
     # The predecessor as a frozen reader of soft targets: a copy (the loop sets it to eval
-    # mode), its last layer on the first token where the family allows (same logits).
-    reader = (first_token_copy(bundle.model) if skip_reason(bundle.model) is None
-              else copy.deepcopy(bundle.model)) if cfg.soft_weight else None
+    # mode), its last layer on the first token where the family allows (same logits), each
+    # example's logits computed once.
+    reader = TeacherLogits(first_token_copy(bundle.model) if skip_reason(bundle.model) is None
+                           else copy.deepcopy(bundle.model), first_token=False) if cfg.soft_weight else None
     with replacing(model, predecessors) as layers:
         def loss_fn(trained: nn.Module, batch: Batch) -> torch.Tensor:
             layers.choose(replacing_rate(cfg, int(layers.steps_done), total), cfg.seed)
@@ -207,13 +207,11 @@ def theseus_pass(bundle: ModelBundle, cfg: TheseusConfig, ctx: Context) -> Model
 
         finetune(model, bundle.tokenizer, ctx.task, cfg, desc="theseus", show_progress=ctx.show_progress,
                  loss_fn=loss_fn, callbacks=[count_step], checkpoint=checkpoint,
-                 aux_modules=[reader] if reader is not None else [])
+                 aux_modules=[reader.reader] if reader is not None else [])
     return bundle.replace(model=model)
 
 
-def with_soft_targets(model: nn.Module, reader: nn.Module, batch: Batch, cfg: TheseusConfig) -> torch.Tensor:
+def with_soft_targets(model: nn.Module, reader: TeacherLogits, batch: Batch, cfg: TheseusConfig) -> torch.Tensor:
     """The task's cross-entropy plus soft_weight x the KL to the predecessor's logits."""
     out = model(**batch)
-    with torch.no_grad():
-        targets = reader(**inputs_for(reader, batch)).logits
-    return out.loss + cfg.soft_weight * soft_kl(out.logits, targets, cfg.temperature)
+    return out.loss + cfg.soft_weight * soft_kl(out.logits, reader(batch), cfg.temperature)

@@ -142,9 +142,10 @@ def test_each_block_runs_its_successor_with_probability_p(bert_bundle, tiny_task
 def test_soft_targets_are_the_predecessors_logits(bert_bundle, tiny_task, monkeypatch):
     """With soft_weight, each step adds soft_weight x KL(T) against the input model's own logits
     (in eval mode, on the same batch); the input model stays as it was."""
-    seen, real_kl, real_inputs = [], theseus.soft_kl, theseus.inputs_for
+    seen, real_kl, real_loss = [], theseus.soft_kl, theseus.with_soft_targets
     batches = []
-    monkeypatch.setattr(theseus, "inputs_for", lambda m, b: batches.append(real_inputs(m, b)) or batches[-1])
+    monkeypatch.setattr(theseus, "with_soft_targets", lambda m, reader, b, c: batches.append(
+        {k: v for k, v in b.items() if k != "labels"}) or real_loss(m, reader, b, c))
     monkeypatch.setattr(theseus, "soft_kl", lambda s, t, temp: seen.append((t.clone(), temp)) or real_kl(s, t, temp))
     before = {k: v.clone() for k, v in bert_bundle.model.state_dict().items()}
     out = apply_pass(bert_bundle, "theseus", config(soft_weight=0.5, temperature=3.0), ctx(tiny_task))
