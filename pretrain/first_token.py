@@ -66,6 +66,15 @@ def first_token_copy(model: PreTrainedModel) -> PreTrainedModel:
     return traced
 
 
+def reader_of(model: PreTrainedModel, *, always_copy: bool = False) -> PreTrainedModel:
+    """The model as an inference-only reader of logits: its first-token copy where the family
+    allows (same logits, less work), else the model itself, or a deep copy of it with
+    `always_copy` (for a reader that must not follow later changes to `model`)."""
+    if skip_reason(model) is None:
+        return first_token_copy(model)
+    return copy.deepcopy(model) if always_copy else model
+
+
 @contextlib.contextmanager
 def first_token_last_layer(model: PreTrainedModel) -> Iterator[None]:
     """Within the block, `model`'s last layer computes the first token only; the model's own

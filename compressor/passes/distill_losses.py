@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from pretrain.families import FAMILIES
-from pretrain.first_token import first_token_copy, skip_reason
+from pretrain.first_token import reader_of
 from pretrain.models import encoder_layers
 from pretrain.train import accepts_token_types
 from pretrain.structured import submodule
@@ -128,7 +128,7 @@ class TeacherLogits:
     on every batch."""
 
     def __init__(self, teacher: PreTrainedModel, first_token: bool = True, cache: bool = True):
-        self.reader = first_token_copy(teacher) if first_token and skip_reason(teacher) is None else teacher
+        self.reader = reader_of(teacher) if first_token else teacher
         self.takes_token_types = accepts_token_types(teacher)
         self.cache: dict[bytes, torch.Tensor] | None = {} if cache else None
 

@@ -32,7 +32,7 @@ from pretrain.batching import encode, iterate, inference_order, usable_length
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
-from pretrain.first_token import first_token_copy, skip_reason
+from pretrain.first_token import reader_of
 from pretrain.models import (check_model_ref, check_transformer_family, encoder_layers, keep_encoder_layers,
                              read_model_type)
 from pretrain.structured import RECORD_FIELD
@@ -301,9 +301,8 @@ def teacher_reader(teacher: PreTrainedModel, weights: dict[str, float], cfg: Dis
     """The teacher as the stage's loss runs it: where the loss reads only logits, a copy whose
     last layer computes the first token only (same logits, less work per step; the teacher
     itself is never changed), else the teacher."""
-    if cfg.cls_only_last_layer and runs_teacher(weights) and reads_only_logits(weights) \
-            and skip_reason(teacher) is None:
-        return first_token_copy(teacher)
+    if cfg.cls_only_last_layer and runs_teacher(weights) and reads_only_logits(weights):
+        return reader_of(teacher)
     return teacher
 
 

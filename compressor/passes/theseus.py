@@ -31,7 +31,7 @@ from compressor.bundle import ModelBundle
 from compressor.passes.distill_losses import TeacherLogits, soft_kl
 from compressor.passes.registry import Context, register
 from pretrain.errors import UserError
-from pretrain.first_token import first_token_copy, skip_reason
+from pretrain.first_token import reader_of
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
 from pretrain.models import check_transformer_family, encoder_layers, keep_encoder_layers, set_encoder_layers
 from pretrain.train import Batch, Checkpointing, StepLog, epoch_steps, task_loss
@@ -191,8 +191,8 @@ def theseus_pass(bundle: ModelBundle, cfg: TheseusConfig, ctx: Context) -> Model
     # The predecessor as a frozen reader of soft targets: a copy (the loop sets it to eval
     # mode), its last layer on the first token where the family allows (same logits), each
     # example's logits computed once.
-    reader = TeacherLogits(first_token_copy(bundle.model) if skip_reason(bundle.model) is None
-                           else copy.deepcopy(bundle.model), first_token=False) if cfg.soft_weight else None
+    reader = TeacherLogits(reader_of(bundle.model, always_copy=True), first_token=False) \
+        if cfg.soft_weight else None
     with replacing(model, predecessors) as layers:
         def loss_fn(trained: nn.Module, batch: Batch) -> torch.Tensor:
             layers.choose(replacing_rate(cfg, int(layers.steps_done), total), cfg.seed)

@@ -12,7 +12,7 @@ from compressor.bundle import ModelBundle
 from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.modeling.cost import multiply_adds
 from compressor.modeling.structure import tie_layers
-from pretrain.first_token import first_token_copy, first_token_last_layer, skip_reason
+from pretrain.first_token import first_token_copy, first_token_last_layer, reader_of, skip_reason
 from pretrain.models import encoder_layers
 from pretrain.strategies import add_scalar_mix
 
@@ -88,6 +88,21 @@ def test_models_whose_head_may_read_more_keep_the_whole_layer(change, reason):
         if change == "scalar-mix":
             add_scalar_mix(model)
     assert reason in skip_reason(model)
+
+
+def test_reader_of_copies_where_it_can_and_copies_on_request_where_it_cannot():
+    model = tiny(transformers.BertForSequenceClassification, transformers.BertConfig)
+    reader = reader_of(model)
+    assert reader is not model and "forward" in vars(encoder_layers(reader)[-1])   # the first-token twin
+    relative = tiny(transformers.BertForSequenceClassification, transformers.BertConfig,
+                    position_embedding_type="relative_key")
+    assert reader_of(relative) is relative                       # not allowed: the model itself
+    copied = reader_of(relative, always_copy=True)
+    assert copied is not relative
+    with torch.no_grad():
+        torch.testing.assert_close(copied(**padded_batch()).logits, relative(**padded_batch()).logits)
+        next(relative.parameters()).add_(1.0)                    # later changes do not reach the copy
+        assert not torch.equal(next(copied.parameters()), next(relative.parameters()))
 
 
 def test_export_records_it_and_the_gate_checks_it(tiny_bert_dir, tiny_task, tmp_path):
