@@ -118,8 +118,8 @@ class Recipe(Strict):
     def _variant_names(cls, variants: dict | None) -> dict | None:
         for name in variants or {}:
             if not VARIANT_NAME.match(name) or name in RESERVED_NAMES:
-                raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-' "
-                                 f"and not one of {sorted(RESERVED_NAMES)}")
+                raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-', starting with a "
+                                 f"letter or digit, and not one of {sorted(RESERVED_NAMES)}")
         return variants
 
     @field_validator("export")

@@ -125,7 +125,7 @@ def test_missing_required_field(tmp_path):
     assert "teacher" in message and "required" in message
 
 
-@pytest.mark.parametrize("name", ["bad name", "-dash-first", "teacher", "report.json", "a/b"])
+@pytest.mark.parametrize("name", ["bad name", "-dash-first", "..", ".hidden", "teacher", "report.json", "a/b"])
 def test_bad_variant_name(tmp_path, name):
     message = error_of(tmp_path, "name: r\n" + TEACHER + f"variants:\n  '{name}': []\n")
     assert "variants" in message and repr(name) in message
