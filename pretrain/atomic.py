@@ -11,7 +11,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
+
+from pretrain.errors import UserError
 
 
 @contextlib.contextmanager
@@ -34,6 +36,40 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_output(out: Path, inputs: Iterable[Path | str | None], *, owner_files: tuple[str, ...] | None = (),
+                 flag: str = "--out") -> None:
+    """Refuse, before any work starts, an output whose writing would lose something.
+
+    `atomic_dir` replaces its target whole, so `out` may not be one of the command's `inputs`,
+    hold one (replacing it would delete the input) or lie inside one (inputs are never
+    modified). With `owner_files`, `out` is a dir: new, empty, or an earlier output of the same
+    command, recognized by holding every one of those files; anything else there (a user's own
+    dir, another tool's output) is refused rather than deleted. `owner_files=None` checks the
+    inputs only (callers that own the dir's contents another way, or write a file)."""
+    out = Path(out)
+    target = out.resolve()
+    for given in inputs:
+        if given is None:
+            continue
+        source = Path(given).resolve()
+        if not source.exists():      # a built-in name ("minilm", "wordnet"): nothing on disk to lose
+            continue
+        if target == source or target in source.parents:
+            raise UserError(f"{flag} {out} would replace the input {given}, which is never modified; "
+                            f"expected an output path outside it")
+        if source in target.parents:
+            raise UserError(f"{flag} {out} lies inside the input {given}, which is never modified; "
+                            f"expected an output path outside it")
+    if owner_files is None or not out.exists():
+        return
+    if not out.is_dir():
+        raise UserError(f"{flag} {out} is a file; expected a directory (new, empty, or an earlier output "
+                        f"of this command)")
+    if any(out.iterdir()) and not all((out / name).is_file() for name in owner_files):
+        raise UserError(f"{flag} {out} holds files this command did not write (it lacks "
+                        f"{', '.join(owner_files)}); expected a new or empty dir, or an earlier output to replace")
 
 
 def write_json(path: Path, data: Any) -> None:

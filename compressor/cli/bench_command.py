@@ -8,12 +8,13 @@ import numpy as np
 
 from compressor.bench.environment import environment
 from compressor.bench.measure import measure_models
-from compressor.bench.profiles import load_profile, unavailable_reason
+from compressor.bench.profiles import Profile, load_profile, unavailable_reason
 from compressor.bench.runners import Deployable
 from compressor.bundle import weights_size
-from compressor.evaluate import find_onnx, load_predictor, predict_classes
+from compressor.evaluate import Predictor, find_onnx, load_predictor, predict_classes
 from compressor.export.onnx import read_export_record
-from pretrain.data import load_task
+from pretrain.atomic import check_output, write_json
+from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
 from pretrain.metrics import classification_metrics
 
@@ -37,18 +38,32 @@ def model_size(model: Deployable) -> int:
 def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | None = None,
                   sequence_lengths: list | None = None, iterations: int | None = None,
                   task_spec: str | dict | None = None, max_eval_samples: int | None = None,
-                  seed: int = 0) -> dict:
+                  seed: int = 0, out: Path | None = None) -> dict:
+    """Measure the model; the result is also written to `out` (a JSON file) when given."""
     overrides = {k: v for k, v in (("batch_sizes", batch_sizes), ("sequence_lengths", sequence_lengths),
                                      ("iterations", iterations)) if v}
     profile = load_profile(profile_ref).model_copy(update=overrides)
     predictor = load_predictor(model_ref)          # validates the model before any timing
+    spec = task_spec if task_spec is not None else predictor.task
+    if out is not None:
+        check_output(out, [model_ref, *task_files(spec)], owner_files=None)
+        if Path(out).is_dir():
+            raise UserError(f"--out {out} is a directory; expected the path of a JSON file to write")
+    result = bench_result(model_ref, profile, predictor, spec, max_eval_samples, seed)
+    if out is not None:
+        write_json(Path(out), result)
+    return result
+
+
+def bench_result(model_ref: str, profile: Profile, predictor: Predictor, spec: str | dict | None,
+                 max_eval_samples: int | None, seed: int) -> dict:
+    """Accuracy on the test split, size and latency of the model on the profile (or why skipped)."""
     model = deployable_at(Path(model_ref))
     result = {"model": str(model_ref), "profile": profile.model_dump(mode="json"), "kind": model.kind,
               "precision": model.precision, "size_bytes": model_size(model), "environment": environment()}
     reason = unavailable_reason(profile)
     if reason is not None:
         return {**result, "skipped": reason}
-    spec = task_spec if task_spec is not None else predictor.task
     if spec is None:
         raise UserError(f"no --task given and {model_ref} records no task; pass --task")
     task = load_task(spec, seed=seed)

@@ -447,10 +447,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = bench_command(args.model, args.profile, batch_sizes=args.batch_sizes,
                            sequence_lengths=args.sequence_lengths, iterations=args.iterations,
                            task_spec=task_arg(args.task) if args.task else None,
-                           max_eval_samples=args.max_eval_samples, seed=args.seed)
-    if args.out is not None:
-        from pretrain.atomic import write_json
-        write_json(args.out, result)
+                           max_eval_samples=args.max_eval_samples, seed=args.seed, out=args.out)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -8,9 +8,10 @@ from pydantic import ValidationError
 
 from compressor.bundle import ModelBundle
 from compressor.evaluate import find_onnx
-from compressor.export.onnx import ExportSettings, export_bundle
+from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
-from pretrain.data import load_task
+from pretrain.atomic import check_output
+from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
 from pretrain.models import set_threads
 
@@ -29,6 +30,7 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
     task_spec = task_spec if task_spec is not None else bundle.task
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")
+    check_output(out, [model, *task_files(task_spec)], owner_files=(EXPORT_FILE,))
     task = load_task(task_spec, seed=seed)
     bundle = bundle.replace(task=task.spec)   # the export records the task it was gated on
     if quantize is not None:   # the flag wins over what a `quantize` pass recorded

@@ -15,11 +15,14 @@ from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle
 from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
-from pretrain.atomic import atomic_dir, write_json
-from pretrain.data import load_task
+from pretrain.atomic import atomic_dir, check_output, write_json
+from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, evaluate, finetune
 from pretrain.models import check_model_ref, load_classifier, set_threads
+
+# What every `compressor finetune` output holds: a dir with both is an earlier output to replace.
+FINETUNE_OUTPUT = ("compressor.json", "metrics.json")
 
 
 def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides: dict,
@@ -30,6 +33,9 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     except ValidationError as err:
         raise UserError(describe_validation_error(err)) from None
     model_path = check_model_ref(model_ref)
+    check_output(out, [model_path, cfg.domain_corpus,
+                       *(f for spec in (task_spec, cfg.intermediate_task, *cfg.tasks) for f in task_files(spec))],
+                 owner_files=FINETUNE_OUTPUT)
     processes = distributed.launched_size()
     if processes > cfg.batch_size:
         raise UserError(f"--nproc_per_node={processes} is larger than the batch size {cfg.batch_size}: "

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from compressor.bench.environment import environment
 from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
-from pretrain.atomic import atomic_dir, write_json
+from pretrain.atomic import atomic_dir, check_output, write_json
 from pretrain.errors import UserError
 from pretrain.models import set_threads
 from pretrain.pretraining import (SETTINGS_FILE, PretrainConfig, check_resume, checkpoint_dir, prepare,
@@ -26,6 +26,7 @@ def tokenizer_command(corpus: str, kind: str, vocab_size: int, out: Path, min_fr
     except ValidationError as err:
         raise UserError(describe_validation_error(err)) from None
     check_vocab_size(cfg)
+    check_output(out, [corpus], owner_files=(METRICS_FILE,))
     tokenizer = train_tokenizer(corpus, cfg)
     metrics = {**tokenizer_metrics(corpus, cfg, tokenizer), "environment": environment()}
     with atomic_dir(Path(out)) as tmp:
@@ -39,6 +40,7 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
                      callbacks: tuple[StepCallback, ...] = ()) -> dict:
     """Pretrain and write `out` (HF model dir + metrics.json); checkpoints in `<out>.checkpoint`."""
     out = Path(out)
+    check_output(out, [cfg.corpus, cfg.tokenizer, cfg.init], owner_files=("config.json", "metrics.json"))
     ckpt = checkpoint_dir(out)
     check_resume(cfg, ckpt, resume)
     objective, tokenizer, model = prepare(cfg)
@@ -68,6 +70,7 @@ def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bo
         cfg = EmbeddingConfig(**{k: v for k, v in settings.items() if v is not None})
     except ValidationError as err:
         raise UserError(describe_validation_error(err)) from None
+    check_output(out, [corpus], owner_files=("embeddings.npy", "metrics.json"))
     vocab, matrix, result = train_embeddings(corpus, cfg, show_progress=show_progress)
     metrics = {"corpus": corpus, "vocab_size": len(vocab), "dim": cfg.dim, "steps": result.steps,
                "initial_loss": result.initial_loss, "final_loss": result.final_loss,

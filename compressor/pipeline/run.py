@@ -15,10 +15,11 @@ from compressor.pipeline.outdir import WriteError, claim_out_dir, disk_errors
 from compressor.pipeline.paths import resolve_path, resolve_step_paths, resolve_task_paths
 from compressor.pipeline.recipe import SEARCH_DIR, Recipe, Step
 from compressor.pipeline.report_data import build_report
-from compressor.pipeline.stages import Stage, export_stage, pass_context, teacher_stage, variant_stage
+from compressor.pipeline.stages import (Stage, export_stage, pass_context, config_inputs, teacher_stage,
+                                       variant_stage)
 from compressor.report.render import write_human_reports
-from pretrain.atomic import write_json
-from pretrain.data import load_task
+from pretrain.atomic import check_output, write_json
+from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
 from pretrain.models import BUNDLED_MODELS, check_model_ref, load_tokenizer, read_model_type, set_threads
 
@@ -40,7 +41,14 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     steps = {name: [resolve_step_paths(step, base_dir) for step in variant_steps]
              for name, variant_steps in steps.items()}
     check_steps_fit(steps, family, teacher_path)
-    task = load_task(resolve_task_paths(recipe.teacher.task, base_dir), seed=recipe.seed)
+    task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
+    task = load_task(task_spec, seed=recipe.seed)
+    # Stages replace what they write under out_dir (and --force its whole contents): no
+    # input may lie there, or around it.
+    configs = [step.config for variant_steps in steps.values() for step in variant_steps]
+    configs += [recipe.teacher.finetune] if recipe.teacher.finetune is not None else []
+    check_output(out_dir, [teacher_path, *task_files(task_spec), *(p for c in configs for p in config_inputs(c))],
+                 owner_files=None)
     created = claim_out_dir(out_dir, recipe, force)
     try:
         teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)

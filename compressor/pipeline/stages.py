@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from pydantic import BaseModel
 
 from compressor.bundle import ModelBundle, read_provenance
 from compressor.evaluate import load_predictor, predict_classes
@@ -29,7 +30,7 @@ from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerpr
                                       task_fingerprint)
 from compressor.pipeline.outdir import read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
-from pretrain.data import TaskData
+from pretrain.data import TaskData, task_files
 from pretrain.finetune import evaluate, finetune, with_run_defaults
 from pretrain.models import load_classifier
 
@@ -101,6 +102,16 @@ def step_key(step: Step) -> list:
     paths = step.config.input_paths() if hasattr(step.config, "input_paths") else {}
     key = [step.name, key_fields(step.config)]
     return key + [{name: fingerprint_file(path) for name, path in paths.items()}] if paths else key
+
+
+def config_inputs(config: BaseModel) -> list[str | Path]:
+    """Every file or dir a pass config (or the teacher's fine-tuning settings) reads besides
+    the input model: dirs it names (`input_paths()`) and the data files of fine-tuning settings
+    (intermediate and extra tasks, a domain corpus)."""
+    paths: list[str | Path] = list(config.input_paths().values()) if hasattr(config, "input_paths") else []
+    for spec in (getattr(config, "intermediate_task", None), *getattr(config, "tasks", ())):
+        paths += task_files(spec)
+    return paths + [corpus for corpus in [getattr(config, "domain_corpus", None)] if corpus]
 
 
 def remove_work_dirs(out_dir: Path, keys: list[str]) -> None:

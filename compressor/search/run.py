@@ -39,9 +39,9 @@ from compressor.search.settings import SearchSettings
 from compressor.search.structures import fit_latency_model, teacher_shape
 from compressor.search.study import (ProxyRunner, completed, connect, default_storage, finalists, open_study,
                                      progress_line, proxy_trials)
-from pretrain.atomic import atomic_file, write_json
+from pretrain.atomic import atomic_file, check_output, write_json
 from pretrain.batching import usable_length
-from pretrain.data import load_task
+from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate
 from pretrain.families import family_of
@@ -63,6 +63,7 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
     set_threads(threads)
     teacher_dir, target = check_inputs(teacher, profile, settings)
     data = load_task(task, seed=settings.seed)
+    check_output(out_dir, [teacher_dir, *task_files(task)], owner_files=None)
     if not join:
         claim_out_dir(out_dir, SimpleNamespace(name=RECIPE_NAME), force=False)
     out_dir.mkdir(parents=True, exist_ok=True)

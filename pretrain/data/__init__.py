@@ -92,10 +92,20 @@ def load_task(spec: str | dict, *, seed: int = 0, wordnet_dir: str | None = None
     raise UserError(f"task must be a name or a mapping {{path, text, label}}, got {type(spec).__name__}")
 
 
+TASK_FILE_KEYS = ("path", "validation", "test")   # the fields of a file task spec that name files
+
+
 def absolute_paths(spec: dict) -> dict:
     """The spec is recorded with every model trained on it: make its file paths absolute."""
-    return {k: str(Path(v).resolve()) if k in ("path", "validation", "test") and isinstance(v, str) else v
+    return {k: str(Path(v).resolve()) if k in TASK_FILE_KEYS and isinstance(v, str) else v
             for k, v in spec.items()}
+
+
+def task_files(spec: str | dict | None) -> list[str]:
+    """The data files a task spec reads; none for a built-in task."""
+    if not isinstance(spec, dict):
+        return []
+    return [v for k, v in spec.items() if k in TASK_FILE_KEYS and isinstance(v, str)]
 
 
 def seeded_order(n: int, seed: int) -> list[int]:

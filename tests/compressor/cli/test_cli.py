@@ -117,6 +117,12 @@ BAD_INPUT = {
     "intermediate-clash": lambda msg: "'clash'" in msg and "labels clash" in msg and "noun.animal" in msg,
     "missing-domain-corpus": lambda msg: "no-such-corpus.txt" in msg and "wordnet" in msg,
     "domain-steps-without-corpus": lambda msg: "domain_steps" in msg and "domain_corpus" in msg,
+    # Outputs that would lose an input or a user's files (each job names its own --out).
+    "out-is-the-input": lambda msg: "would replace the input" in msg and "never modified" in msg,
+    "out-holds-the-input": lambda msg: "would replace the input" in msg and "models" in msg,
+    "out-inside-the-input": lambda msg: "lies inside the input" in msg and "result.json" in msg,
+    "out-not-ours": lambda msg: "did not write" in msg and "export.json" in msg,
+    "run-out-holds-the-teacher": lambda msg: "would replace the input" in msg and "tiny" in msg,
 }
 
 
@@ -130,9 +136,13 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
     nolabel.write_text(tiny_csv.read_text().replace("text,label", "text,category", 1))
     clash = root / "clash.csv"        # labels sharing one name (not all) with the target's
     clash.write_text("text,label\n" + "".join(f"{i},{'noun.animal' if i % 2 else 'other'}\n" for i in range(40)))
-    existing = root / "existing"
+    existing = root / "existing"          # an earlier finetune output (the files that mark one)
     existing.mkdir()
     (existing / "keep.txt").write_text("precious")
+    for name in finetune_module.FINETUNE_OUTPUT:
+        (existing / name).write_text("{}")
+    kept = root / "models" / "tiny"                 # a model a user keeps beside others
+    shutil.copytree(tiny_bert_dir, kept)
 
     tiny, csv = str(tiny_bert_dir), str(tiny_csv)
     quick = ["--epochs", "1", "--batch-size", "16", "--lr", "1e-3", "--quiet"]
@@ -160,9 +170,17 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
                                   "--domain-corpus", str(root / "no-such-corpus.txt")],
         "domain-steps-without-corpus": ["finetune", "--model", tiny, "--task", csv, "--domain-steps", "5"],
         "existing-out": ["finetune", "--model", tiny, "--task", "no-such-task", "--out", str(existing)],
+        "out-is-the-input": ["finetune", "--model", str(kept), "--task", csv, "--out", str(kept)],
+        "out-holds-the-input": ["export", "--model", str(kept), "--task", csv, "--out", str(root / "models")],
+        "out-inside-the-input": ["bench", "--model", str(kept), "--task", csv, "--profile", "cpu",
+                                 "--out", str(kept / "result.json")],
+        "out-not-ours": ["export", "--model", str(kept), "--task", csv, "--out", str(existing)],
+        "run-out-holds-the-teacher": ["run", str(write_recipe(recipes / "teacher-inside.yaml", kept, "  v: []\n")),
+                                      "--out", str(root / "models"), "--force"],
     }
     for name in BAD_INPUT:
-        jobs[name] += ["--out", str(root / f"out-{name}")]
+        if "--out" not in jobs[name]:
+            jobs[name] += ["--out", str(root / f"out-{name}")]
 
     batched = {name: argv for name, argv in jobs.items()
                if (name in BAD_INPUT or name == "existing-out") and name not in SUBPROCESS_CHECKED}
@@ -182,6 +200,9 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
                           "--batch-sizes", "1,4", "--iterations", "5"], root)
         results = {name: f.result() for name, f in futures.items()} | in_one.result()
     return root, results
+
+
+EXISTING = sorted(["keep.txt", *finetune_module.FINETUNE_OUTPUT])
 
 
 def ok(cli, name) -> Result:
@@ -319,11 +340,21 @@ def test_bad_input_is_one_error_line_exit_2(cli, name):
     assert not (root / f"out-{name}").exists()
 
 
+def test_outputs_refused_leave_every_input_and_file_as_it_was(cli, tiny_bert_dir):
+    root, results = cli
+    assert all(results[name].returncode == 2 for name in BAD_INPUT if name.startswith(("out-", "run-out")))
+    kept = root / "models" / "tiny"
+    assert sorted(p.name for p in (root / "models").iterdir()) == ["tiny"]
+    assert sorted(p.name for p in kept.iterdir()) == sorted(p.name for p in tiny_bert_dir.iterdir())
+    assert (kept / "model.safetensors").read_bytes() == (tiny_bert_dir / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in (root / "existing").iterdir()) == EXISTING
+
+
 def test_failing_finetune_leaves_an_existing_out_dir_alone(cli):
     root, results = cli
     result = results["existing-out"]
     assert result.returncode == 2 and result.stderr.startswith("error: unknown task"), str(result)
-    assert [p.name for p in (root / "existing").iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in (root / "existing").iterdir()) == EXISTING
     assert (root / "existing" / "keep.txt").read_text() == "precious"
     assert not [p for p in root.iterdir() if p.name.startswith(".existing")]
 

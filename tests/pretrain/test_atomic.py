@@ -1,0 +1,70 @@
+"""Outputs are written whole or not at all, and never at the cost of an input or a user's files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pretrain.atomic import atomic_dir, check_output
+from pretrain.errors import UserError
+
+OWNER = ("metrics.json",)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "runs" / "model").mkdir(parents=True)
+    (tmp_path / "runs" / "model" / "weights.bin").write_bytes(b"w")
+    (tmp_path / "data.csv").write_text("text,label\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("out, message", [
+    ("runs/model", "would replace the input"),               # the input itself
+    ("runs", "would replace the input"),                     # a dir holding it: replacing it deletes the input
+    ("runs/model/export", "lies inside the input"),          # inside it: the input would change
+    ("data.csv", "would replace the input"),                 # a data file the command reads
+])
+def test_an_output_touching_an_input_is_refused(tree: Path, out: str, message: str):
+    with pytest.raises(UserError, match=message):
+        check_output(tree / out, [tree / "runs" / "model", tree / "data.csv"], owner_files=OWNER)
+    assert (tree / "runs" / "model" / "weights.bin").read_bytes() == b"w"
+
+
+def test_a_link_to_an_input_is_the_input(tree: Path):
+    (tree / "alias").symlink_to(tree / "runs")
+    with pytest.raises(UserError, match="would replace the input"):
+        check_output(tree / "alias" / "model", [tree / "runs" / "model"], owner_files=None)
+
+
+def test_inputs_that_are_names_not_paths_are_skipped(tree: Path):
+    check_output(tree / "wordnet", ["wordnet", "minilm", None], owner_files=OWNER)   # nothing there to lose
+
+
+def test_a_dir_is_replaced_only_when_new_empty_or_an_earlier_output(tree: Path):
+    inputs = [tree / "runs" / "model"]
+    check_output(tree / "new", inputs, owner_files=OWNER)                  # absent
+    (tree / "empty").mkdir()
+    check_output(tree / "empty", inputs, owner_files=OWNER)                # empty
+    (tree / "earlier").mkdir()
+    (tree / "earlier" / "metrics.json").write_text("{}")
+    (tree / "earlier" / "model.bin").write_bytes(b"")
+    check_output(tree / "earlier", inputs, owner_files=OWNER)              # this command's own output
+    (tree / "mine").mkdir()
+    (tree / "mine" / "thesis.tex").write_text("years of work")
+    with pytest.raises(UserError, match=r"did not write \(it lacks metrics.json\)"):
+        check_output(tree / "mine", inputs, owner_files=OWNER)
+    with pytest.raises(UserError, match="is a file; expected a directory"):
+        check_output(tree / "data.csv", [], owner_files=OWNER)
+    check_output(tree / "mine", inputs, owner_files=None)                  # the caller owns the contents
+
+
+def test_atomic_dir_replaces_an_earlier_output_whole(tree: Path):
+    target = tree / "earlier"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with atomic_dir(target) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert [p.name for p in target.iterdir()] == ["new.txt"]
+    assert not [p for p in tree.iterdir() if p.name.startswith(".earlier")]
