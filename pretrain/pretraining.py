@@ -11,13 +11,12 @@ exactly what the uninterrupted run would have drawn.
 The command (compressor/cli/pretrain_command.py) writes the objective's deliverable as an HF
 model dir (config, safetensors weights, tokenizer) plus `metrics.json` in one rename when
 training ends. Checkpoints go to the sibling dir `<out>.checkpoint/`, removed once the output
-is written; `--resume` continues from it, after `check_resume` has confirmed it was written
-with the same settings.
+is written; `--resume` continues from it, after `check_resume` (pretrain/resume.py) has
+confirmed it was written with the same settings.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -85,10 +84,6 @@ class PretrainBatches:
         self.stream.restore(state)
 
 
-def checkpoint_dir(out: Path) -> Path:
-    return out.with_name(out.name + ".checkpoint")
-
-
 def make_config(**settings) -> PretrainConfig:
     # Paths are recorded absolute: a resume from another working dir must match.
     for key in ("corpus", "tokenizer", "init"):
@@ -124,25 +119,6 @@ def objective_options(objective: str, dae_noise: str | None = None, mask_ratio: 
         return ",".join(options)
     from pretrain.objectives.dae import compose_options
     return compose_options(dae_noise, mask_ratio, options)
-
-
-def check_resume(cfg: PretrainConfig, ckpt: Path, resume: bool) -> None:
-    """A checkpoint is continued only on --resume and only with identical settings."""
-    settings = ckpt / SETTINGS_FILE
-    if not ckpt.exists():
-        return
-    if not resume:
-        raise UserError(f"{ckpt} holds the checkpoint of an unfinished run: pass --resume to "
-                        "continue it, or delete it to start over")
-    try:
-        saved = json.loads(settings.read_text())
-    except (OSError, ValueError):
-        raise UserError(f"{ckpt} is not a pretraining checkpoint (no readable {SETTINGS_FILE}); "
-                        "delete it to start over") from None
-    if saved != cfg.model_dump(mode="json"):
-        changed = sorted(k for k in set(saved) | set(cfg.model_dump()) if saved.get(k) != cfg.model_dump().get(k))
-        raise UserError(f"cannot resume from {ckpt}: it was written with other settings "
-                        f"({', '.join(changed)} differ); expected the same command line")
 
 
 def load_pretrain_tokenizer(ref: str) -> PreTrainedTokenizerBase:

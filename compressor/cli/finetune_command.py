@@ -7,6 +7,7 @@ trains its share of each batch (pretrain/train.py), and only rank 0 evaluates an
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -20,13 +21,20 @@ from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, evaluate, finetune
 from pretrain.models import check_model_ref, load_classifier, set_threads
+from pretrain.resume import check_resume, checkpoint_dir
+from pretrain.train import CHECKPOINT_FILE, Checkpointing, StepCallback
 
 # What every `compressor finetune` output holds: a dir with both is an earlier output to replace.
 FINETUNE_OUTPUT = ("compressor.json", "metrics.json")
+SETTINGS_FILE = "finetune_settings.json"     # in <out>.checkpoint/: what a resume must match
 
 
 def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides: dict,
-                     max_eval_samples: int | None = None, show_progress: bool = True) -> dict:
+                     max_eval_samples: int | None = None, show_progress: bool = True, *, resume: bool = False,
+                     checkpoint_every: int = 200, callbacks: tuple[StepCallback, ...] = ()) -> dict:
+    """Fine-tune and write `out` (HF model dir + metrics.json) in one rename. The run keeps a
+    checkpoint in `<out>.checkpoint/` every `checkpoint_every` steps; `resume` continues an
+    interrupted run from it (same settings only); it goes once the output is written."""
     # Validate everything before the first byte is written.
     try:
         cfg = FinetuneConfig(**{k: v for k, v in overrides.items() if v is not None})
@@ -45,13 +53,27 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     if processes > train_examples:
         raise UserError(f"--nproc_per_node={processes} is larger than the {train_examples} training examples; "
                         f"expected at most {train_examples}")
+    out, ckpt = Path(out), checkpoint_dir(Path(out))
+    settings = {"model": str(model_path.resolve()), "task": task.spec, "config": cfg.model_dump(mode="json")}
+    check_resume(settings, ckpt, resume, SETTINGS_FILE)
     place = distributed.world()
+    if place.is_main:
+        ckpt.mkdir(parents=True, exist_ok=True)
+        write_json(ckpt / SETTINGS_FILE, settings)
     # Under torchrun this machine's processes share its cores: split them, not oversubscribe.
     set_threads(max(1, (os.cpu_count() or 1) // distributed.local_size()) if place.distributed else None)
 
-    model, tokenizer = load_classifier(model_ref, task.label_names, seed=cfg.seed)
-    result = finetune(model, tokenizer, task, cfg, show_progress=show_progress and place.is_main,
-                      mlm_head_from=model_path)
+    try:
+        model, tokenizer = load_classifier(model_ref, task.label_names, seed=cfg.seed)
+        result = finetune(model, tokenizer, task, cfg, show_progress=show_progress and place.is_main,
+                          mlm_head_from=model_path, callbacks=callbacks,
+                          checkpoint=Checkpointing(directory=ckpt, every_steps=checkpoint_every))
+    except BaseException:
+        # Stopped before its first checkpoint (bad input found late, or an early Ctrl-C):
+        # nothing to resume, so nothing left behind.
+        if place.is_main and not (ckpt / CHECKPOINT_FILE).exists():
+            shutil.rmtree(ckpt, ignore_errors=True)
+        raise
     if not place.is_main:
         distributed.shutdown()
         return {}
@@ -71,5 +93,6 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     with atomic_dir(out) as tmp:
         bundle.save_into(tmp)
         write_json(tmp / "metrics.json", metrics)
+    shutil.rmtree(ckpt, ignore_errors=True)      # the output is safely written: nothing to resume
     distributed.shutdown()
     return metrics

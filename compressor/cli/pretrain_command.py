@@ -13,8 +13,8 @@ from pretrain import distributed
 from pretrain.atomic import atomic_dir, check_output, write_json
 from pretrain.errors import UserError
 from pretrain.models import set_threads
-from pretrain.pretraining import (SETTINGS_FILE, PretrainConfig, check_resume, checkpoint_dir, prepare,
-                                  run_pretraining)
+from pretrain.pretraining import SETTINGS_FILE, PretrainConfig, prepare, run_pretraining
+from pretrain.resume import check_resume, checkpoint_dir
 from pretrain.train import StepCallback
 
 
@@ -42,7 +42,7 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
     out = Path(out)
     check_output(out, [cfg.corpus, cfg.tokenizer, cfg.init], owner_files=("config.json", "metrics.json"))
     ckpt = checkpoint_dir(out)
-    check_resume(cfg, ckpt, resume)
+    check_resume(cfg.model_dump(mode="json"), ckpt, resume, SETTINGS_FILE)
     objective, tokenizer, model = prepare(cfg)
     set_threads(threads)
     place = distributed.world()

@@ -33,6 +33,7 @@ from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, exp
 from pretrain.data import TaskData, task_files
 from pretrain.finetune import evaluate, finetune, with_run_defaults
 from pretrain.models import load_classifier
+from pretrain.train import Checkpointing
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,14 @@ def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir:
     def build() -> ModelBundle:
         model, tokenizer = load_classifier(ref, task.label_names, seed=recipe.seed)
         if finetune_cfg is not None:
-            finetune(model, tokenizer, task, finetune_cfg, desc="teacher finetune", show_progress=show_progress)
+            # The longest stage of most recipes: a killed run resumes it from its last
+            # checkpoint (same key, same work dir), not from the first step.
+            finetune(model, tokenizer, task, finetune_cfg, desc="teacher finetune", show_progress=show_progress,
+                     checkpoint=Checkpointing(directory=out_dir / WORK_DIR / key))
         return ModelBundle(model=model, tokenizer=tokenizer, task=task.spec)
-    return model_stage("teacher", key, build, task, recipe, out_dir)
+    stage = model_stage("teacher", key, build, task, recipe, out_dir)
+    remove_work_dirs(out_dir, [key])
+    return stage
 
 
 def pass_context(recipe: Recipe, task: TaskData, teacher: Stage, show_progress: bool) -> Context:

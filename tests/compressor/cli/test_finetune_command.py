@@ -1,4 +1,5 @@
-"""`compressor finetune` under torchrun (2 gloo processes): strategies and domain MLM in metrics.json."""
+"""`compressor finetune`: under torchrun (2 gloo processes), strategies and domain MLM in
+metrics.json; in this process, an interrupted run resumed from its checkpoint."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from compressor.bundle import ModelBundle
+from compressor.cli.finetune_command import finetune_command
+from pretrain.errors import UserError
+from pretrain.resume import checkpoint_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -69,3 +75,49 @@ def test_more_processes_than_batch_examples_is_one_error_line(runs):
     assert "exitcode  : 2" in result.stderr
     assert result.stderr.index(errors[0]) < result.stderr.index("Traceback")
     assert not (root / "bad").exists()
+
+
+class Interrupt(Exception):
+    pass
+
+
+def stop_at(step: int):
+    def callback(log):
+        if log.step == step:
+            raise Interrupt
+    return callback
+
+
+def test_an_interrupted_finetune_resumes_to_the_same_weights(tmp_path, tiny_bert_dir, tiny_csv):
+    task = {"path": str(tiny_csv)}
+    settings = {"epochs": 2, "batch_size": 8, "lr": 1e-3, "max_train_samples": 48}     # 12 steps, dropout on
+
+    def run(out, **kwargs):
+        return finetune_command(str(tiny_bert_dir), task, out, settings, show_progress=False,
+                                checkpoint_every=2, **kwargs)
+    whole = run(tmp_path / "whole")
+    cut = tmp_path / "cut"
+    with pytest.raises(Interrupt):
+        run(cut, callbacks=(stop_at(5),))
+    assert not cut.exists() and (checkpoint_dir(cut) / "checkpoint.pt").is_file()
+    with pytest.raises(UserError, match="pass --resume"):                 # never silently restarted
+        run(cut)
+    with pytest.raises(UserError, match="other settings .*config"):         # nor continued with others
+        finetune_command(str(tiny_bert_dir), task, cut, {**settings, "lr": 5e-4}, show_progress=False,
+                         resume=True)
+    resumed = run(cut, resume=True)
+    assert resumed["steps"] == whole["steps"] == 12 and resumed["train_samples"] == whole["train_samples"]
+    assert not checkpoint_dir(cut).exists() and not checkpoint_dir(tmp_path / "whole").exists()
+    a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(cut / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    assert resumed["accuracy"] == whole["accuracy"]
+
+
+def test_a_run_stopped_before_its_first_checkpoint_leaves_nothing(tmp_path, tiny_bert_dir, tiny_csv):
+    out = tmp_path / "out"
+    with pytest.raises(Interrupt):
+        finetune_command(str(tiny_bert_dir), {"path": str(tiny_csv)}, out, {"batch_size": 8}, show_progress=False,
+                         checkpoint_every=4, callbacks=(stop_at(1),))
+    assert not out.exists() and not checkpoint_dir(out).exists()

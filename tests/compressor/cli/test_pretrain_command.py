@@ -19,8 +19,8 @@ from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
 from pretrain.models import check_model_ref, load_classifier
 from pretrain.objectives.dae import NoiseConfig
-from pretrain.pretraining import (SETTINGS_FILE, check_resume, checkpoint_dir, make_config, objective_options,
-                                  prepare)
+from pretrain.pretraining import SETTINGS_FILE, make_config, objective_options, prepare
+from pretrain.resume import check_resume, checkpoint_dir
 
 
 @pytest.fixture(scope="module")
@@ -191,9 +191,11 @@ def test_equal_options_spelled_differently_resume_alike(corpus, tmp_path):
     ckpt.mkdir()
     first = config(corpus, "dae", objective_options=objective_options("dae", "permutation,infilling", 0.3))
     (ckpt / SETTINGS_FILE).write_text(json.dumps(first.model_dump(mode="json")))
-    check_resume(config(corpus, "dae", objective_options="infill=0.3,permute=1"), ckpt, resume=True)
+    same = config(corpus, "dae", objective_options="infill=0.3,permute=1").model_dump(mode="json")
+    check_resume(same, ckpt, resume=True, settings_file=SETTINGS_FILE)
+    other = config(corpus, "dae", objective_options="infill=0.4,permute").model_dump(mode="json")
     with pytest.raises(UserError, match="objective_options"):
-        check_resume(config(corpus, "dae", objective_options="infill=0.4,permute"), ckpt, resume=True)
+        check_resume(other, ckpt, resume=True, settings_file=SETTINGS_FILE)
 
 
 def test_cli_dae_noise_errors_are_one_line(corpus, tmp_path, capsys):

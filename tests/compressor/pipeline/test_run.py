@@ -309,6 +309,43 @@ def test_a_full_disk_mid_run_is_one_clear_error_and_finished_stages_stay(done, r
     assert run(raw, rerun_dir)["models"][1]["accuracy"] == report["models"][1]["accuracy"]
 
 
+def test_an_interrupted_teacher_finetune_resumes_from_its_checkpoint(done, tmp_path, monkeypatch):
+    """The teacher's fine-tune (the longest stage of most recipes) checkpoints into the run's
+    work dir; a rerun continues from there, to the weights of an uninterrupted run."""
+    raw, finished, report = done
+    real, calls = stages.finetune, []
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_step_3(log):
+        if log.step == 3:
+            raise Stop
+
+    def finetune_interrupted_once(*args, checkpoint, callbacks=(), **kwargs):
+        checkpoint = checkpoint.model_copy(update={"every_steps": 2})   # the tiny run has a few steps
+        steps: list[int] = []
+        calls.append((checkpoint.directory, steps))
+        stop = (stop_at_step_3,) if len(calls) == 1 else ()
+        return real(*args, checkpoint=checkpoint, callbacks=(*callbacks, lambda log: steps.append(log.step), *stop),
+                    **kwargs)
+    monkeypatch.setattr(stages, "finetune", finetune_interrupted_once)
+    out = tmp_path / "out"
+    with pytest.raises(Stop):
+        run(raw, out)
+    assert not (out / "teacher").exists() and (calls[0][0] / "checkpoint.pt").is_file()
+    rerun = run(raw, out)
+    assert [c[0] for c in calls] == [calls[0][0]] * 2 and calls[0][0].parent == out / ".work"
+    first, second = calls[0][1], calls[1][1]
+    assert first == [1, 2, 3] and second[0] == 3 and len(second) > 1   # continued after step 2's checkpoint
+    assert not (out / ".work").exists()                      # gone once the teacher was written
+    assert rerun["teacher"]["accuracy"] == report["teacher"]["accuracy"]
+    expected = ModelBundle.load(finished / "teacher").model.state_dict()
+    resumed = ModelBundle.load(out / "teacher").model.state_dict()
+    for name, value in resumed.items():    # the uninterrupted run's weights, to float rounding (2 threads)
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-5, msg=name)
+
+
 # --- what the pipeline gives passes: the teacher (lazily) and a work dir per step ---
 
 class ProbeConfig(PassConfig):
