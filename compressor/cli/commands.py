@@ -482,5 +482,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: finished stages are kept; rerun the same command to resume", file=sys.stderr)
+        print(f"interrupted: {after_interrupt(args)}", file=sys.stderr)
         return 130
+
+
+def after_interrupt(args: argparse.Namespace) -> str:
+    """What an interrupted command left, and how to go on (every output is written atomically)."""
+    if args.command in ("run", "search"):
+        return "finished stages are kept; rerun the same command to resume"
+    if args.command in ("finetune", "pretrain"):
+        from pretrain.resume import checkpoint_dir
+        from pretrain.train import CHECKPOINT_FILE
+        ckpt = checkpoint_dir(args.out)
+        if (ckpt / CHECKPOINT_FILE).is_file():
+            return f"the last checkpoint is in {ckpt}; rerun the same command with --resume to continue"
+    return f"nothing was written to {args.out}" if getattr(args, "out", None) else "nothing was written"

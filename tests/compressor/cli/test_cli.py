@@ -384,3 +384,24 @@ def test_recorded_relative_task_path_still_works_from_another_dir(tiny_bert_dir,
     except UserError as err:
         pytest.fail(f"evaluate from another dir failed: {err}")
     assert result["samples"] == 30
+
+
+def test_an_interrupted_command_says_what_it_left_and_how_to_go_on(tmp_path, monkeypatch, capsys):
+    from compressor.cli import export_command as export_module
+    from pretrain.resume import checkpoint_dir
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(finetune_module, "finetune_command", interrupted)
+    monkeypatch.setattr(export_module, "export_command", interrupted)
+    out = tmp_path / "ft"
+    finetune = ["finetune", "--model", "minilm", "--task", "wordnet-supersense", "--out", str(out)]
+    assert main(finetune) == 130
+    assert capsys.readouterr().err == f"interrupted: nothing was written to {out}\n"   # before any checkpoint
+    checkpoint_dir(out).mkdir()
+    (checkpoint_dir(out) / "checkpoint.pt").write_bytes(b"")
+    assert main(finetune) == 130
+    assert capsys.readouterr().err == (f"interrupted: the last checkpoint is in {checkpoint_dir(out)}; rerun the "
+                                       "same command with --resume to continue\n")
+    assert main(["export", "--model", "m", "--out", str(tmp_path / "x")]) == 130
+    assert capsys.readouterr().err == f"interrupted: nothing was written to {tmp_path / 'x'}\n"
