@@ -163,7 +163,10 @@ def _row(record: dict, line: int, columns: tuple, path: Path) -> Row:
 def _field(record: dict, column: str, line: int, path: Path) -> str:
     if column not in record:
         found = ", ".join(str(k) for k in record if k is not None)
-        raise UserError(f"{path}: line {line}: no column {column!r}; columns found: {found}")
+        # A one-column header holding tabs: a tab-separated file under a .csv name.
+        hint = "; the header holds tabs: name a tab-separated file .tsv" \
+            if path.suffix.lower() == ".csv" and any("\t" in str(k) for k in record) else ""
+        raise UserError(f"{path}: line {line}: no column {column!r}; columns found: {found}{hint}")
     value = record[column]
     # JSON numbers and booleans are fine as labels; csv gives None for a short row.
     if isinstance(value, (int, float)):

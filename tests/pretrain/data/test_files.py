@@ -179,6 +179,15 @@ def test_missing_column_names_it_and_lists_found(tmp_path):
     message = _error({"path": str(path)})
     assert "'text'" in message and "sentence" in message and str(path) in message
 
+    assert "tab" not in message
+
+
+def test_a_tab_separated_file_named_csv_gets_a_hint(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("text\tlabel\nhello\tpos\n", encoding="utf-8")
+    message = _error({"path": str(path)})
+    assert "'text'" in message and "name a tab-separated file .tsv" in message
+
 
 def test_missing_pair_column_in_jsonl(tmp_path):
     path = _jsonl(tmp_path / "d.jsonl", [{"text": "a", "label": 1}])
