@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
+import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Iterator
 
@@ -15,28 +18,61 @@ from pretrain.atomic import write_json
 from pretrain.errors import UserError
 
 
+LOCK_FILE = ".lock"       # held by the run using the dir (`exclusive_use`)
+
+
 class WriteError(UserError):
     """The disk refused a write (full, read-only, permissions): finished stages stay usable."""
 
 
-def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> bool:
-    """Check that out_dir is free or holds this recipe's results; True if it is new.
+@contextlib.contextmanager
+def exclusive_use(out_dir: Path) -> Iterator[bool]:
+    """Hold out_dir for this process (a lock on DIR/.lock, created with the dir if need be);
+    yields whether the dir is new. A second run into a dir in use is refused in one line: its
+    claim would delete this run's temporaries. The lock goes with the process, so a killed
+    run never leaves the dir locked."""
+    created = make_out_dir(out_dir)
+    with disk_errors(out_dir):
+        lock = open(out_dir / LOCK_FILE, "a+")
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise UserError(f"{out_dir} is in use by another run ({holder}); wait for it to finish, "
+                            "or choose another --out") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
+        yield created
+
+
+def make_out_dir(out_dir: Path) -> bool:
+    """Create out_dir if it is absent; True if it was. A file in its place is refused."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file; expected a directory for the run's results")
+    if out_dir.exists():
+        return False
+    with disk_errors(out_dir):
+        out_dir.mkdir(parents=True)
+    return True
+
+
+def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> None:
+    """Check that out_dir is new, empty or holds this recipe's results, and mark it as this
+    recipe's (created if absent).
 
     A dir holding another recipe's results (or anything not written by a run) is refused
     unless `force`, which replaces its contents.
     """
-    if not out_dir.exists():
-        with disk_errors(out_dir):
-            out_dir.mkdir(parents=True)
-            write_json(out_dir / RUN_FILE, {"recipe": recipe.name, "tool_version": __version__})
-        return True
-    if not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} is a file; expected a directory for the run's results")
+    make_out_dir(out_dir)
     remove_stale_temporaries(out_dir)
     # Dirs written before run.json existed still name their recipe in report.json.
     owner = read_json(out_dir / RUN_FILE).get("recipe") or \
         read_json(out_dir / "report.json").get("recipe", {}).get("name")
-    contents = [p for p in out_dir.iterdir() if p.name != RUN_FILE]
+    contents = [p for p in out_dir.iterdir() if p.name not in (RUN_FILE, LOCK_FILE)]
     if contents and owner != recipe.name:
         if not force:
             holder = f"results of recipe {owner!r}" if owner else "files not written by `compressor run`"
@@ -46,7 +82,6 @@ def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> bool:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     with disk_errors(out_dir):
         write_json(out_dir / RUN_FILE, {"recipe": recipe.name, "tool_version": __version__})
-    return False
 
 
 def remove_stale_temporaries(out_dir: Path) -> None:

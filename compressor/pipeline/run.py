@@ -11,7 +11,7 @@ from compressor.passes import check_pass_family, get_pass
 from compressor.passes.registry import check_pass_tokenizer
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
                                                   optimum_presets, variant_deployable)
-from compressor.pipeline.outdir import WriteError, claim_out_dir, disk_errors
+from compressor.pipeline.outdir import WriteError, claim_out_dir, disk_errors, exclusive_use
 from compressor.pipeline.paths import resolve_path, resolve_step_paths, resolve_task_paths
 from compressor.pipeline.recipe import SEARCH_DIR, Recipe, Step
 from compressor.pipeline.report_data import build_report
@@ -49,41 +49,44 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     configs += [recipe.teacher.finetune] if recipe.teacher.finetune is not None else []
     check_output(out_dir, [teacher_path, *task_files(task_spec), *(p for c in configs for p in config_inputs(c))],
                  owner_files=None)
-    created = claim_out_dir(out_dir, recipe, force)
-    try:
-        teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)
-        ctx = pass_context(recipe, task, teacher, show_progress)
-        variants: list[Stage] = []
-        for name, variant_steps in steps.items():
-            variants.append(variant_stage(name, variant_steps, teacher, variants, recipe, task, out_dir, ctx))
-        exports = {}
-        if recipe.export is not None and recipe.export.onnx:
-            exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir)
-                       for stage in [teacher, *variants]}
-        baselines, benchmark = [], None
-        if recipe.benchmark is not None:
-            baselines = [baseline_stage(name, teacher, recipe, task, out_dir, presets)
-                         for name in recipe.benchmark.baselines]
-            deployables = [baseline_deployable(b) for b in baselines] + \
-                [variant_deployable(stage, exports.get(stage.name)) for stage in variants]
-            benchmark = benchmark_stage(deployables, teacher, recipe, task, out_dir, rebenchmark)
-    except WriteError:
-        raise   # finished stages are complete and cached: keep them for the rerun
-    except UserError:
-        # Bad input found late (e.g. a layer index out of range for this model) leaves
-        # nothing behind in a dir this run created. An interrupted run keeps its finished
-        # stages so that rerunning resumes after them.
-        if created:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        raise
-    report = build_report(recipe, teacher, variants, exports, baselines, benchmark, task=task)
-    with disk_errors(out_dir):
-        write_json(out_dir / "report.json", report)
-        write_human_reports(report, out_dir)
-    if recipe.search is not None:
-        report["search"] = recipe_search(recipe, teacher, base_dir, out_dir, show_progress)
+    # One run at a time per dir: a second one would delete this one's temporaries when it
+    # claims the dir, and train the same stages twice.
+    with exclusive_use(out_dir) as created:
+        claim_out_dir(out_dir, recipe, force)
+        try:
+            teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)
+            ctx = pass_context(recipe, task, teacher, show_progress)
+            variants: list[Stage] = []
+            for name, variant_steps in steps.items():
+                variants.append(variant_stage(name, variant_steps, teacher, variants, recipe, task, out_dir, ctx))
+            exports = {}
+            if recipe.export is not None and recipe.export.onnx:
+                exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir)
+                           for stage in [teacher, *variants]}
+            baselines, benchmark = [], None
+            if recipe.benchmark is not None:
+                baselines = [baseline_stage(name, teacher, recipe, task, out_dir, presets)
+                             for name in recipe.benchmark.baselines]
+                deployables = [baseline_deployable(b) for b in baselines] + \
+                    [variant_deployable(stage, exports.get(stage.name)) for stage in variants]
+                benchmark = benchmark_stage(deployables, teacher, recipe, task, out_dir, rebenchmark)
+        except WriteError:
+            raise   # finished stages are complete and cached: keep them for the rerun
+        except UserError:
+            # Bad input found late (e.g. a layer index out of range for this model) leaves
+            # nothing behind in a dir this run created. An interrupted run keeps its finished
+            # stages so that rerunning resumes after them.
+            if created:
+                shutil.rmtree(out_dir, ignore_errors=True)
+            raise
+        report = build_report(recipe, teacher, variants, exports, baselines, benchmark, task=task)
         with disk_errors(out_dir):
             write_json(out_dir / "report.json", report)
+            write_human_reports(report, out_dir)
+        if recipe.search is not None:
+            report["search"] = recipe_search(recipe, teacher, base_dir, out_dir, show_progress)
+            with disk_errors(out_dir):
+                write_json(out_dir / "report.json", report)
     return report
 
 

@@ -77,8 +77,8 @@ def forbid_building(monkeypatch, *, teacher: bool = True, passes: bool = True):
 
 def test_writes_teacher_variants_and_report(done):
     _, out, report = done
-    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md", "run.json",
-                                                     "same", "teacher", "two-layers"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "report.html", "report.json", "report.md",
+                                                     "run.json", "same", "teacher", "two-layers"]
     assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
     for name in ("teacher", "same", "two-layers"):
         stage_dir = out / name
@@ -196,7 +196,7 @@ def test_late_user_error_in_an_existing_out_dir_keeps_finished_stages(done, reru
         run(bad, rerun_dir)
     assert stamps(rerun_dir) == before
     assert not (rerun_dir / "too-deep").exists()
-    assert not [p for p in rerun_dir.iterdir() if p.name.startswith(".")]     # no temporaries
+    assert not [p for p in rerun_dir.iterdir() if p.name.startswith(".") and p.name != outdir.LOCK_FILE]   # no temporaries
 
 
 def test_a_relative_task_path_resolves_against_the_recipe_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
@@ -279,7 +279,7 @@ def test_kill_9_at_any_point_then_rerun_gives_the_same_results(done, tiny_bert_d
         if path.is_dir() and not path.name.startswith("."):
             assert (path / "stage.json").is_file() and (path / "model.safetensors").is_file()
     assert subprocess.run(command, env=env, capture_output=True).returncode == 0
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]      # stale temporaries cleared
+    assert not [p for p in out.iterdir() if p.name.startswith(".") and p.name != outdir.LOCK_FILE]   # stale temporaries cleared
     report = json.loads((out / "report.json").read_text())
     assert [(m["name"], m["accuracy"]) for m in report["models"]] == \
         [(m["name"], m["accuracy"]) for m in done[2]["models"]]
@@ -307,6 +307,19 @@ def test_a_full_disk_mid_run_is_one_clear_error_and_finished_stages_stay(done, r
     monkeypatch.setattr(cache, "atomic_dir", real)
     forbid_building(monkeypatch, passes=False)             # the teacher is reused, not rebuilt
     assert run(raw, rerun_dir)["models"][1]["accuracy"] == report["models"][1]["accuracy"]
+
+
+def test_a_second_run_into_a_dir_in_use_is_refused_and_touches_nothing(done, rerun_dir):
+    raw = done[0]
+    working = rerun_dir / ".two-layers.tmp-1234"          # the other run's stage, half written
+    working.mkdir()
+    before = stamps(rerun_dir)
+    with outdir.exclusive_use(rerun_dir):                   # the other run holds the dir
+        with pytest.raises(UserError, match=r"in use by another run \(pid \d+ on .+\); wait for it"):
+            run(raw, rerun_dir)
+        assert working.is_dir() and stamps(rerun_dir) == before
+    assert run(raw, rerun_dir)["teacher"]["accuracy"] == done[2]["teacher"]["accuracy"]   # free again: it runs
+    assert not working.exists()                             # its claim clears what a dead run left
 
 
 def test_an_interrupted_teacher_finetune_resumes_from_its_checkpoint(done, tmp_path, monkeypatch):
