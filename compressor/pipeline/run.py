@@ -13,7 +13,7 @@ from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_
                                                   optimum_presets, variant_deployable)
 from compressor.pipeline.outdir import WriteError, claim_out_dir, disk_errors, exclusive_use
 from compressor.pipeline.paths import resolve_path, resolve_step_paths, resolve_task_paths
-from compressor.pipeline.recipe import SEARCH_DIR, Recipe, Step
+from compressor.pipeline.recipe import SEARCH_DIR, WORK_DIR, Recipe, Step
 from compressor.pipeline.report_data import build_report
 from compressor.pipeline.stages import (Stage, export_stage, pass_context, config_inputs, teacher_stage,
                                        variant_stage)
@@ -79,6 +79,10 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
             if created:
                 shutil.rmtree(out_dir, ignore_errors=True)
             raise
+        # Every stage of this recipe is written, and each took its own checkpoints away: what
+        # is left in .work belongs to settings the recipe no longer has (a run stopped, then
+        # edited) and would never be resumed.
+        shutil.rmtree(out_dir / WORK_DIR, ignore_errors=True)
         report = build_report(recipe, teacher, variants, exports, baselines, benchmark, task=task)
         with disk_errors(out_dir):
             write_json(out_dir / "report.json", report)

@@ -309,6 +309,14 @@ def test_a_full_disk_mid_run_is_one_clear_error_and_finished_stages_stay(done, r
     assert run(raw, rerun_dir)["models"][1]["accuracy"] == report["models"][1]["accuracy"]
 
 
+def test_a_finished_run_clears_checkpoints_of_settings_it_no_longer_has(done, rerun_dir):
+    stale = rerun_dir / ".work" / "0123abcd"             # a teacher fine-tune stopped, then the recipe edited
+    stale.mkdir(parents=True)
+    (stale / "checkpoint.pt").write_bytes(b"x" * 1000)
+    run(done[0], rerun_dir)
+    assert not (rerun_dir / ".work").exists()
+
+
 def test_a_second_run_into_a_dir_in_use_is_refused_and_touches_nothing(done, rerun_dir):
     raw = done[0]
     working = rerun_dir / ".two-layers.tmp-1234"          # the other run's stage, half written
