@@ -402,6 +402,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from compressor.pipeline import run_recipe
     from compressor.pipeline.recipe import load_recipe
     recipe, steps = load_recipe(args.recipe)
+    if args.force:      # --force clears the dir: the recipe file must not be in it
+        from pretrain.atomic import check_output
+        check_output(args.out, [args.recipe], owner_files=None)
     report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet,
                         force=args.force, rebenchmark=args.rebenchmark)
     from compressor.report.render import exports_table, markdown_table

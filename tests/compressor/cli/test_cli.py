@@ -123,6 +123,7 @@ BAD_INPUT = {
     "out-inside-the-input": lambda msg: "lies inside the input" in msg and "result.json" in msg,
     "out-not-ours": lambda msg: "did not write" in msg and "export.json" in msg,
     "run-out-holds-the-teacher": lambda msg: "would replace the input" in msg and "tiny" in msg,
+    "run-force-over-its-recipe": lambda msg: "would replace the input" in msg and "own.yaml" in msg,
 }
 
 
@@ -143,6 +144,9 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
         (existing / name).write_text("{}")
     kept = root / "models" / "tiny"                 # a model a user keeps beside others
     shutil.copytree(tiny_bert_dir, kept)
+    own = root / "own-recipes"                       # a user's recipe dir, given as --out with --force
+    own.mkdir()
+    write_recipe(own / "own.yaml", kept, "  v: []\n")
 
     tiny, csv = str(tiny_bert_dir), str(tiny_csv)
     quick = ["--epochs", "1", "--batch-size", "16", "--lr", "1e-3", "--quiet"]
@@ -177,6 +181,7 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, gpt2_dir):
         "out-not-ours": ["export", "--model", str(kept), "--task", csv, "--out", str(existing)],
         "run-out-holds-the-teacher": ["run", str(write_recipe(recipes / "teacher-inside.yaml", kept, "  v: []\n")),
                                       "--out", str(root / "models"), "--force"],
+        "run-force-over-its-recipe": ["run", str(own / "own.yaml"), "--out", str(own), "--force"],
     }
     for name in BAD_INPUT:
         if "--out" not in jobs[name]:
@@ -348,6 +353,7 @@ def test_outputs_refused_leave_every_input_and_file_as_it_was(cli, tiny_bert_dir
     assert sorted(p.name for p in kept.iterdir()) == sorted(p.name for p in tiny_bert_dir.iterdir())
     assert (kept / "model.safetensors").read_bytes() == (tiny_bert_dir / "model.safetensors").read_bytes()
     assert sorted(p.name for p in (root / "existing").iterdir()) == EXISTING
+    assert [p.name for p in (root / "own-recipes").iterdir()] == ["own.yaml"]
 
 
 def test_failing_finetune_leaves_an_existing_out_dir_alone(cli):
