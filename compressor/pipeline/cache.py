@@ -14,9 +14,8 @@ from typing import Callable
 from compressor import __version__
 from compressor.pipeline.outdir import disk_errors, read_json
 from pretrain.atomic import atomic_dir, write_json
+from compressor.pipeline.recipe import STAGE_FILE
 from pretrain.data import TaskData
-
-STAGE_FILE = "stage.json"
 
 
 def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = False) -> dict:

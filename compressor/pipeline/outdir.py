@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from compressor import __version__
-from compressor.pipeline.recipe import RUN_FILE, Recipe
+from compressor.pipeline.recipe import RESERVED_NAMES, RUN_FILE, STAGE_FILE, WORK_DIR, Recipe
 from pretrain.atomic import write_json
 from pretrain.errors import UserError
 
@@ -64,24 +64,40 @@ def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> None:
     """Check that out_dir is new, empty or holds this recipe's results, and mark it as this
     recipe's (created if absent).
 
-    A dir holding another recipe's results (or anything not written by a run) is refused
-    unless `force`, which replaces its contents.
+    A dir holding another recipe's results is refused unless `force`, which replaces them.
+    Anything else there (a user's files) is never deleted: such a dir is refused, forced or
+    not. Temporaries of a killed run are cleared only in a dir that is ours.
     """
     make_out_dir(out_dir)
-    remove_stale_temporaries(out_dir)
     # Dirs written before run.json existed still name their recipe in report.json.
     owner = read_json(out_dir / RUN_FILE).get("recipe") or \
         read_json(out_dir / "report.json").get("recipe", {}).get("name")
     contents = [p for p in out_dir.iterdir() if p.name not in (RUN_FILE, LOCK_FILE)]
     if contents and owner != recipe.name:
+        foreign = sorted(p.name for p in contents if not run_output(p))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise UserError(f"{out_dir} holds files not written by `compressor run` ({shown}); a run never "
+                            f"deletes them, even with --force: choose another --out")
         if not force:
-            holder = f"results of recipe {owner!r}" if owner else "files not written by `compressor run`"
+            holder = f"results of recipe {owner!r}" if owner else "results of a run that names no recipe"
             raise UserError(f"{out_dir} holds {holder}; refusing to mix them with recipe "
                             f"{recipe.name!r} (choose another --out, or pass --force to replace them)")
         for path in contents:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+    remove_stale_temporaries(out_dir)
     with disk_errors(out_dir):
         write_json(out_dir / RUN_FILE, {"recipe": recipe.name, "tool_version": __version__})
+
+
+def run_output(path: Path) -> bool:
+    """Whether a run wrote this entry of its out dir: a name a run reserves, a stage dir (it
+    holds stage.json), its checkpoints, or a temporary a killed run left."""
+    if path.name in RESERVED_NAMES or path.name == WORK_DIR:
+        return True
+    if path.name.startswith(".") and (".tmp-" in path.name or ".old-" in path.name):
+        return True
+    return path.is_dir() and (path / STAGE_FILE).is_file()
 
 
 def remove_stale_temporaries(out_dir: Path) -> None:

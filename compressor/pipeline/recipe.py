@@ -31,6 +31,7 @@ PREFIXES_DIR = "prefixes"          # DIR/prefixes/<key>/: shared variant prefixe
 WORK_DIR = ".work"                 # DIR/.work/<key>/: a running pass's checkpoints (hidden: no
                                    # variant name can start with a dot, so none clashes with it)
 SEARCH_DIR = "search"              # DIR/search/: the recipe's `search:` run (its own report)
+STAGE_FILE = "stage.json"          # in every cached stage dir: its key and record
 RESERVED_NAMES = {"teacher", "report.json", "report.md", "report.html", "pareto.png", RUN_FILE,
                   BASELINES_DIR, BENCHMARK_DIR, PREFIXES_DIR, SEARCH_DIR}
 

@@ -317,6 +317,27 @@ def test_a_finished_run_clears_checkpoints_of_settings_it_no_longer_has(done, re
     assert not (rerun_dir / ".work").exists()
 
 
+def test_force_replaces_another_recipes_results_but_never_a_users_files(done, rerun_dir, tmp_path):
+    other = copy.deepcopy(done[0])
+    other["name"] = "other"
+    recipe, steps = parse_recipe(other)
+    (rerun_dir / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match=r"not written by `compressor run` \(notes.txt\).*even with --force"):
+        run_recipe(recipe, steps, rerun_dir, show_progress=False, force=True)
+    assert (rerun_dir / "notes.txt").read_text() == "mine" and (rerun_dir / "teacher" / "stage.json").is_file()
+    (rerun_dir / "notes.txt").unlink()
+    report = run_recipe(recipe, steps, rerun_dir, show_progress=False, force=True)   # a run's results only
+    assert report["recipe"]["name"] == "other" and json.loads((rerun_dir / "run.json").read_text())["recipe"] == "other"
+    # A user's dir is refused without touching it, temporaries-like names included.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".draft.tmp-1").write_text("editor")
+    (home / "thesis.tex").write_text("years")
+    with pytest.raises(UserError, match=r"\(.draft.tmp-1, thesis.tex\)|\(thesis.tex\)"):
+        run_recipe(recipe, steps, home, show_progress=False, force=True)
+    assert sorted(p.name for p in home.iterdir()) == [".draft.tmp-1", "thesis.tex"]
+
+
 def test_a_second_run_into_a_dir_in_use_is_refused_and_touches_nothing(done, rerun_dir):
     raw = done[0]
     working = rerun_dir / ".two-layers.tmp-1234"          # the other run's stage, half written
