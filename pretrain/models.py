@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
-from transformers import (AutoConfig, AutoTokenizer,
-                          PreTrainedModel, PreTrainedTokenizerBase)
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from pretrain import families
 from pretrain.batching import usable_length
@@ -72,6 +72,10 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(str(path), use_fast=True)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load a tokenizer from {path}: {first_line(err)}") from None
+    except TypeError:   # Transformers' way of saying the vocab file is absent (a path of None)
+        raise UserError(f"cannot load a tokenizer from {path}: no tokenizer files there; expected "
+                        "tokenizer.json (or the vocab files its tokenizer_config.json names) saved with "
+                        "the model") from None
 
 
 def fit_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> PreTrainedTokenizerBase:
@@ -124,13 +128,9 @@ def load_classifier(ref: str, label_names: tuple[str, ...], seed: int = 0
     config.id2label = dict(enumerate(label_names))
     config.label2id = {name: i for i, name in enumerate(label_names)}
     torch.manual_seed(seed)  # a fresh head is drawn from torch's RNG: make it reproducible
-    try:
-        # Weights come from safetensors, or torch.load(weights_only=True) for a .bin.
-        model = classifier_class(config).from_pretrained(
-            str(path), config=config, ignore_mismatched_sizes=not same_labels)
-    except (OSError, ValueError, RuntimeError) as err:
-        raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
-    restore_added_modules(model, path)
+    # Weights come from safetensors, or torch.load(weights_only=True) for a .bin. The head
+    # (and a pooler an MLM checkpoint lacks) may be new; the encoder must all be there.
+    model = load_weights(config, path, as_is=False, ignore_mismatched_sizes=not same_labels)
     if not same_labels:
         reinitialise_head(model)
     return model, fit_tokenizer(load_tokenizer(path), model)
@@ -158,11 +158,45 @@ def load_saved_classifier(path: Path) -> tuple[PreTrainedModel, PreTrainedTokeni
     check_model_ref(str(path))
     try:
         config = AutoConfig.from_pretrained(str(path))
-        model = classifier_class(config).from_pretrained(str(path), config=config)
-    except (OSError, ValueError, RuntimeError) as err:
-        raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
-    restore_added_modules(model, path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read {path / 'config.json'}: {first_line(err)}") from None
+    model = load_weights(config, path, as_is=True)
     return model, fit_tokenizer(load_tokenizer(path), model)
+
+
+def load_weights(config: PretrainedConfig, path: Path, *, as_is: bool, **kwargs) -> PreTrainedModel:
+    """The classifier `config` describes, with the weights in `path` (adapters or a scalar mix
+    it records included); a one-line error for a corrupt file or weights that do not fit.
+
+    Transformers fills a tensor the file lacks with fresh random values and drops one the
+    config has no place for, each with a warning at most: a config.json of one model beside
+    the weights of another (6 layers written, 3 saved) would load as a silently broken
+    model. `as_is` (a classifier to use as saved): every tensor must match. Otherwise (a
+    checkpoint to fine-tune): the head may be new and extra heads (an MLM head) are dropped,
+    but the embeddings and Transformer layers must match one to one."""
+    try:
+        model, info = classifier_class(config).from_pretrained(str(path), config=config, output_loading_info=True,
+                                                               **kwargs)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:
+        raise UserError(f"cannot load model weights from {path}: {first_line(err)} "
+                        "(a truncated or corrupt weights file?)") from None
+    restore_added_modules(model, path)        # their weights are in the same file
+    core, known = core_markers(config.model_type), set(model.state_dict())
+    missing = [k for k in info["missing_keys"] if as_is or any(m in k for m in core)]
+    unexpected = [k for k in info["unexpected_keys"] if k not in known and (as_is or any(m in k for m in core))]
+    if missing or unexpected:
+        found = (f"{len(missing)} tensors the config needs are missing (e.g. {sorted(missing)[0]})" if missing
+                 else f"{len(unexpected)} tensors have no place in it (e.g. {sorted(unexpected)[0]})")
+        raise UserError(f"the weights in {path} do not fit its config.json: {found}; expected config.json "
+                        "and the weights file saved together from one model")
+    return model
+
+
+def core_markers(model_type: str) -> tuple[str, ...]:
+    """Substrings of the weight names of a family's embeddings and Transformer layers."""
+    record = families.FAMILIES.get(model_type)
+    layers = record.layers if record is not None else None
+    return ("embeddings.", f"{layers}.") if layers else ()
 
 
 def restore_added_modules(model: PreTrainedModel, path: Path) -> None:

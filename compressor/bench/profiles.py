@@ -19,6 +19,7 @@ from typing import Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from compressor.yamlfile import load_yaml
 from pretrain.errors import UserError
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
@@ -122,7 +123,7 @@ def load_profile(ref: str) -> Profile:
             raise UserError(f"unknown profile {ref!r}; known profiles: {', '.join(profile_names())} "
                             "(or a path to a profile .yaml)")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise UserError(f"{path}: not a valid YAML profile: {str(err).splitlines()[0]}") from None
     if not isinstance(raw, dict):

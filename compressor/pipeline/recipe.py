@@ -18,6 +18,7 @@ from compressor.bench.baselines import BASELINES
 from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
 from compressor.search.settings import SearchSettings
+from compressor.yamlfile import load_yaml
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig
 
@@ -229,7 +230,7 @@ def load_recipe(path: str | Path) -> tuple[Recipe, dict[str, list[Step]]]:
     if not path.is_file():
         raise UserError(f"recipe {path} not found")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

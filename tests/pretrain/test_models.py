@@ -64,6 +64,43 @@ def test_dir_without_weights(tmp_path, tiny_bert_dir):
         check_model_ref(str(tmp_path))
 
 
+def copy_with(tiny_bert_dir, tmp_path, **config_changes):
+    """The tiny model dir copied, its config.json changed (the weights left as saved)."""
+    target = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, **config_changes}))
+    return target
+
+
+@pytest.mark.parametrize("layers, message", [(6, "missing .*encoder.layer.4"), (2, "no place in it .*encoder.layer.2")])
+def test_weights_that_do_not_fit_the_config_are_refused(tiny_bert_dir, tiny_task, tmp_path, layers, message):
+    """Transformers would fill missing layers with random values (or drop extra ones) with a
+    warning at most; either way the model would be silently broken."""
+    broken = copy_with(tiny_bert_dir, tmp_path, num_hidden_layers=layers)   # the weights hold 4 layers
+    with pytest.raises(UserError, match=f"do not fit its config.json: .*{message}"):
+        load_saved_classifier(broken)
+    with pytest.raises(UserError, match=f"do not fit its config.json: .*{message}"):
+        load_classifier(str(broken), tiny_task.label_names)
+
+
+def test_a_truncated_weights_file_is_a_user_error(tiny_bert_dir, tiny_task, tmp_path):
+    broken = copy_with(tiny_bert_dir, tmp_path)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    for load in (load_saved_classifier, lambda path: load_classifier(str(path), tiny_task.label_names)):
+        with pytest.raises(UserError, match="cannot load model weights .*truncated or corrupt"):
+            load(broken)
+
+
+def test_a_dir_without_tokenizer_files_is_a_user_error(tiny_bert_dir, tmp_path):
+    broken = copy_with(tiny_bert_dir, tmp_path)
+    for name in ("tokenizer.json", "vocab.txt"):
+        (broken / name).unlink(missing_ok=True)
+    with pytest.raises(UserError, match="cannot load a tokenizer .*no tokenizer files"):
+        load_saved_classifier(broken)
+
+
 # --- loading classifiers ---
 
 def test_load_classifier_keeps_head_when_labels_match(tiny_bert_dir, tiny_task):

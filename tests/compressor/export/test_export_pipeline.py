@@ -36,7 +36,7 @@ def done(tiny_bert_dir, tiny_csv, tmp_path_factory, run_raw):
 
 def test_every_model_is_exported_and_reported(done):
     _, out, report = done
-    assert sorted(p.name for p in out.iterdir()) == ["int8", "int8-onnx", "report.html", "report.json",
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "int8", "int8-onnx", "report.html", "report.json",
                                                      "report.md", "run.json", "same", "same-onnx",
                                                      "teacher", "teacher-onnx"]
     entries = {"teacher": report["teacher"], **{m["name"]: m for m in report["models"]}}
