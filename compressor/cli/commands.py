@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import os
+import platform
 import sys
 import warnings
 from pathlib import Path
@@ -64,6 +65,37 @@ def default_rates() -> str:
     return ", ".join(f"{strategy} {f'{lr:.0e}'.replace('e-0', 'e-')}" for strategy, lr in DEFAULT_LR.items())
 
 
+# The libraries whose versions change results or speed (what a bug report needs first).
+VERSIONED = ("torch", "transformers", "onnxruntime", "optimum", "optimum-onnx", "neural-compressor-pt")
+
+
+def version_line() -> str:
+    """`compressor 0.5.0 (python 3.11.2, torch 2.13.0+cpu, ...)`; read from package metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from compressor import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+    libraries = ", ".join(f"{name} {installed(name)}" for name in VERSIONED)
+    return f"compressor {__version__} (python {platform.python_version()}, {libraries})"
+
+
+class PrintVersion(argparse.Action):
+    """`--version`: the version line, unwrapped (argparse's own action wraps it), then exit 0."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0,
+                         help="print this tool's version and those of the libraries its results depend on")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     # The configs whose fields the flags read; importing them loads torch, so `main` silences
     # the libraries first (their import-time notices would break the one-line errors).
@@ -71,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     from compressor.export.quantize import MODE_CONFIGS, IncConfig, Int4WeightOnlyConfig, StaticInt8Config
     from pretrain.finetune import FinetuneConfig
     parser = OneLineParser(prog="compressor", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action=PrintVersion)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     ft = sub.add_parser("finetune", help="fine-tune a BERT-family model on a task")

@@ -411,3 +411,13 @@ def test_an_interrupted_command_says_what_it_left_and_how_to_go_on(tmp_path, mon
                                        "same command with --resume to continue\n")
     assert main(["export", "--model", "m", "--out", str(tmp_path / "x")]) == 130
     assert capsys.readouterr().err == f"interrupted: nothing was written to {tmp_path / 'x'}\n"
+
+
+def test_version_prints_one_line_with_the_libraries_and_exits_0(capsys):
+    from importlib.metadata import version
+
+    from compressor import __version__
+    assert main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith(f"compressor {__version__} (python ")
+    assert f"torch {version('torch')}" in out and f"onnxruntime {version('onnxruntime')}" in out
