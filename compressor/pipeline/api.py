@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from compressor.passes import pass_name_of
 from compressor.pipeline.recipe import parse_recipe
+from pretrain.errors import UserError
 
 
 class Pipeline:
@@ -42,7 +43,11 @@ class Pipeline:
             "variants": {}}
 
     def variant(self, name: str, *passes: BaseModel | tuple[str, BaseModel | dict]) -> "Pipeline":
-        """Add a variant: the teacher with these passes applied in order (none: the teacher)."""
+        """Add a variant: the teacher with these passes applied in order (none: the teacher).
+        A name already given is refused (as a YAML recipe refuses a key given twice)."""
+        if name in self._raw["variants"]:
+            raise UserError(f"pipeline {self._raw['name']!r}: variant {name!r} is already defined; "
+                            "expected a new name for each variant")
         steps = []
         for p in passes:
             pass_name, config = p if isinstance(p, tuple) else (pass_name_of(p), p)

@@ -63,5 +63,12 @@ def test_a_bad_field_fails_like_a_bad_recipe(tiny_bert_dir, tiny_csv):
     with pytest.raises(ValidationError, match="block_size applies to quantize mode int4-weight-only, not dynamic-int8"):
         QuantizeConfig(mode="dynamic-int8", block_size=64)
     # ...and a valid one enters the recipe as the fields it was given, under its pass's name.
-    pipe = build(tiny_bert_dir, tiny_csv).variant("int8", QuantizeConfig(mode="dynamic-int8", per_channel=True))
-    assert pipe.to_dict()["variants"]["int8"] == [{"quantize": {"mode": "dynamic-int8", "per_channel": True}}]
+    pipe = build(tiny_bert_dir, tiny_csv).variant("int8-pc", QuantizeConfig(mode="dynamic-int8", per_channel=True))
+    assert pipe.to_dict()["variants"]["int8-pc"] == [{"quantize": {"mode": "dynamic-int8", "per_channel": True}}]
+
+
+def test_a_variant_name_given_twice_is_refused(tiny_bert_dir, tiny_csv):
+    pipe = build(tiny_bert_dir, tiny_csv).variant("small", DropLayers(keep=(0,)))
+    with pytest.raises(UserError, match="variant 'small' is already defined"):
+        pipe.variant("small", DropLayers(keep=(0, 1)))
+    assert pipe.to_dict()["variants"]["small"] == [{"drop-layers": {"keep": [0]}}]   # the first stays
