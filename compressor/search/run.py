@@ -15,6 +15,7 @@ Workers started with `join=True` run phase 2 only, until the lead starts the fin
 from __future__ import annotations
 
 import os
+import shutil
 import re
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ from compressor.search.study import (ProxyRunner, completed, connect, default_st
                                      progress_line, proxy_trials)
 from pretrain.atomic import atomic_file, check_output, write_json
 from pretrain.batching import usable_length
-from pretrain.data import load_task, task_files
+from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate
 from pretrain.families import family_of
@@ -64,18 +65,17 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
     teacher_dir, target = check_inputs(teacher, profile, settings)
     data = load_task(task, seed=settings.seed)
     check_output(out_dir, [teacher_dir, *task_files(task)], owner_files=None)
+    created = not out_dir.exists()
     if not join:
         claim_out_dir(out_dir, SimpleNamespace(name=RECIPE_NAME), force=False)
     out_dir.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = connect(settings.storage or default_storage(out_dir))
-    identity = {"teacher": fingerprint(teacher_dir), "task": data.name, "profile": target.name,
-                "batch_size": settings.batch_size, "latency_budget_ms": settings.latency_budget_ms,
-                "min_retention": settings.min_retention,
-                # proxies trained otherwise would not rank with the stored ones
-                "proxy": [settings.proxy_train_samples, settings.proxy_lr or "scaled", settings.validation_samples]}
-    seed = settings.seed if not join else settings.seed + 1 + os.getpid()   # joiners explore elsewhere
-    study = open_study(storage, settings.study_name, identity, join, seed)
+    try:
+        study = study_for(settings, out_dir, teacher_dir, data, target, join)
+    except UserError:
+        if created:     # a storage it cannot reach, a study of another search: nothing left behind
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     bundle = ModelBundle.load(teacher_dir)
     runner = proxy_runner(study, bundle, teacher_dir, data, target, settings, out_dir, join, deadline, log)
     if study.user_attrs.get("phase") != "final":
@@ -83,6 +83,20 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
     if join:
         return {"worker": "joined", "trials": len(proxy_trials(completed(study)))}
     return run_finals(study, runner, teacher_dir, task, profile, settings, out_dir, show_progress, deadline, log)
+
+
+def study_for(settings: SearchSettings, out_dir: Path, teacher_dir: Path, data: TaskData, target: Profile,
+              join: bool) -> optuna.Study:
+    """The search's Optuna study, opened (or joined) in its storage: out_dir's own SQLite file
+    unless `storage` names another."""
+    storage = connect(settings.storage or default_storage(out_dir))
+    identity = {"teacher": fingerprint(teacher_dir), "task": data.name, "profile": target.name,
+                "batch_size": settings.batch_size, "latency_budget_ms": settings.latency_budget_ms,
+                "min_retention": settings.min_retention,
+                # proxies trained otherwise would not rank with the stored ones
+                "proxy": [settings.proxy_train_samples, settings.proxy_lr or "scaled", settings.validation_samples]}
+    seed = settings.seed if not join else settings.seed + 1 + os.getpid()   # joiners explore elsewhere
+    return open_study(storage, settings.study_name, identity, join, seed)
 
 
 def check_inputs(teacher: str | Path, profile: str, settings: SearchSettings) -> tuple[Path, Profile]:
