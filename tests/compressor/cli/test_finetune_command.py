@@ -18,6 +18,7 @@ from compressor.bundle import ModelBundle
 from compressor.cli.finetune_command import finetune_command
 from pretrain.errors import UserError
 from pretrain.resume import checkpoint_dir
+from tests.pretrain.test_train import Interrupt, stop_at
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -75,17 +76,6 @@ def test_more_processes_than_batch_examples_is_one_error_line(runs):
     assert "exitcode  : 2" in result.stderr
     assert result.stderr.index(errors[0]) < result.stderr.index("Traceback")
     assert not (root / "bad").exists()
-
-
-class Interrupt(Exception):
-    pass
-
-
-def stop_at(step: int):
-    def callback(log):
-        if log.step == step:
-            raise Interrupt
-    return callback
 
 
 def test_an_interrupted_finetune_resumes_to_the_same_weights(tmp_path, tiny_bert_dir, tiny_csv):
