@@ -6,14 +6,17 @@ Bad input ends with one line on stderr and exit code 2; nothing half-written is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import platform
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
-from typing import Literal, get_args, get_origin
+from typing import Iterator, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -512,14 +515,44 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # bad flags (already reported in one line) or --help
         return int(exit_.code or 0)
     try:
-        return args.handler(args)
+        with sigterm_as_interrupt():
+            return args.handler(args)
     except UserError as err:
-        if os.environ.get("RANK", "0") == "0":   # under torchrun every rank sees it: say it once
+        if first_rank():
             print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"interrupted: {after_interrupt(args)}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        if first_rank():
+            print(f"{'terminated' if isinstance(stop, Terminated) else 'interrupted'}: {after_interrupt(args)}",
+                  file=sys.stderr)
+        return 143 if isinstance(stop, Terminated) else 130     # the shell's codes for SIGTERM, SIGINT
+
+
+def first_rank() -> bool:
+    """Under torchrun every rank sees the same error or stop: the first one says it."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler, `kill`, a container stopping): the same orderly stop as Ctrl-C,
+    so temporaries are removed and the last checkpoint stays, instead of dying mid-write."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM raises Terminated; the previous handler is put back after
+    (main may run inside another program, e.g. the tests). Only the main thread gets signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Terminated
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def after_interrupt(args: argparse.Namespace) -> str:

@@ -421,3 +421,23 @@ def test_version_prints_one_line_with_the_libraries_and_exits_0(capsys):
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith(f"compressor {__version__} (python ")
     assert f"torch {version('torch')}" in out and f"onnxruntime {version('onnxruntime')}" in out
+
+
+def test_sigterm_stops_a_command_in_order_with_exit_143(tmp_path, monkeypatch, capsys):
+    """A job scheduler's SIGTERM: the same orderly stop as Ctrl-C (temporaries removed, the
+    checkpoint kept), exit 143; the process's own SIGTERM handler is put back afterwards."""
+    import signal
+
+    from pretrain.atomic import atomic_dir
+
+    def export_then_terminated(model, out, *args, **kwargs):
+        with atomic_dir(out):                          # half way through writing the output
+            os.kill(os.getpid(), signal.SIGTERM)
+    from compressor.cli import export_command as export_module
+    monkeypatch.setattr(export_module, "export_command", export_then_terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "x"
+    assert main(["export", "--model", "m", "--out", str(out)]) == 143
+    assert capsys.readouterr().err == f"terminated: nothing was written to {out}\n"
+    assert list(tmp_path.iterdir()) == []                # no temporary left beside it
+    assert signal.getsignal(signal.SIGTERM) is before
