@@ -16,7 +16,7 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import Iterator, Literal, get_args, get_origin
+from typing import Any, Callable, Iterator, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -31,7 +31,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def positive_int(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return number
@@ -274,11 +277,23 @@ def name_list(value: str) -> list[str]:
 
 
 def int_list(value: str) -> list[int]:
-    return [positive_int(v) for v in value.split(",") if v.strip()]
+    return listed(value, positive_int, "comma-separated positive integers (e.g. 1,8)")
 
 
 def length_list(value: str) -> list[int | str]:
-    return [v.strip() if v.strip() == "real" else positive_int(v) for v in value.split(",") if v.strip()]
+    return listed(value, lambda v: v if v == "real" else positive_int(v),
+                  "comma-separated positive integers or 'real' (e.g. real,128)")
+
+
+def listed(value: str, parse: Callable[[str], Any], expected: str) -> list:
+    """A comma-separated flag value, each item parsed; one message naming the whole value."""
+    try:
+        items = [parse(v.strip()) for v in value.split(",") if v.strip()]
+    except argparse.ArgumentTypeError:
+        items = []
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
+    return items
 
 
 def add_pretraining_commands(sub) -> None:

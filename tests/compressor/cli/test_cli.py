@@ -376,6 +376,19 @@ def test_evaluate_rejects_non_positive_max_samples(cli, capsys, value):
     assert code == 2 and captured.err.startswith("error:")
 
 
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--batch-sizes", "1,x", "expected comma-separated positive integers (e.g. 1,8), got '1,x'"),
+    ("--batch-sizes", ",", "expected comma-separated positive integers (e.g. 1,8), got ','"),
+    ("--batch-sizes", "1,0", "got '1,0'"),
+    ("--sequence-lengths", "real,abc", "positive integers or 'real' (e.g. real,128), got 'real,abc'"),
+    ("--iterations", "ten", "expected a positive integer, got ten"),
+])
+def test_list_and_count_flags_say_what_they_expect(capsys, flag, value, expected):
+    assert main(["bench", "--model", "m", "--profile", "cpu", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: compressor bench: argument {flag}: ") and expected in err
+
+
 def test_recorded_relative_task_path_still_works_from_another_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
