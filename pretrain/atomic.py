@@ -62,7 +62,12 @@ def check_output(out: Path, inputs: Iterable[Path | str | None], *, owner_files:
         if source in target.parents:
             raise UserError(f"{flag} {out} lies inside the input {given}, which is never modified; "
                             f"expected an output path outside it")
-    if owner_files is None or not out.exists():
+    if owner_files is None:
+        return
+    if out.name in ("", ".", ".."):      # ".", "..", "/": replaced whole, it would be renamed away
+        raise UserError(f"{flag} {out} names a dir by a relative step, not by its name; expected the path of "
+                        f"the dir to write (e.g. runs/model)")
+    if not out.exists():
         return
     if not out.is_dir():
         raise UserError(f"{flag} {out} is a file; expected a directory (new, empty, or an earlier output "

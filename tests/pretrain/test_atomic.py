@@ -32,6 +32,12 @@ def test_an_output_touching_an_input_is_refused(tree: Path, out: str, message: s
     assert (tree / "runs" / "model" / "weights.bin").read_bytes() == b"w"
 
 
+@pytest.mark.parametrize("out", [".", "..", "/", "runs/.."])
+def test_an_output_named_by_a_relative_step_is_refused(tree: Path, out: str):
+    with pytest.raises(UserError, match="not by its name"):
+        check_output(Path(out), [], owner_files=OWNER)
+
+
 def test_a_link_to_an_input_is_the_input(tree: Path):
     (tree / "alias").symlink_to(tree / "runs")
     with pytest.raises(UserError, match="would replace the input"):
