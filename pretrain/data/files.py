@@ -168,7 +168,10 @@ def _field(record: dict, column: str, line: int, path: Path) -> str:
             if path.suffix.lower() == ".csv" and any("\t" in str(k) for k in record) else ""
         raise UserError(f"{path}: line {line}: no column {column!r}; columns found: {found}{hint}")
     value = record[column]
-    # JSON numbers and booleans are fine as labels; csv gives None for a short row.
+    # JSON numbers and booleans are fine as labels; csv gives None for a short row. 1 and 1.0
+    # are one number in JSON, so one label ("1").
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, (int, float)):
         value = str(value)
     if value is not None and not isinstance(value, str):

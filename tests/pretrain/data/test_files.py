@@ -77,6 +77,12 @@ def test_jsonl_pairs_with_int_labels(tmp_path):
             assert task.label_names[label] == str(int(text[1:]) % 3)
 
 
+def test_jsonl_numbers_that_are_equal_are_one_label(tmp_path):
+    records = [{"text": f"t{i}", "label": [1, 1.0, 2, 2.5][i % 4]} for i in range(40)]
+    task = file_task({"path": str(_jsonl(tmp_path / "n.jsonl", records))})
+    assert task.label_names == ("1", "2", "2.5")
+
+
 def test_json_extension_means_json_lines(tmp_path):
     path = _jsonl(tmp_path / "d.json", [{"text": f"t{i}", "label": "x" if i % 2 else "y"} for i in range(10)])
     assert sum(map(len, file_task({"path": str(path)}).splits.values())) == 10
