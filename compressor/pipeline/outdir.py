@@ -49,6 +49,21 @@ def exclusive_use(out_dir: Path) -> Iterator[bool]:
         yield created
 
 
+@contextlib.contextmanager
+def claimed_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> Iterator[bool]:
+    """out_dir held by this run (`exclusive_use`: one run at a time, since a second one's claim
+    would delete this one's temporaries and train the same stages twice) and claimed for
+    `recipe` (`claim_out_dir`); yields whether the dir is new. A dir refused keeps nothing of
+    this run, not even the lock file."""
+    with exclusive_use(out_dir) as created:
+        try:
+            claim_out_dir(out_dir, recipe, force)
+        except UserError:
+            (out_dir / LOCK_FILE).unlink(missing_ok=True)
+            raise
+        yield created
+
+
 def make_out_dir(out_dir: Path) -> bool:
     """Create out_dir if it is absent; True if it was. A file in its place is refused."""
     if out_dir.exists() and not out_dir.is_dir():

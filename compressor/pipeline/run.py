@@ -11,7 +11,7 @@ from compressor.passes import check_pass_family, get_pass
 from compressor.passes.registry import check_pass_tokenizer
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
                                                   optimum_presets, variant_deployable)
-from compressor.pipeline.outdir import LOCK_FILE, WriteError, claim_out_dir, disk_errors, exclusive_use
+from compressor.pipeline.outdir import WriteError, claimed_out_dir, disk_errors
 from compressor.pipeline.paths import resolve_path, resolve_step_paths, resolve_task_paths
 from compressor.pipeline.recipe import SEARCH_DIR, WORK_DIR, Recipe, Step
 from compressor.pipeline.report_data import build_report
@@ -49,14 +49,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     configs += [recipe.teacher.finetune] if recipe.teacher.finetune is not None else []
     check_output(out_dir, [teacher_path, *task_files(task_spec), *(p for c in configs for p in config_inputs(c))],
                  owner_files=None)
-    # One run at a time per dir: a second one would delete this one's temporaries when it
-    # claims the dir, and train the same stages twice.
-    with exclusive_use(out_dir) as created:
-        try:
-            claim_out_dir(out_dir, recipe, force)
-        except UserError:
-            (out_dir / LOCK_FILE).unlink(missing_ok=True)     # a dir refused keeps nothing of this run
-            raise
+    with claimed_out_dir(out_dir, recipe, force) as created:
         try:
             teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)
             ctx = pass_context(recipe, task, teacher, show_progress)
