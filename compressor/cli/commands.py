@@ -6,20 +6,17 @@ Bad input ends with one line on stderr and exit code 2; nothing half-written is 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
-import platform
-import signal
 import sys
-import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, get_args, get_origin
+from typing import Any, Callable, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
+from compressor.cli.lifecycle import PrintVersion, Terminated, after_interrupt, first_rank, sigterm_as_interrupt
 from pretrain.errors import UserError
 
 
@@ -69,37 +66,6 @@ def default_rates() -> str:
     """The strategies' default learning rates as --help shows them: "full 1e-4, adapters 1e-3, ..."."""
     from pretrain.finetune import DEFAULT_LR
     return ", ".join(f"{strategy} {f'{lr:.0e}'.replace('e-0', 'e-')}" for strategy, lr in DEFAULT_LR.items())
-
-
-# The libraries whose versions change results or speed (what a bug report needs first).
-VERSIONED = ("torch", "transformers", "onnxruntime", "optimum", "optimum-onnx", "neural-compressor-pt")
-
-
-def version_line() -> str:
-    """`compressor 0.5.0 (python 3.11.2, torch 2.13.0+cpu, ...)`; read from package metadata."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from compressor import __version__
-
-    def installed(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-    libraries = ", ".join(f"{name} {installed(name)}" for name in VERSIONED)
-    return f"compressor {__version__} (python {platform.python_version()}, {libraries})"
-
-
-class PrintVersion(argparse.Action):
-    """`--version`: the version line, unwrapped (argparse's own action wraps it), then exit 0."""
-
-    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
-        super().__init__(option_strings, dest, nargs=0,
-                         help="print this tool's version and those of the libraries its results depend on")
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values, option_string=None):
-        print(version_line())
-        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -541,43 +507,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'terminated' if isinstance(stop, Terminated) else 'interrupted'}: {after_interrupt(args)}",
                   file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130     # the shell's codes for SIGTERM, SIGINT
-
-
-def first_rank() -> bool:
-    """Under torchrun every rank sees the same error or stop: the first one says it."""
-    return os.environ.get("RANK", "0") == "0"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a job scheduler, `kill`, a container stopping): the same orderly stop as Ctrl-C,
-    so temporaries are removed and the last checkpoint stays, instead of dying mid-write."""
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """While a command runs, SIGTERM raises Terminated; the previous handler is put back after
-    (main may run inside another program, e.g. the tests). Only the main thread gets signals."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise Terminated
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def after_interrupt(args: argparse.Namespace) -> str:
-    """What an interrupted command left, and how to go on (every output is written atomically)."""
-    if args.command in ("run", "search"):
-        return "finished stages are kept; rerun the same command to resume"
-    if args.command in ("finetune", "pretrain"):
-        from pretrain.resume import checkpoint_dir
-        from pretrain.train import CHECKPOINT_FILE
-        ckpt = checkpoint_dir(args.out)
-        if (ckpt / CHECKPOINT_FILE).is_file():
-            return f"the last checkpoint is in {ckpt}; rerun the same command with --resume to continue"
-    return f"nothing was written to {args.out}" if getattr(args, "out", None) else "nothing was written"
