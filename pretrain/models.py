@@ -62,6 +62,9 @@ def check_model_ref(ref: str) -> Path:
     read_model_type(path)
     has_weights = any((path / name).is_file() for name in
                       ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
+    if not has_weights and any(path.glob("*.onnx")):
+        raise UserError(f"model dir {path} holds an ONNX export, not a PyTorch model; expected the Hugging Face "
+                        "model dir it was exported from (config.json + model.safetensors)")
     if not has_weights:
         raise UserError(f"model dir {path} has no weights: expected model.safetensors")
     return path

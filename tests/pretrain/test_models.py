@@ -64,6 +64,13 @@ def test_dir_without_weights(tmp_path, tiny_bert_dir):
         check_model_ref(str(tmp_path))
 
 
+def test_an_onnx_export_where_a_pytorch_model_is_expected_is_named(tmp_path, tiny_bert_dir):
+    shutil.copy(tiny_bert_dir / "config.json", tmp_path / "config.json")
+    (tmp_path / "model.onnx").write_bytes(b"")
+    with pytest.raises(UserError, match="holds an ONNX export, not a PyTorch model"):
+        check_model_ref(str(tmp_path))
+
+
 def copy_with(tiny_bert_dir, tmp_path, **config_changes):
     """The tiny model dir copied, its config.json changed (the weights left as saved)."""
     target = tmp_path / "model"
