@@ -6,13 +6,14 @@ Bad input ends with one line on stderr and exit code 2; nothing half-written is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Literal, get_args, get_origin
+from typing import Any, Callable, Iterator, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -422,8 +423,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.force:      # --force clears the dir: the recipe file must not be in it
         from pretrain.atomic import check_output
         check_output(args.out, [args.recipe], owner_files=None)
-    report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet,
-                        force=args.force, rebenchmark=args.rebenchmark)
+    with stage_lines(not args.quiet):
+        report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet,
+                            force=args.force, rebenchmark=args.rebenchmark)
     from compressor.report.render import exports_table, markdown_table
     print(markdown_table(report))
     exports = exports_table(report)
@@ -433,6 +435,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}")
     print(f"report: {args.out / 'report.json'} (also report.md, report.html)")
     return 0
+
+
+@contextlib.contextmanager
+def stage_lines(shown: bool) -> Iterator[None]:
+    """While the command runs, the pipeline's one line per stage (cached, building, built in
+    N s) goes to stderr, where the progress bars go; `--quiet` hides both. The handler is
+    removed afterwards: nothing of it outlives the command."""
+    logger = logging.getLogger("compressor.pipeline")
+    if not shown:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("stage %(message)s"))
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -454,8 +479,9 @@ def cmd_search(args: argparse.Namespace) -> int:
         settings = SearchSettings(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as err:
         raise UserError(describe_validation_error(err, "search")) from None
-    result = run_search(args.teacher, task_arg(args.task), args.profile, settings, args.out, join=args.join,
-                        threads=args.threads, show_progress=not args.quiet)
+    with stage_lines(not args.quiet):
+        result = run_search(args.teacher, task_arg(args.task), args.profile, settings, args.out, join=args.join,
+                            threads=args.threads, show_progress=not args.quiet)
     if args.join:
         print(f"search: this worker is done; the study holds {result['trials']} trained trials")
         return 0

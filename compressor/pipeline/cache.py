@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
 from pathlib import Path
 from typing import Callable
 
 from compressor import __version__
 from compressor.pipeline.outdir import disk_errors, read_json
+from compressor.pipeline.recipe import BASELINES_DIR, PREFIXES_DIR, STAGE_FILE
 from pretrain.atomic import atomic_dir, write_json
-from compressor.pipeline.recipe import STAGE_FILE
 from pretrain.data import TaskData
+
+# One line per stage, reused or built (INFO); `compressor run` and `search` show it unless --quiet.
+log = logging.getLogger("compressor.pipeline")
 
 
 def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = False) -> dict:
@@ -25,12 +30,22 @@ def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = Fa
     stage.json beside what it wrote; the dir then replaces `path` in one rename.
     """
     record = read_json(path / STAGE_FILE)
+    name = stage_label(path)
     if record.get("key") == key and not force:
+        log.info("%s: cached", name)
         return record
+    log.info("%s: building", name)
+    start = time.perf_counter()
     with disk_errors(path.parent), atomic_dir(path) as tmp:
         record = {"key": key, **write(tmp)}
         write_json(tmp / STAGE_FILE, record)
+    log.info("%s: built in %.1f s", name, time.perf_counter() - start)
     return record
+
+
+def stage_label(path: Path) -> str:
+    """How a stage dir is named in the log: its name, under its group where it has one."""
+    return f"{path.parent.name}/{path.name}" if path.parent.name in (BASELINES_DIR, PREFIXES_DIR) else path.name
 
 
 def key_fields(config) -> dict:

@@ -454,3 +454,19 @@ def test_sigterm_stops_a_command_in_order_with_exit_143(tmp_path, monkeypatch, c
     assert capsys.readouterr().err == f"terminated: nothing was written to {out}\n"
     assert list(tmp_path.iterdir()) == []                # no temporary left beside it
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_run_says_which_stages_it_reused_and_which_it_built(cli, capsys):
+    """A rerun of the fixture's recipe: every stage comes from the cache, one stderr line each;
+    --quiet hides them; nothing of the logging set-up outlives the command."""
+    import logging
+    root, _ = cli
+    ok(cli, "run")
+    argv = ["run", str(root / "recipes" / "good.yaml"), "--out", str(root / "run-out")]
+    assert main(argv) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert [line for line in lines if line.startswith("stage ")] == [
+        "stage teacher: cached", "stage same: cached", "stage two-layers: cached"]
+    assert main([*argv, "--quiet"]) == 0
+    assert "stage " not in capsys.readouterr().err
+    assert logging.getLogger("compressor.pipeline").handlers == []

@@ -1,0 +1,27 @@
+"""The stage cache: reused while the key holds, rebuilt when it changes, one log line each way."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from compressor.pipeline.cache import cached
+
+
+def test_a_stage_is_built_once_then_reused_and_rebuilt_for_a_new_key(tmp_path, caplog):
+    builds = []
+
+    def write(tmp):
+        builds.append(tmp)
+        (tmp / "weights.bin").write_bytes(b"w")
+        return {"metrics": {"accuracy": 0.5}}
+    path = tmp_path / "baselines" / "onnxruntime-fp32"
+    with caplog.at_level(logging.INFO, logger="compressor.pipeline"):
+        first = cached(path, "key-1", write)
+        again = cached(path, "key-1", write)
+        cached(path, "key-2", write)
+    assert len(builds) == 2 and first == again == {"key": "key-1", "metrics": {"accuracy": 0.5}}
+    messages = [r.getMessage() for r in caplog.records if r.name == "compressor.pipeline"]
+    assert messages[0] == "baselines/onnxruntime-fp32: building"
+    assert re.fullmatch(r"baselines/onnxruntime-fp32: built in \d+\.\d s", messages[1])
+    assert messages[2] == "baselines/onnxruntime-fp32: cached" and messages[3].endswith("building")
