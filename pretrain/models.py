@@ -180,9 +180,11 @@ def load_weights(config: PretrainedConfig, path: Path, *, as_is: bool, **kwargs)
     try:
         model, info = classifier_class(config).from_pretrained(str(path), config=config, output_loading_info=True,
                                                                **kwargs)
-    except (OSError, ValueError, RuntimeError, SafetensorError) as err:
+    except SafetensorError as err:
         raise UserError(f"cannot load model weights from {path}: {first_line(err)} "
                         "(a truncated or corrupt weights file?)") from None
+    except (OSError, ValueError, RuntimeError) as err:
+        raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
     restore_added_modules(model, path)        # their weights are in the same file
     core, known = core_markers(config.model_type), set(model.state_dict())
     missing = [k for k in info["missing_keys"] if as_is or any(m in k for m in core)]
