@@ -1,4 +1,5 @@
-"""YAML as recipes and profiles are read: the safe loader, with duplicate keys refused.
+"""YAML as recipes and profiles are read: the safe loader, with duplicate keys refused, and
+the nearest field name suggested for a misspelt one.
 
 PyYAML keeps the last of two equal keys without a word, so a recipe naming a variant twice
 would lose the first one silently. Here the second is a YAML error that names both lines.
@@ -6,10 +7,12 @@ would lose the first one silently. Here the second is a YAML error that names bo
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, get_args
 
 import yaml
+from pydantic import BaseModel
 from yaml.constructor import ConstructorError
 
 
@@ -34,3 +37,24 @@ class UniqueKeyLoader(yaml.SafeLoader):
 def load_yaml(text: str) -> Any:
     """Parse YAML text safely; a key given twice in one mapping is a yaml.YAMLError."""
     return yaml.load(text, Loader=UniqueKeyLoader)
+
+
+def field_suggestion(model: type[BaseModel] | None, loc: tuple) -> str:
+    """`; did you mean 'finetune'?` for a misspelt field at `loc` (its last part), found by
+    following the model's fields down the path; empty where the path leaves the models
+    (a list index, a mapping of variants) or no name is close."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        model = model_in(field.annotation) if field is not None else None
+    if model is None:
+        return ""
+    names = [field.alias or name for name, field in model.model_fields.items()]
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (`X`, `X | None`, ...), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((found for arg in get_args(annotation) if (found := model_in(arg)) is not None), None)

@@ -19,7 +19,7 @@ from typing import Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from compressor.yamlfile import load_yaml
+from compressor.yamlfile import field_suggestion, load_yaml
 from pretrain.errors import UserError
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
@@ -149,7 +149,8 @@ def describe_profile_error(err: ValidationError) -> str:
     is_type_error = first["type"].endswith(("_type", "_parsing")) or first["type"] == "literal_error"
     if field is not None and len(parts) == 1 and is_type_error:
         return f"{parts[0]}: expected {type_name(field.annotation)}{shown}"
-    return f"{'.'.join(parts) or 'profile'}: {first['msg']}{shown}"
+    hint = field_suggestion(Profile, tuple(parts)) if first["type"] == "extra_forbidden" else ""
+    return f"{'.'.join(parts) or 'profile'}: {first['msg']}{shown}{hint}"
 
 
 def type_name(annotation) -> str:

@@ -18,7 +18,7 @@ from compressor.bench.baselines import BASELINES
 from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
 from compressor.search.settings import SearchSettings
-from compressor.yamlfile import load_yaml
+from compressor.yamlfile import field_suggestion, load_yaml
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig
 
@@ -209,11 +209,12 @@ def parse_step(item: dict[str, Any] | str, where: str) -> Step:
     try:
         return Step(name=name, config=spec.config_type.model_validate(config or {}))
     except ValidationError as err:
-        raise UserError(describe_validation_error(err, f"{where}.{name}")) from None
+        raise UserError(describe_validation_error(err, f"{where}.{name}", spec.config_type)) from None
 
 
-def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """The first pydantic error as one line: path, what was expected, what was given."""
+def describe_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """The first pydantic error as one line: path, what was expected, what was given; for a
+    field `model` (the validated class) does not have, the nearest name it does have."""
     first = err.errors()[0]
     # Union branches show up in loc as type tags ("dict[str,any]"); they are not field names.
     path = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-") and "[" not in str(p))
@@ -221,7 +222,8 @@ def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
     given = first.get("input")
     shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
     more = f" [and {err.error_count() - 1} more]" if err.error_count() > 1 else ""
-    return f"{full or 'recipe'}: {first['msg']}{shown}{more}"
+    hint = field_suggestion(model, first["loc"]) if first["type"] == "extra_forbidden" else ""
+    return f"{full or 'recipe'}: {first['msg']}{shown}{hint}{more}"
 
 
 def load_recipe(path: str | Path) -> tuple[Recipe, dict[str, list[Step]]]:
@@ -246,7 +248,7 @@ def parse_recipe(raw: Any, source: str = "recipe") -> tuple[Recipe, dict[str, li
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as err:
-        raise UserError(f"{source}: {describe_validation_error(err)}") from None
+        raise UserError(f"{source}: {describe_validation_error(err, model=Recipe)}") from None
     try:
         steps = recipe.variant_steps()
     except UserError as err:

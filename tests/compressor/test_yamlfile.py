@@ -38,3 +38,28 @@ def test_a_profile_with_a_field_twice_is_refused(tmp_path):
     path.write_text("provider: cpu\nthreads: 2\nthreads: 4\n")
     with pytest.raises(UserError, match="duplicate key 'threads'"):
         load_profile(str(path))
+
+
+@pytest.mark.parametrize("body, message", [
+    ("teacher: {task: wordnet-supersense, finetun: {epochs: 1}}\nvariants: {a: []}\n",
+     "teacher.finetun: Extra inputs are not permitted; did you mean 'finetune'?"),
+    ("teacher: {task: wordnet-supersense}\nvariants:\n  a: [{finetune: {epoch: 1}}]\n",
+     "variants.a[0].finetune.epoch: Extra inputs are not permitted (got 1); did you mean 'epochs'?"),
+    ("teacher: {task: wordnet-supersense}\nexport: {onnx: true, optimise: true}\nvariants: {a: []}\n",
+     "export.optimise: Extra inputs are not permitted (got True); did you mean 'optimize'?"),
+    ("teacher: {task: wordnet-supersense}\nvariants: {a: []}\nzzz: 1\n",
+     "zzz: Extra inputs are not permitted (got 1)"),                   # nothing close: no guess
+])
+def test_a_misspelt_recipe_field_gets_the_nearest_name(tmp_path, body, message):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\n" + body)
+    with pytest.raises(UserError) as caught:
+        load_recipe(path)
+    assert str(caught.value).endswith(message)
+
+
+def test_a_misspelt_profile_field_gets_the_nearest_name(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("provider: cpu\nthread: 2\n")
+    with pytest.raises(UserError, match=r"thread: Extra inputs are not permitted \(got 2\); did you mean 'threads'\?"):
+        load_profile(str(path))
