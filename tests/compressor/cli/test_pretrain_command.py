@@ -15,7 +15,6 @@ from safetensors.torch import load_file
 
 from compressor.cli.commands import main
 from compressor.cli.pretrain_command import pretrain_command
-from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
 from pretrain.models import check_model_ref, load_classifier
 from pretrain.objectives.dae import NoiseConfig
