@@ -184,7 +184,8 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
         # The gate already scored the shipped model on these test examples: reuse its predictions.
         return {"export": exported.record, "predictions": exported.predictions.tolist()}
     record = cached(path, key, write)
-    return {"path": str(path), **record["export"], "predictions": record["predictions"]}
+    # The record's own path is where the export was built: a run dir moved since then holds it here.
+    return {**record["export"], "path": str(path), "predictions": record["predictions"]}
 
 
 def recorded_quantize(model_dir: Path) -> QuantizeConfig | None:

@@ -169,3 +169,23 @@ def test_a_profile_file_with_a_wrong_field_names_it(tiny_bert_dir, tiny_csv, tmp
     raw["benchmark"]["profiles"] = [str(bad)]
     with pytest.raises(UserError, match=r"mine.yaml: threads: expected int or 'cores' \(got 'many'\)"):
         parse_recipe(raw)
+
+
+def test_a_moved_run_dir_reports_and_measures_its_own_files(done, tmp_path, monkeypatch, run_raw):
+    """Stage records hold the path they were built at; a run dir moved, then rerun, must point at
+    (and benchmark) the files where they are now, not where they were."""
+    import shutil
+    raw, out, _ = done
+    built_at, moved = tmp_path / "first", tmp_path / "moved"
+    shutil.copytree(out, built_at)
+    run_raw(raw, built_at)
+    shutil.move(built_at, moved)
+    report = run_raw(raw, moved)
+    paths = [m["path"] for m in report["models"]] + [m["onnx"]["path"] for m in report["models"] if "onnx" in m]
+    assert paths and all(p.startswith(str(moved)) for p in paths), paths
+    assert str(built_at) not in json.dumps(report)
+    measured = []
+    monkeypatch.setattr(measure, "peak_rss_mb",
+                        lambda model, profile, batch_sets, *a, **k: measured.append(model) or [1.0] * len(batch_sets))
+    run_raw(raw, moved, rebenchmark=True)      # the first dir is gone: measuring its files would fail
+    assert measured and all(str(model.path).startswith(str(moved)) for model in measured)
