@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, type=Path)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument("--force", action="store_true", help="replace another recipe's results in --out")
+    run.add_argument("--plan", action="store_true",
+                     help="check the recipe and show each stage as cached or to build, and what building runs; "
+                          "runs and writes nothing")
     run.add_argument("--rebenchmark", action="store_true",
                      help="measure again even when the benchmark stage is cached")
     run.set_defaults(handler=cmd_run)
@@ -423,6 +426,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.force:      # --force clears the dir: the recipe file must not be in it
         from pretrain.atomic import check_output
         check_output(args.out, [args.recipe], owner_files=None)
+    if args.plan:
+        from compressor.pipeline.plan import plan_lines, plan_recipe
+        plan = plan_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, force=args.force,
+                           rebenchmark=args.rebenchmark)
+        print("\n".join(plan_lines(plan)))
+        return 0
     with stage_lines(not args.quiet):
         report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet,
                             force=args.force, rebenchmark=args.rebenchmark)

@@ -13,6 +13,7 @@ version). Rerunning a recipe reuses every stage whose key is unchanged; an inter
     recipe.py            the recipe schema and validation
     api.py               the same recipe built in Python (`Pipeline`)
     run.py               run_recipe: the stages in order, then the report
+    plan.py              `compressor run --plan`: each stage cached or to build, nothing run
     stages.py            teacher, variant and export stages
     benchmark_stages.py  baselines and the benchmark stage
     report_data.py       report.json from the finished stages

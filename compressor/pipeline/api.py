@@ -92,6 +92,13 @@ class Pipeline:
         return run_recipe(recipe, steps, Path(out_dir), show_progress=show_progress, force=force,
                           rebenchmark=rebenchmark)
 
+    def plan(self, out_dir: str | Path, *, force: bool = False, rebenchmark: bool = False) -> dict:
+        """What `run` would do into out_dir, without doing it (`compressor run --plan`): each
+        stage cached or to build, with the passes a build runs. Runs and writes nothing."""
+        from compressor.pipeline.plan import plan_recipe
+        recipe, steps = self.validate()
+        return plan_recipe(recipe, steps, Path(out_dir), force=force, rebenchmark=rebenchmark)
+
 
 def as_dict(config: BaseModel | dict | None) -> dict | None:
     """Only the fields a user set: defaults stay defaults (as in a hand-written recipe)."""

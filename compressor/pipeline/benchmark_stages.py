@@ -66,9 +66,8 @@ def baseline_stage(name: str, teacher: Stage, recipe: Recipe, task: TaskData, ou
 def built_baseline(name: str, preset: str | None, teacher: Stage, recipe: Recipe, task: TaskData,
                    out_dir: Path) -> dict:
     """One built baseline dir (per Optimum preset for the Optimum baseline), cached by key."""
-    path = out_dir / BASELINES_DIR / (name if preset is None else f"{name}-{preset}")
-    key = content_key({"baseline": name, "input": teacher.key, "eval": recipe.data.max_eval_samples,
-                       "optimum": preset_settings(preset) if preset else None})
+    path = baseline_dir(out_dir, name, preset)
+    key = baseline_key(name, preset, teacher.key, recipe)
 
     def write(tmp: Path) -> dict:
         BUILDERS[name](teacher.path, tmp, preset)
@@ -78,6 +77,15 @@ def built_baseline(name: str, preset: str | None, teacher: Stage, recipe: Recipe
                 "size_bytes": model_file(name, tmp).stat().st_size}
     record = cached(path, key, write)
     return {"path": str(path), "file": str(model_file(name, path)), **record}
+
+
+def baseline_dir(out_dir: Path, name: str, preset: str | None) -> Path:
+    return out_dir / BASELINES_DIR / (name if preset is None else f"{name}-{preset}")
+
+
+def baseline_key(name: str, preset: str | None, teacher_key: str, recipe: Recipe) -> str:
+    return content_key({"baseline": name, "input": teacher_key, "eval": recipe.data.max_eval_samples,
+                        "optimum": preset_settings(preset) if preset else None})
 
 
 def baseline_deployable(baseline: dict) -> Deployable:
@@ -98,10 +106,7 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
                     out_dir: Path, rebenchmark: bool) -> dict:
     """Measure every deployable model on every profile in one run (cached as a whole)."""
     settings = recipe.benchmark
-    key = content_key({"models": [[m.name, m.kind, m.precision, fingerprint_file(m.path),
-                                   [[p, fingerprint_file(f)] for p, f in m.on_profiles]] for m in models],
-                       "benchmark": key_fields(settings), "eval": recipe.data.max_eval_samples,
-                       "profiles": settings.resolved_profiles(), "harness": HARNESS_VERSION})
+    key = benchmark_key(models, recipe)
     path = out_dir / BENCHMARK_DIR
     test = task.split("test").head(recipe.data.max_eval_samples)
     teacher_bundle = ModelBundle.load(teacher.path)
@@ -113,3 +118,12 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
         return results
     record = cached(path, key, write, force=rebenchmark)
     return {k: v for k, v in record.items() if k != "key"}
+
+
+def benchmark_key(models: list[Deployable], recipe: Recipe) -> str:
+    """What the measurements depend on: every model's deployed files (by content), the
+    benchmark settings and profiles, the test-sample limit and the timing harness."""
+    return content_key({"models": [[m.name, m.kind, m.precision, fingerprint_file(m.path),
+                                    [[p, fingerprint_file(f)] for p, f in m.on_profiles]] for m in models],
+                        "benchmark": key_fields(recipe.benchmark), "eval": recipe.data.max_eval_samples,
+                        "profiles": recipe.benchmark.resolved_profiles(), "harness": HARNESS_VERSION})

@@ -19,6 +19,8 @@ from compressor.pipeline.recipe import BASELINES_DIR, PREFIXES_DIR, STAGE_FILE
 from pretrain.atomic import atomic_dir, write_json
 from pretrain.data import TaskData
 
+BUILD_SECONDS = "build_seconds"   # in stage.json: how long the stage took to build
+
 # One line per stage, reused or built (INFO); `compressor run` and `search` show it unless --quiet.
 log = logging.getLogger("compressor.pipeline")
 
@@ -27,7 +29,8 @@ def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = Fa
     """The record of the stage at `path` if its key matches (and not `force`); else build it atomically.
 
     `write(tmp_dir)` fills a temporary dir and returns the record, which is saved as
-    stage.json beside what it wrote; the dir then replaces `path` in one rename.
+    stage.json beside what it wrote (with `build_seconds`, which `compressor run --plan`
+    shows); the dir then replaces `path` in one rename.
     """
     record = read_json(path / STAGE_FILE)
     name = stage_label(path)
@@ -38,8 +41,9 @@ def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = Fa
     start = time.perf_counter()
     with disk_errors(path.parent), atomic_dir(path) as tmp:
         record = {"key": key, **write(tmp)}
+        record[BUILD_SECONDS] = round(time.perf_counter() - start, 1)
         write_json(tmp / STAGE_FILE, record)
-    log.info("%s: built in %.1f s", name, time.perf_counter() - start)
+    log.info("%s: built in %.1f s", name, record[BUILD_SECONDS])
     return record
 
 

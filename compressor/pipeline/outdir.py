@@ -84,25 +84,47 @@ def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> None:
     not. Temporaries of a killed run are cleared only in a dir that is ours.
     """
     make_out_dir(out_dir)
+    for path in replaced_by_claim(out_dir, recipe, force):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    remove_stale_temporaries(out_dir)
+    with disk_errors(out_dir):
+        write_json(out_dir / RUN_FILE, {"recipe": recipe.name, "tool_version": __version__})
+
+
+def replaced_by_claim(out_dir: Path, recipe: Recipe, force: bool) -> list[Path]:
+    """What claiming an existing out_dir for `recipe` deletes: nothing in a dir of this recipe,
+    another recipe's results with `force`. Refused (UserError): another recipe's results
+    without `force`, and a user's files always. Reads only."""
     # Dirs written before run.json existed still name their recipe in report.json.
     owner = read_json(out_dir / RUN_FILE).get("recipe") or \
         read_json(out_dir / "report.json").get("recipe", {}).get("name")
     contents = [p for p in out_dir.iterdir() if p.name not in (RUN_FILE, LOCK_FILE)]
-    if contents and owner != recipe.name:
-        foreign = sorted(p.name for p in contents if not run_output(p))
-        if foreign:
-            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-            raise UserError(f"{out_dir} holds files not written by `compressor run` ({shown}); a run never "
-                            f"deletes them, even with --force: choose another --out")
-        if not force:
-            holder = f"results of recipe {owner!r}" if owner else "results of a run that names no recipe"
-            raise UserError(f"{out_dir} holds {holder}; refusing to mix them with recipe "
-                            f"{recipe.name!r} (choose another --out, or pass --force to replace them)")
-        for path in contents:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    remove_stale_temporaries(out_dir)
-    with disk_errors(out_dir):
-        write_json(out_dir / RUN_FILE, {"recipe": recipe.name, "tool_version": __version__})
+    if not contents or owner == recipe.name:
+        return []
+    foreign = sorted(p.name for p in contents if not run_output(p))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserError(f"{out_dir} holds files not written by `compressor run` ({shown}); a run never "
+                        f"deletes them, even with --force: choose another --out")
+    if not force:
+        holder = f"results of recipe {owner!r}" if owner else "results of a run that names no recipe"
+        raise UserError(f"{out_dir} holds {holder}; refusing to mix them with recipe "
+                        f"{recipe.name!r} (choose another --out, or pass --force to replace them)")
+    return contents
+
+
+def holder_of(out_dir: Path) -> str | None:
+    """Who holds out_dir now (`exclusive_use`'s lock), without taking it; None if nobody does."""
+    try:
+        lock = open(out_dir / LOCK_FILE)
+    except OSError:
+        return None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return lock.read().strip() or "another process"
+    return None
 
 
 def run_output(path: Path) -> bool:

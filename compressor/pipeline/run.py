@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from compressor.bench.baselines import OPTIMUM, check_baselines
@@ -19,16 +20,26 @@ from compressor.pipeline.stages import (Stage, export_stage, pass_context, confi
                                        variant_stage)
 from compressor.report.render import write_human_reports
 from pretrain.atomic import check_output, write_json
-from pretrain.data import load_task, task_files
+from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
 from pretrain.models import BUNDLED_MODELS, check_model_ref, load_tokenizer, read_model_type, set_threads
 
 
-def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
-               base_dir: Path = Path("."), show_progress: bool = True, force: bool = False,
-               rebenchmark: bool = False) -> dict:
-    """Run every stage of a validated recipe into out_dir and return the report."""
-    set_threads(None)
+@dataclass(frozen=True)
+class Prepared:
+    """A recipe checked against its inputs before any stage runs (`prepare`)."""
+
+    teacher_ref: str                 # as a model loader takes it: a bundled name or a dir
+    teacher_path: Path
+    steps: dict[str, list[Step]]     # each variant's steps, their paths resolved
+    task: TaskData
+    presets: dict[str, str]          # Optimum's preset for each measured profile
+
+
+def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_dir: Path) -> Prepared:
+    """Every check that needs no stage: the teacher, baselines and presets, each pass against
+    the teacher's family and tokenizer, the task's data, and --out against the inputs. Bad
+    input stops here, before anything is written."""
     teacher_ref = resolve_path(recipe.teacher.model, base_dir, keep=BUNDLED_MODELS)
     teacher_path = check_model_ref(teacher_ref)
     family = read_model_type(teacher_path)
@@ -49,9 +60,20 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     configs += [recipe.teacher.finetune] if recipe.teacher.finetune is not None else []
     check_output(out_dir, [teacher_path, *task_files(task_spec), *(p for c in configs for p in config_inputs(c))],
                  owner_files=None)
+    return Prepared(teacher_ref, teacher_path, steps, task, presets)
+
+
+def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
+               base_dir: Path = Path("."), show_progress: bool = True, force: bool = False,
+               rebenchmark: bool = False) -> dict:
+    """Run every stage of a validated recipe into out_dir and return the report."""
+    set_threads(None)
+    prepared = prepare(recipe, steps, out_dir, base_dir)
+    steps, task, presets = prepared.steps, prepared.task, prepared.presets
     with claimed_out_dir(out_dir, recipe, force) as created:
         try:
-            teacher = teacher_stage(recipe, teacher_ref, teacher_path, task, out_dir, show_progress)
+            teacher = teacher_stage(recipe, prepared.teacher_ref, prepared.teacher_path, task, out_dir,
+                                    show_progress)
             ctx = pass_context(recipe, task, teacher, show_progress)
             variants: list[Stage] = []
             for name, variant_steps in steps.items():

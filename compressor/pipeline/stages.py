@@ -51,13 +51,8 @@ class Stage:
 
 def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir: Path,
                   show_progress: bool) -> Stage:
-    finetune_cfg = recipe.teacher.finetune
-    if finetune_cfg is not None:
-        # data.max_train_samples caps the passes, not the teacher: its fine-tuning sets its own.
-        finetune_cfg = with_run_defaults(finetune_cfg, recipe.seed, max_train_samples=None)
-    key = content_key({"model": fingerprint(path), "task": task_fingerprint(task),
-                       "finetune": key_fields(finetune_cfg) if finetune_cfg else None,
-                       "eval": recipe.data.max_eval_samples})
+    finetune_cfg = teacher_finetune(recipe)
+    key = teacher_key(recipe, path, task)
 
     def build() -> ModelBundle:
         model, tokenizer = load_classifier(ref, task.label_names, seed=recipe.seed)
@@ -72,6 +67,28 @@ def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir:
     return stage
 
 
+def teacher_finetune(recipe: Recipe):
+    """The teacher's fine-tuning settings as they run (None: the teacher as it is)."""
+    if recipe.teacher.finetune is None:
+        return None
+    # data.max_train_samples caps the passes, not the teacher: its fine-tuning sets its own.
+    return with_run_defaults(recipe.teacher.finetune, recipe.seed, max_train_samples=None)
+
+
+def teacher_key(recipe: Recipe, path: Path, task: TaskData) -> str:
+    finetune_cfg = teacher_finetune(recipe)
+    return content_key({"model": fingerprint(path), "task": task_fingerprint(task),
+                        "finetune": key_fields(finetune_cfg) if finetune_cfg else None,
+                        "eval": recipe.data.max_eval_samples})
+
+
+def variant_key(teacher_key: str, recipe: Recipe, steps: list[Step]) -> str:
+    """The key of the model a variant's first len(steps) steps make (the whole variant, or a prefix)."""
+    return content_key({"input": teacher_key, "seed": recipe.seed,
+                        "max_train_samples": recipe.data.max_train_samples,
+                        "steps": [step_key(s) for s in steps]})
+
+
 def pass_context(recipe: Recipe, task: TaskData, teacher: Stage, show_progress: bool) -> Context:
     """What every variant's passes share; the teacher loads only if a pass asks for it."""
     return Context(task=task, seed=recipe.seed, max_train_samples=recipe.data.max_train_samples,
@@ -81,9 +98,7 @@ def pass_context(recipe: Recipe, task: TaskData, teacher: Stage, show_progress: 
 def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[Stage], recipe: Recipe,
                   task: TaskData, out_dir: Path, ctx: Context) -> Stage:
     def key_of(prefix: list[Step]) -> str:
-        return content_key({"input": teacher.key, "seed": recipe.seed,
-                            "max_train_samples": recipe.data.max_train_samples,
-                            "steps": [step_key(s) for s in prefix]})
+        return variant_key(teacher.key, recipe, prefix)
 
     def build() -> ModelBundle:
         known = {stage.key: stage.path for stage in earlier}
@@ -158,9 +173,7 @@ def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: Tas
         bundle.save_into(tmp)
         return {"metrics": metrics, "params": bundle.params, "history": list(bundle.history),
                 "predictions": predictions.tolist()}
-    record = cached(out_dir / name, key, write)
-    return Stage(name, out_dir / name, key, record["metrics"], np.asarray(record["predictions"]),
-                 record["params"], record["history"])
+    return stage_of(name, out_dir / name, cached(out_dir / name, key, write))
 
 
 def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: TaskData,
@@ -173,10 +186,7 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
     """
     quantize = recorded_quantize(stage.path)
     path = out_dir / export_dir_name(stage.name, quantize.mode if quantize else None)
-    # `skip_layernorm: auto` resolves by the installed onnxruntime: the resolved form is in the key
-    residual = skip_layernorm_choice(settings, quantize)[0]
-    key = content_key({"input": stage.key, "export": key_fields(settings), "graph": GRAPH_VERSION,
-                       "residual_layernorm": residual, "eval": recipe.data.max_eval_samples})
+    key = export_key(stage.key, settings, quantize, recipe)
 
     def write(tmp: Path) -> dict:
         exported = export_into(tmp, ModelBundle.load(stage.path), settings, task, recipe.data.max_eval_samples,
@@ -186,6 +196,24 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
     record = cached(path, key, write)
     # The record's own path is where the export was built: a run dir moved since then holds it here.
     return {**record["export"], "path": str(path), "predictions": record["predictions"]}
+
+
+def export_key(stage_key: str, settings: ExportSettings, quantize: QuantizeConfig | None, recipe: Recipe) -> str:
+    # `skip_layernorm: auto` resolves by the installed onnxruntime: the resolved form is in the key
+    residual = skip_layernorm_choice(settings, quantize)[0]
+    return content_key({"input": stage_key, "export": key_fields(settings), "graph": GRAPH_VERSION,
+                        "residual_layernorm": residual, "eval": recipe.data.max_eval_samples})
+
+
+def finished_stage(name: str, path: Path, key: str) -> Stage | None:
+    """The model stage at `path` if it is written with this key (what `model_stage` would reuse)."""
+    record = read_json(path / STAGE_FILE)
+    return stage_of(name, path, record) if record.get("key") == key else None
+
+
+def stage_of(name: str, path: Path, record: dict) -> Stage:
+    return Stage(name, path, record["key"], record["metrics"], np.asarray(record["predictions"]),
+                 record["params"], record["history"])
 
 
 def recorded_quantize(model_dir: Path) -> QuantizeConfig | None:

@@ -39,7 +39,12 @@ def test_pipeline_is_the_recipe_it_prints(tiny_bert_dir, tiny_csv):
 def test_pipeline_runs_like_a_recipe(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
     pipe = build(tiny_bert_dir, tiny_csv)
+    planned = pipe.plan(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert {s["stage"]: s["state"] for s in planned["stages"]} == dict.fromkeys(
+        ["teacher", "same", "two-layers", "int8"], "build")
     report = pipe.run(tmp_path / "out", show_progress=False)
+    assert {s["state"] for s in pipe.plan(tmp_path / "out")["stages"]} == {"cached"}
     assert [m["name"] for m in report["models"]] == ["same", "two-layers", "int8"]
     assert report["models"][1]["params"] < report["teacher"]["params"]
     # The same pipeline as YAML reuses every stage the script built.
