@@ -13,6 +13,7 @@ import numpy as np
 
 from compressor.bench.baselines import (BUILDERS, OPTIMUM, baseline_kind, model_file, optimum_preset,
                                         preset_for_this_cpu, preset_settings)
+from compressor.bench.environment import cpu_info, package_versions
 from compressor.bench.measure import run_benchmarks
 from compressor.bench.profiles import unavailable_reason
 from compressor.bench.runners import Deployable
@@ -122,8 +123,17 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
 
 def benchmark_key(models: list[Deployable], recipe: Recipe) -> str:
     """What the measurements depend on: every model's deployed files (by content), the
-    benchmark settings and profiles, the test-sample limit and the timing harness."""
+    benchmark settings and profiles, the test-sample limit, the timing harness, and the
+    machine and runtimes that time them (a run dir copied to another machine, or a runtime
+    upgraded, measures again rather than report timings it did not take)."""
     return content_key({"models": [[m.name, m.kind, m.precision, fingerprint_file(m.path),
                                     [[p, fingerprint_file(f)] for p, f in m.on_profiles]] for m in models],
                         "benchmark": key_fields(recipe.benchmark), "eval": recipe.data.max_eval_samples,
-                        "profiles": recipe.benchmark.resolved_profiles(), "harness": HARNESS_VERSION})
+                        "profiles": recipe.benchmark.resolved_profiles(), "harness": HARNESS_VERSION,
+                        "measured_on": measuring_machine()})
+
+
+def measuring_machine() -> dict:
+    """The part of the environment that timings depend on (not the date or the thread count
+    torch happens to have: profiles set the threads)."""
+    return {"cpu": cpu_info(), "packages": package_versions()}

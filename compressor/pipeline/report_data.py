@@ -59,7 +59,10 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
         "models": models,
     }
     if benchmark is not None:
-        report["benchmark"] = {"harness_version": benchmark["harness_version"], "profiles": benchmark["profiles"],
+        # Latencies may come from a cached stage: `environment` above is when the report was written,
+        # this one where and when the latencies were measured.
+        report["benchmark"] = {"harness_version": benchmark["harness_version"],
+                               "environment": benchmark.get("environment"), "profiles": benchmark["profiles"],
                                "skipped": benchmark["skipped"], "rankings": benchmark.get("rankings", [])}
         report["pareto"] = pareto_fronts(models)
         report["warnings"] = runtime_warnings(report)

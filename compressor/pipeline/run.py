@@ -110,6 +110,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
             report["search"] = recipe_search(recipe, teacher, base_dir, out_dir, show_progress)
             with disk_errors(out_dir):
                 write_json(out_dir / "report.json", report)
+                write_human_reports(report, out_dir)      # report.md and .html show the search too
     return report
 
 

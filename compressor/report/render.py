@@ -27,8 +27,9 @@ def summary_table(report: dict) -> Table:
     """Every model and baseline: accuracy, retention, size, and size ratios vs each baseline."""
     teacher = report["teacher"]
     bases = baselines_of(report)
+    tokens = report.get("flops_sequence_length")
     head = ["model", "kind", "precision", "accuracy", "retention", "agreement with teacher", "params",
-            "M mult-adds", "MB", "compressed MB"]
+            f"M mult-adds ({tokens} tokens)" if tokens else "M mult-adds", "MB", "compressed MB"]
     head += [f"size vs {b['name']}" for b in bases]
     rows = [["teacher (PyTorch)", "torch", "fp32", f"{teacher['accuracy']:.4f}", "1.000", "1.000",
              f"{teacher['params']:,}", millions(teacher.get("flops")), f"{teacher['size_bytes'] / 1e6:.1f}", "-"] +
@@ -39,7 +40,14 @@ def summary_table(report: dict) -> Table:
                      fmt(m.get("agreement"), 3), f"{m['params']:,}", millions(m.get("flops")),
                      f"{m['size_bytes'] / 1e6:.1f}", millions(m.get("compressed_size_bytes"))] +
                     [ratio(m["size_bytes"], b["size_bytes"]) for b in bases])
+    if not any(m.get("compressed_size_bytes") for m in report["models"]):   # no sparse model: an empty column
+        column = head.index("compressed MB")
+        head, rows = drop_column(head, column), [drop_column(r, column) for r in rows]
     return head, rows
+
+
+def drop_column(cells: list[str], column: int) -> list[str]:
+    return cells[:column] + cells[column + 1:]
 
 
 def search_table(search: dict) -> Table:
@@ -96,7 +104,7 @@ def latency_table(report: dict, key: tuple) -> Table:
     bases = [b for b in baselines_of(report) if latency_row(b, key)]
     front = next((f["models"] for f in report.get("pareto", [])
                   if (f["profile"], f["batch_size"], f["sequence_length"]) == key), [])
-    head = ["model", "accuracy", "p50 ms", "p90 ms", "p99 ms", "samples/s", "peak RSS MB"]
+    head = ["model", "accuracy", "p50 ms", "p90 ms", "p99 ms", "samples/s", "peak RSS MiB"]
     head += [f"speedup vs {b['name']}" for b in bases] + ["Pareto"]
     rows = []
     for m in sorted(report["models"], key=lambda m: (latency_row(m, key) or {}).get("p50_ms", float("inf"))):
@@ -122,7 +130,7 @@ def exports_table(report: dict) -> str:
     if not rows:
         return ""
     head = ["export", "precision", "fused", "accuracy", "change vs fp32", "agreement with fp32",
-            "max logit diff", "MB"]
+            "fp32 graph max logit diff", "MB"]
     # A torch-dynamic-int8 deployment has no fused graph and no parity record of its own.
     body = [[name, onnx["precision"], "yes" if onnx.get("optimized") else "no", f"{onnx['accuracy']:.4f}",
              f"{onnx['accuracy_change'] * 100:+.2f} pt", fmt(onnx.get("agreement_with_fp32"), 3),
@@ -140,7 +148,7 @@ def fmt(value: float | None, digits: int = 4, style: str = "f") -> str:
 
 def render_markdown(table: Table) -> str:
     head, rows = table
-    align = ["---"] + ["---:" if any(c[:1].isdigit() or c[:1] in "+-" for c in col) else "---"
+    align = ["---"] + ["---:" if any(c[:1].isdigit() or (c[:1] and c[:1] in "+-") for c in col) else "---"
                        for col in list(zip(*rows))[1:]] if rows else ["---"] * len(head)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -165,20 +173,22 @@ def pareto_png(report: dict) -> bytes | None:
     import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(keys), figsize=(9 * len(keys), 5), squeeze=False)
     biggest = max(m["size_bytes"] for m in report["models"]) or 1
     fronts = {(f["profile"], f["batch_size"], f["sequence_length"]): f["models"] for f in report.get("pareto", [])}
     for ax, key in zip(axes[0], keys):
         measured = sorted((m for m in report["models"] if latency_row(m, key)),
                           key=lambda m: latency_row(m, key)["p50_ms"])
-        for i, m in enumerate(measured):
+        # Names beside close markers land on the wrong ones: each marker carries a number
+        # (fastest first) and the key beside the panel names it.
+        for number, m in enumerate(measured, start=1):
             row = latency_row(m, key)
             ax.scatter(row["p50_ms"], m["accuracy"], s=40 + 600 * m["size_bytes"] / biggest, alpha=0.6,
                        marker="s" if m.get("baseline") else "o",
                        color="tab:gray" if m.get("baseline") else "tab:blue", edgecolors="black")
-            # Alternate label offsets so neighbours with near-equal latency stay readable.
-            ax.annotate(m["name"], (row["p50_ms"], m["accuracy"]), fontsize=8,
-                        xytext=(6, 6 if i % 2 == 0 else -12), textcoords="offset points")
+            ax.annotate(str(number), (row["p50_ms"], m["accuracy"]), fontsize=7, ha="center", va="center")
+        ax.text(1.02, 1.0, "\n".join(f"{n:>2}  {m['name']}" for n, m in enumerate(measured, start=1)),
+                transform=ax.transAxes, fontsize=8, va="top", ha="left", family="monospace")
         front = [(latency_row(m, key)["p50_ms"], m["accuracy"]) for name in fronts.get(key, [])
                  for m in report["models"] if m["name"] == name]
         if front:
@@ -187,14 +197,16 @@ def pareto_png(report: dict) -> bytes | None:
             ax.legend(loc="lower right", fontsize=8)
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        low, high = ax.get_xlim()     # minor labels only where few fit (they crowd over a decade)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g") if high / low < 8
+                                     else matplotlib.ticker.NullFormatter())
         ax.set_xlabel("p50 latency (ms, log scale)")
         ax.set_ylabel("test accuracy")
         ax.set_title(f"{key[0]}, batch {key[1]}, sequence {key[2]}")
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return buffer.getvalue()
 
@@ -223,10 +235,12 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
         out.append(("table", f"Latency: profile {key[0]}, batch {key[1]}, sequence {key[2]}",
                     latency_table(report, key)))
     if report.get("benchmark", {}).get("rankings"):
-        out.append(("lines", "Ranking by latency (fastest first; '=' joins models that tie within the noise)",
+        out.append(("lines", "Ranking by latency (fastest first; '=' joins models that tie within the noise; "
+                             "(Nx): median per-call ratio of a group's fastest to the previous group's)",
                     ranking_lines(report["benchmark"])))
     if report.get("pareto"):
-        out.append(("chart", "Accuracy vs latency (marker area: file size; squares: baselines)", None))
+        out.append(("chart", "Accuracy vs latency (numbered fastest first; marker area grows with file size; "
+                             "squares: baselines)", None))
     search = report.get("search")
     if search and "finalists" in search:
         out.append(("lines", "Search to a latency budget", search_lines(search)))
@@ -241,7 +255,11 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
         out.append(("lines", "Skipped profiles", [f"{s['profile']}: {s['reason']}" for s in skipped]))
     if report.get("warnings"):
         out.append(("lines", "Warnings", report["warnings"]))
-    out.append(("lines", "Environment", environment_lines(report["environment"])))
+    measured = report.get("benchmark", {}).get("environment")
+    if measured:
+        out.append(("lines", "Where and when the latencies were measured", environment_lines(measured)))
+    out.append(("lines", "Environment (this report written)" if measured else "Environment",
+                environment_lines(report["environment"])))
     return out
 
 
@@ -273,15 +291,19 @@ def baseline_lines(report: dict) -> list[str]:
 
 
 def ranking_lines(benchmark: dict) -> list[str]:
-    """One line per measurement: groups joined by '<', tied models by '='."""
+    """One line per measurement: groups joined by '<', tied models by '='. A model joins a
+    group by tying its fastest, so two models of neighbouring groups may tie as well: those
+    pairs are named, lest '<' read as 'clearly faster' between them."""
     lines = []
     for r in benchmark["rankings"]:
-        groups = []
-        for g in r["groups"]:
+        groups, group_of = [], {}
+        for i, g in enumerate(r["groups"]):
             step = f" ({g['vs_previous_group']['ratio']:.2f}x)" if g.get("vs_previous_group") else ""
             groups.append(" = ".join(g["models"]) + step)
+            group_of.update(dict.fromkeys(g["models"], i))
+        across = [f"{a} = {b}" for a, b in r.get("ties", []) if group_of.get(a) != group_of.get(b)]
         lines.append(f"{r['profile']} batch {r['batch_size']} sequence {r['sequence_length']}: "
-                     + " < ".join(groups))
+                     + " < ".join(groups) + (f"; tied across groups: {', '.join(across)}" if across else ""))
     return lines
 
 

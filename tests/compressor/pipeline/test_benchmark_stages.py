@@ -189,3 +189,30 @@ def test_a_moved_run_dir_reports_and_measures_its_own_files(done, tmp_path, monk
                         lambda model, profile, batch_sets, *a, **k: measured.append(model) or [1.0] * len(batch_sets))
     run_raw(raw, moved, rebenchmark=True)      # the first dir is gone: measuring its files would fail
     assert measured and all(str(model.path).startswith(str(moved)) for model in measured)
+
+
+def test_timings_are_not_reused_on_another_machine_or_runtime(done, tmp_path, monkeypatch, run_raw):
+    """A run dir copied to another machine, or rerun after a runtime upgrade, measures again;
+    the report says where and when its latencies were measured."""
+    import shutil
+    from compressor.pipeline import benchmark_stages
+    raw, out, report = done
+    assert report["benchmark"]["environment"]["cpu"] == report["environment"]["cpu"]
+    assert report["benchmark"]["environment"]["date"] <= report["environment"]["date"]
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    measured = []
+    monkeypatch.setattr(measure, "peak_rss_mb",
+                        lambda model, profile, batch_sets, *a, **k: measured.append(model) or [1.0] * len(batch_sets))
+    run_raw(raw, copy)
+    assert not measured                               # the same machine and runtimes: cached
+    versions = benchmark_stages.package_versions()
+    monkeypatch.setattr(benchmark_stages, "package_versions", lambda: {**versions, "onnxruntime": "9.9.9"})
+    run_raw(raw, copy)
+    assert measured
+    measured.clear()
+    monkeypatch.setattr(benchmark_stages, "package_versions", lambda: versions)
+    cpu = benchmark_stages.cpu_info()
+    monkeypatch.setattr(benchmark_stages, "cpu_info", lambda: {**cpu, "model": "another CPU"})
+    run_raw(raw, copy)
+    assert measured

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from compressor.report.analysis import pareto_fronts, runtime_warnings
-from compressor.report.render import markdown_table, render_report_md
+from compressor.report.render import markdown_table, ranking_lines, render_report_md
 
 
 def entry(name, accuracy, p50, *, size=100, params=1000, precision="fp32", baseline=False, model_dir=None):
@@ -121,3 +121,33 @@ def test_shared_layers_are_said_to_save_size_not_time():
     assert warning == ("shared shares layer weights (share-layers): it is 37% smaller than onnxruntime-fp32, "
                        "but every layer still runs, so expect no speed-up from the sharing itself; 1.25x as "
                        "fast as onnxruntime-fp32 on cpu at batch 8")
+
+
+def test_ranking_names_ties_between_models_of_neighbouring_groups():
+    # b ties a (the fastest) and joins its group; c does not tie a, so it starts a group, yet
+    # it ties b: '<' between the groups must not read as 'c is clearly slower than b'.
+    ranking = {"profile": "cpu", "batch_size": 8, "sequence_length": "real",
+               "groups": [{"models": ["a", "b"], "vs_previous_group": None},
+                          {"models": ["c"], "vs_previous_group": {"ratio": 1.06}}],
+               "ties": [["a", "b"], ["b", "c"]]}
+    line = ranking_lines({"rankings": [ranking]})[0]
+    assert line == "cpu batch 8 sequence real: a = b < c (1.06x); tied across groups: b = c"
+    ranking["ties"] = [["a", "b"]]
+    assert "tied across" not in ranking_lines({"rankings": [ranking]})[0]
+
+
+def test_the_report_says_where_and_when_cached_latencies_were_measured():
+    models = [entry("a", 0.8, 3.0), entry("onnxruntime-fp32", 0.81, 6.0, baseline=True)]
+    env = {"cpu": {"model": "X", "cores": 2, "flags": ["avx2"]}, "packages": {"torch": "2"}}
+    report = {"recipe": {"name": "r"}, "teacher": {"path": "t", "accuracy": 0.81, "params": 1000, "size_bytes": 100},
+              "models": models, "pareto": pareto_fronts(models), "flops_sequence_length": 16,
+              "benchmark": {"environment": {**env, "date": "2026-01-01T00:00:00+00:00",
+                                            "cpu": {"model": "Y", "cores": 4, "flags": []}}},
+              "environment": {**env, "date": "2026-02-02T00:00:00+00:00"}}
+    md = render_report_md(report, "pareto.png")
+    measured = md.index("## Where and when the latencies were measured")
+    written = md.index("## Environment (this report written)")
+    assert md.index("date: 2026-01-01", measured) < written < md.index("date: 2026-02-02", written)
+    assert "CPU: Y (4 cores" in md[measured:written]
+    assert "M mult-adds (16 tokens)" in md and "peak RSS MiB" in md
+    assert "compressed MB" not in md            # no sparse model: no empty column

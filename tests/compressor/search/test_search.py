@@ -329,5 +329,7 @@ def test_a_recipe_search_section_runs_from_the_teacher_stage(searched, tiny_bert
     assert report["search"]["dir"] == "search" and report["search"]["outcome"].startswith("met:")
     inner = json.loads((tmp_path / "run" / "search" / "report.json").read_text())
     assert inner["search"]["chosen"] == report["search"]["chosen"]
+    for human in ("report.md", "report.html"):      # the run's own reports show the search too
+        assert "Search to a latency budget" in (tmp_path / "run" / human).read_text()
     with pytest.raises(Exception, match="min_retention"):
         parse_recipe({**raw, "search": {"latency_budget_ms": 5, "min_retention": 2}})
