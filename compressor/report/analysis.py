@@ -87,7 +87,32 @@ def runtime_warnings(report: dict) -> list[str]:
                     f"{m['name']} is {1 - m['size_bytes'] / reference['size_bytes']:.0%} smaller than "
                     f"onnxruntime-fp32 but only {speedup:.2f}x as fast {where}: the runtime does not turn "
                     f"the saved bytes into speed{slow_int8_cause(m)}")
+            elif (twin := fp32_twin(m, models, key)) is not None:
+                warnings.append(twin_warning(m, twin, key, where))
     return warnings
+
+
+def fp32_twin(model: dict, models: list[dict], key: tuple) -> dict | None:
+    """For a model in lower precision, a variant measured alongside with the same structure
+    (same multiply-adds) in fp32 that it is not clearly faster than: then the precision
+    bought no speed, whatever the unfused baseline says (onnxruntime-fp32 runs no fusion,
+    so even a slow int8 graph can look 1.2x faster than it)."""
+    row = latency_row(model, key)
+    if model["precision"] == "fp32" or not model.get("flops") or row is None:
+        return None
+    twins = [m for m in models if not m.get("baseline") and m["precision"] == "fp32"
+             and m.get("flops") == model["flops"] and m.get("kind") == model.get("kind") and latency_row(m, key)]
+    fastest = min(twins, key=lambda m: latency_row(m, key)["p50_ms"], default=None)
+    if fastest is None or latency_row(fastest, key)["p50_ms"] / row["p50_ms"] >= 1.1:
+        return None
+    return fastest
+
+
+def twin_warning(model: dict, twin: dict, key: tuple, where: str) -> str:
+    speedup = latency_row(twin, key)["p50_ms"] / latency_row(model, key)["p50_ms"]
+    return (f"{model['name']} is {model['precision']} and {1 - model['size_bytes'] / twin['size_bytes']:.0%} "
+            f"smaller than {twin['name']} (the same structure in fp32), but only {speedup:.2f}x as fast "
+            f"{where}: the precision buys no speed there{slow_int8_cause(model)}")
 
 
 def compute_saved(model: dict, teacher: dict) -> tuple[float, str] | None:

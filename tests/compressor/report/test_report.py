@@ -151,3 +151,21 @@ def test_the_report_says_where_and_when_cached_latencies_were_measured():
     assert "CPU: Y (4 cores" in md[measured:written]
     assert "M mult-adds (16 tokens)" in md and "peak RSS MiB" in md
     assert "compressed MB" not in md            # no sparse model: no empty column
+
+
+def test_a_lower_precision_no_faster_than_its_fp32_twin_is_warned_about():
+    """Against the unfused baseline an int8 graph may look fast (fusion alone does that); beside
+    the same structure in fp32 it is not: the precision bought no speed."""
+    def measured(name, p50, *, size, precision="fp32", flops=100, baseline=False):
+        return {**entry(name, 0.8, p50, size=size, precision=precision, baseline=baseline), "flops": flops}
+    models = [measured("onnxruntime-fp32", 10.0, size=1000, baseline=True),
+              measured("fused", 6.0, size=1000),
+              measured("int8", 5.8, size=250, precision="dynamic-int8"),          # 1.03x its twin: warned
+              measured("fast-int8", 3.0, size=250, precision="dynamic-int8"),     # 2x its twin: fine
+              measured("shallow-int8", 2.9, size=150, precision="dynamic-int8", flops=50)]   # no twin measured
+    report = {"teacher": {"params": 1000, "flops": 100}, "models": models,
+              "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
+    warnings = runtime_warnings(report)
+    assert [w for w in warnings if "fp32)" in w] == [
+        "int8 is dynamic-int8 and 75% smaller than fused (the same structure in fp32), but only 1.03x as fast "
+        "on cpu at batch 8: the precision buys no speed there"]
