@@ -20,7 +20,9 @@ def test_a_stage_is_built_once_then_reused_and_rebuilt_for_a_new_key(tmp_path, c
         first = cached(path, "key-1", write)
         again = cached(path, "key-1", write)
         cached(path, "key-2", write)
-    assert len(builds) == 2 and first == again == {"key": "key-1", "metrics": {"accuracy": 0.5}}
+    assert len(builds) == 2 and first == again
+    assert first == {"key": "key-1", "metrics": {"accuracy": 0.5}, "build_seconds": first["build_seconds"]}
+    assert isinstance(first["build_seconds"], float) and first["build_seconds"] >= 0
     messages = [r.getMessage() for r in caplog.records if r.name == "compressor.pipeline"]
     assert messages[0] == "baselines/onnxruntime-fp32: building"
     assert re.fullmatch(r"baselines/onnxruntime-fp32: built in \d+\.\d s", messages[1])
