@@ -21,7 +21,7 @@ from compressor import __version__
 from compressor.modeling.structure import save_structure_code, update_record
 from pretrain.atomic import atomic_dir
 from pretrain.errors import UserError
-from pretrain.models import count_params, label_names_of, load_saved_classifier
+from pretrain.models import count_params, label_names_of, load_saved_classifier, not_a_classifier
 
 PROVENANCE_FILE = "compressor.json"
 
@@ -85,7 +85,8 @@ class ModelBundle:
     def load(cls, path: Path) -> "ModelBundle":
         path = Path(path)
         if not path.is_dir():
-            raise UserError(f"model dir {path} not found: expected a dir written by this tool or an HF model dir")
+            raise UserError(not_a_classifier(str(path)) or
+                            f"model dir {path} not found: expected a dir written by this tool or an HF model dir")
         model, tokenizer = load_saved_classifier(path)
         provenance = read_provenance(path)
         return cls(model=model, tokenizer=tokenizer, task=provenance.get("task"),

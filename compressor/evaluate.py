@@ -17,7 +17,7 @@ from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
 from pretrain.metrics import agreement, classification_metrics
-from pretrain.models import first_line, load_saved_classifier, load_tokenizer
+from pretrain.models import first_line, load_saved_classifier, load_tokenizer, not_a_classifier
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class Predictor:
 def load_predictor(path: str | Path) -> Predictor:
     path = Path(path)
     if not path.exists():
-        raise UserError(f"model {path} not found: expected an HF model dir, an ONNX model dir, a .onnx file "
+        raise UserError(not_a_classifier(str(path)) or
+                        f"model {path} not found: expected an HF model dir, an ONNX model dir, a .onnx file "
                         "or a torch-dynamic-int8 export dir")
     if is_int8_dir(path):   # a torch-dynamic-int8 export: int8 state dict + config + tokenizer
         model = load_int8_model(path)

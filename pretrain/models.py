@@ -189,12 +189,32 @@ def load_weights(config: PretrainedConfig, path: Path, *, as_is: bool, **kwargs)
     core, known = core_markers(config.model_type), set(model.state_dict())
     missing = [k for k in info["missing_keys"] if as_is or any(m in k for m in core)]
     unexpected = [k for k in info["unexpected_keys"] if k not in known and (as_is or any(m in k for m in core))]
+    if as_is and missing and not unexpected and all(is_head_tensor(k) for k in missing):
+        raise UserError(f"{path} holds a pretrained encoder without a trained classifier ({sorted(missing)[0]} is "
+                        f"missing); expected a fine-tuned model dir: {FINETUNE_FIRST}")
     if missing or unexpected:
         found = (f"{len(missing)} tensors the config needs are missing (e.g. {sorted(missing)[0]})" if missing
                  else f"{len(unexpected)} tensors have no place in it (e.g. {sorted(unexpected)[0]})")
         raise UserError(f"the weights in {path} do not fit its config.json: {found}; expected config.json "
                         "and the weights file saved together from one model")
     return model
+
+
+FINETUNE_FIRST = "`compressor finetune --model MODEL --task TASK --out DIR` writes one"
+
+
+def is_head_tensor(name: str) -> bool:
+    """A tensor of a task head (what fine-tuning adds to a pretrained encoder)."""
+    return name.split(".")[0] in ("classifier", "pre_classifier", "score", "classification_head")
+
+
+def not_a_classifier(ref: str) -> str | None:
+    """The one-line error for a bundled pretrained encoder given where a fine-tuned
+    classifier is needed (export, evaluate, bench, search's teacher); None for other refs."""
+    if ref not in BUNDLED_MODELS:
+        return None
+    return (f"{ref} is the bundled pretrained encoder, with no classifier for a task; expected a fine-tuned "
+            f"model dir: {FINETUNE_FIRST.replace('MODEL', ref)}")
 
 
 def core_markers(model_type: str) -> tuple[str, ...]:

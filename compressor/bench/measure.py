@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -43,7 +45,7 @@ class Measurement:
 
 
 def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
-                   log=print, max_length: int = MAX_LENGTH) -> dict:
+                   log: Callable[[str], None] = logging.getLogger(__name__).info, max_length: int = MAX_LENGTH) -> dict:
     """A recipe's benchmark: every model on each of `settings`' profiles.
 
     {"profiles": [...measured], "skipped": [...], "measurements": [...], "rankings": [...],
@@ -66,7 +68,7 @@ def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
 
 
 def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: Split, *,
-                   log=print, max_length: int = MAX_LENGTH) -> Measurement:
+                   log: Callable[[str], None] = logging.getLogger(__name__).info, max_length: int = MAX_LENGTH) -> Measurement:
     """Time `models` together, interleaved, at each of the profile's settings; then their memory.
 
     The profile must be available here (`unavailable_reason(profile) is None`). Batches are

@@ -456,7 +456,7 @@ def stage_lines(shown: bool) -> Iterator[None]:
         yield
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("stage %(message)s"))
+    handler.setFormatter(logging.Formatter("%(message)s"))
     level, propagate = logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -20,7 +20,7 @@ from compressor.bench.runners import Deployable
 from compressor.bench.timing import HARNESS_VERSION
 from compressor.bundle import ModelBundle, weights_size
 from compressor.export.onnx import ONNX_FILE
-from compressor.pipeline.cache import cached, content_key, fingerprint_file, key_fields
+from compressor.pipeline.cache import cached, content_key, fingerprint_file, key_fields, log
 from compressor.pipeline.recipe import BASELINES_DIR, BENCHMARK_DIR, Recipe
 from compressor.pipeline.stages import Stage, test_predictions
 from pretrain.atomic import write_json
@@ -113,7 +113,8 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
     teacher_bundle = ModelBundle.load(teacher.path)
 
     def write(tmp: Path) -> dict:
-        results = run_benchmarks(models, settings, teacher_bundle.tokenizer, test,
+        # Progress goes where the stage lines go (stderr, hidden by --quiet), never to stdout.
+        results = run_benchmarks(models, settings, teacher_bundle.tokenizer, test, log=log.info,
                                  max_length=usable_length(teacher_bundle.model))
         write_json(tmp / "benchmark.json", results)
         return results

@@ -21,7 +21,8 @@ from pretrain.data import TaskData
 
 BUILD_SECONDS = "build_seconds"   # in stage.json: how long the stage took to build
 
-# One line per stage, reused or built (INFO); `compressor run` and `search` show it unless --quiet.
+# One line per stage, reused or built, and the benchmark's and search's progress (INFO);
+# `compressor run` and `search` show them on stderr unless --quiet.
 log = logging.getLogger("compressor.pipeline")
 
 
@@ -35,15 +36,15 @@ def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = Fa
     record = read_json(path / STAGE_FILE)
     name = stage_label(path)
     if record.get("key") == key and not force:
-        log.info("%s: cached", name)
+        log.info("stage %s: cached", name)
         return record
-    log.info("%s: building", name)
+    log.info("stage %s: building", name)
     start = time.perf_counter()
     with disk_errors(path.parent), atomic_dir(path) as tmp:
         record = {"key": key, **write(tmp)}
         record[BUILD_SECONDS] = round(time.perf_counter() - start, 1)
         write_json(tmp / STAGE_FILE, record)
-    log.info("%s: built in %.1f s", name, record[BUILD_SECONDS])
+    log.info("stage %s: built in %.1f s", name, record[BUILD_SECONDS])
     return record
 
 

@@ -29,7 +29,7 @@ from compressor.bench.profiles import Profile, load_profile, unavailable_reason
 from compressor.bench.runners import input_batches
 from compressor.bundle import ModelBundle
 from compressor.passes import check_pass_family
-from compressor.pipeline.cache import fingerprint
+from compressor.pipeline.cache import fingerprint, log as progress
 from compressor.pipeline.outdir import claim_out_dir, disk_errors
 from compressor.pipeline.recipe import RESERVED_NAMES, VARIANT_NAME, parse_recipe, parse_step
 from compressor.report.analysis import latency_row
@@ -58,13 +58,14 @@ SEARCH_PASSES = ("drop-layers", "prune-heads", "prune-ffn", "finetune", "distill
 
 def run_search(teacher: str | Path, task: str | dict, profile: str, settings: SearchSettings, out_dir: Path, *,
                join: bool = False, threads: int | None = None, show_progress: bool = True,
-               log: Callable[[str], None] = print) -> dict:
+               log: Callable[[str], None] = progress.info) -> dict:
     """The search's result (the report's `search` section; for a joining worker, its tally)."""
     deadline = time.monotonic() + settings.time_budget_min * 60
     set_threads(threads)
     teacher_dir, target = check_inputs(teacher, profile, settings)
     data = load_task(task, seed=settings.seed)
     check_output(out_dir, [teacher_dir, *task_files(task)], owner_files=None)
+    bundle = ModelBundle.load(teacher_dir)      # a teacher that is no classifier stops before any write
     created = not out_dir.exists()
     if not join:
         claim_out_dir(out_dir, SimpleNamespace(name=RECIPE_NAME), force=False)
@@ -76,7 +77,6 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
         if created:     # a storage it cannot reach, a study of another search: nothing left behind
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
-    bundle = ModelBundle.load(teacher_dir)
     runner = proxy_runner(study, bundle, teacher_dir, data, target, settings, out_dir, join, deadline, log)
     if study.user_attrs.get("phase") != "final":
         run_proxies(study, runner, deadline, join, log)

@@ -33,6 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from compressor.bundle import ModelBundle
 from compressor.passes import Context, LazyTeacher, apply_pass
+from compressor.pipeline.cache import log as progress
 from compressor.pipeline.recipe import parse_step
 from compressor.search.latency import LatencyModel
 from compressor.search.plans import Plan, plan_steps, plan_structure, proxy_lr, suggest_plan
@@ -101,11 +102,18 @@ def open_study(storage: RDBStorage, name: str, identity: dict, join: bool, seed:
 def wait_for_study(storage: RDBStorage, name: str) -> bool:
     """A worker may start before its lead has created the study: give the lead a minute."""
     deadline = time.monotonic() + JOIN_WAIT_S
-    while name not in {s.study_name for s in optuna.get_all_study_summaries(storage)}:
+    if not study_exists(storage, name):
+        progress.info(f"search: no study {name!r} in {storage.url} yet; waiting up to {JOIN_WAIT_S:.0f} s for its "
+                      "lead (a search of the same settings without --join) to create it")
+    while not study_exists(storage, name):
         if time.monotonic() > deadline:
             return False
         time.sleep(1.0)
     return True
+
+
+def study_exists(storage: RDBStorage, name: str) -> bool:
+    return name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
 
 
 def constraints(trial: FrozenTrial) -> list[float]:

@@ -216,3 +216,28 @@ def test_timings_are_not_reused_on_another_machine_or_runtime(done, tmp_path, mo
     monkeypatch.setattr(benchmark_stages, "cpu_info", lambda: {**cpu, "model": "another CPU"})
     run_raw(raw, copy)
     assert measured
+
+
+def test_benchmark_progress_goes_to_stderr_and_quiet_hides_it(done, tmp_path, monkeypatch, capsys):
+    """stdout carries the report table only (a script may parse it); progress lines go where
+    the stage lines go, and --quiet hides both."""
+    import shutil
+
+    import yaml
+
+    from compressor.cli import main
+    from compressor.pipeline import run as pipeline_run
+    raw, out, _ = done
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
+    monkeypatch.setattr(measure, "peak_rss_mb", lambda model, profile, batch_sets, *a, **k: [1.0] * len(batch_sets))
+    argv = ["run", str(recipe), "--out", str(copy), "--rebenchmark"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "benchmark: cpu batch 1" in captured.err and "benchmark:" not in captured.out
+    assert main([*argv, "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "benchmark:" not in captured.out + captured.err

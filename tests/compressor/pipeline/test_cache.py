@@ -24,6 +24,6 @@ def test_a_stage_is_built_once_then_reused_and_rebuilt_for_a_new_key(tmp_path, c
     assert first == {"key": "key-1", "metrics": {"accuracy": 0.5}, "build_seconds": first["build_seconds"]}
     assert isinstance(first["build_seconds"], float) and first["build_seconds"] >= 0
     messages = [r.getMessage() for r in caplog.records if r.name == "compressor.pipeline"]
-    assert messages[0] == "baselines/onnxruntime-fp32: building"
-    assert re.fullmatch(r"baselines/onnxruntime-fp32: built in \d+\.\d s", messages[1])
-    assert messages[2] == "baselines/onnxruntime-fp32: cached" and messages[3].endswith("building")
+    assert messages[0] == "stage baselines/onnxruntime-fp32: building"
+    assert re.fullmatch(r"stage baselines/onnxruntime-fp32: built in \d+\.\d s", messages[1])
+    assert messages[2] == "stage baselines/onnxruntime-fp32: cached" and messages[3].endswith("building")

@@ -52,7 +52,7 @@ def built_by(run_raw, raw: dict, out, caplog) -> set[str]:
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="compressor.pipeline"):
         run_raw(raw, out)
-    built = {m.group(1) for r in caplog.records if (m := re.match(r"(\S+): building$", r.getMessage()))}
+    built = {m.group(1) for r in caplog.records if (m := re.match(r"stage (\S+): building$", r.getMessage()))}
     return {name for name in built if not name.startswith("prefixes/")}
 
 

@@ -182,6 +182,7 @@ def test_a_study_made_for_another_search_is_refused(searched, tiny_bert_dir, tin
     (["--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot reach the study storage"),
     (["--storage", "notaurl"], "cannot reach the study storage"),
     (["--recoveries", "finetune,magic"], "recoveries"),
+    (["--teacher", "minilm"], "without a trained classifier"),    # the bundled encoder: not fine-tuned
 ])
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(args, message, tiny_bert_dir, tiny_csv, tmp_path, capsys):
     out = tmp_path / "never"
@@ -198,6 +199,7 @@ def test_join_without_a_study_says_how_to_start_one(tiny_bert_dir, tiny_csv, tmp
                  "--out", str(tmp_path / "w"), "--storage", f"sqlite:///{tmp_path / 's.db'}", "--join"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "start the search without --join first" in err
+    assert "waiting up to" in err.splitlines()[0]          # said before the wait, not only after
 
 
 def test_outcome_says_which_constraint_failed_and_by_how_much():
