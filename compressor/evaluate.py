@@ -12,7 +12,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from compressor.bundle import read_provenance
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
-from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, usable_length
+from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, model_positions, usable_length
 from pretrain.data import TaskData, load_task
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
@@ -30,6 +30,7 @@ class Predictor:
     logits: Callable[[Encoded], np.ndarray]
     task: object                                # task spec recorded at save time, if any
     max_length: int = MAX_LENGTH                # tokens per example, within the model's positions
+    positions: int = MAX_LENGTH                 # the longest sequence the model can run (model_positions)
 
 
 def load_predictor(path: str | Path) -> Predictor:
@@ -42,7 +43,7 @@ def load_predictor(path: str | Path) -> Predictor:
         model = load_int8_model(path)
         return Predictor("torch-int8", config_labels(path), load_tokenizer(path),
                          lambda data: predict_logits(model, data), read_provenance(path).get("task"),
-                         usable_length(model.config))
+                         usable_length(model.config), model_positions(model.config))
     onnx_file = path if path.suffix == ".onnx" else find_onnx(path)
     model_dir = onnx_file.parent if onnx_file else path
     task = read_provenance(model_dir).get("task")
@@ -50,9 +51,10 @@ def load_predictor(path: str | Path) -> Predictor:
         model, tokenizer = load_saved_classifier(model_dir)
         labels = tuple(model.config.id2label[i] for i in sorted(model.config.id2label))
         return Predictor("torch", labels, tokenizer, lambda data: predict_logits(model, data), task,
-                         usable_length(model))
+                         usable_length(model), model_positions(model))
     return Predictor("onnx", config_labels(model_dir), load_tokenizer(model_dir),
-                     onnx_logits_fn(onnx_file), task, usable_length(saved_config(model_dir)))
+                     onnx_logits_fn(onnx_file), task, usable_length(saved_config(model_dir)),
+                     model_positions(saved_config(model_dir)))
 
 
 def find_onnx(directory: Path) -> Path | None:

@@ -56,6 +56,15 @@ def usable_length(model: PreTrainedModel | PretrainedConfig, max_length: int = M
     return min(max_length, positions - OFFSET_POSITIONS.get(config.model_type, 0))
 
 
+def model_positions(model: PreTrainedModel | PretrainedConfig) -> int:
+    """Every position the model can embed (no cap of our own): the longest sequence it can be
+    run at, e.g. when a benchmark pads to a fixed length."""
+    return usable_length(model, max_length=NO_POSITION_LIMIT)
+
+
+NO_POSITION_LIMIT = 1 << 20     # relative positions (XLNet): nothing but memory bounds the length
+
+
 def encode(tokenizer: PreTrainedTokenizerBase, split: Split, max_length: int = MAX_LENGTH) -> Encoded:
     """Tokenise a whole split once with the fast tokenizer (no padding), truncating to
     `max_length` or the tokenizer's `model_max_length` (the model's positions), if shorter."""

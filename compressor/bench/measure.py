@@ -44,8 +44,11 @@ class Measurement:
     calls: list[dict]      # every timed call, so that anyone can recompute the statistics
 
 
-def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
-                   log: Callable[[str], None] = logging.getLogger(__name__).info, max_length: int = MAX_LENGTH) -> dict:
+PROGRESS = logging.getLogger(__name__).info
+
+
+def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split, log: Callable[[str], None] = PROGRESS,
+                   max_length: int = MAX_LENGTH, positions: int | None = None) -> dict:
     """A recipe's benchmark: every model on each of `settings`' profiles.
 
     {"profiles": [...measured], "skipped": [...], "measurements": [...], "rankings": [...],
@@ -58,7 +61,8 @@ def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
             skipped.append({"profile": profile.name, "reason": reason})
             log(f"benchmark: profile {profile.name} skipped: {reason}")
             continue
-        result = measure_models(models, profile, tokenizer, test, log=log, max_length=max_length)
+        result = measure_models(models, profile, tokenizer, test, log=log, max_length=max_length,
+                                positions=positions)
         rows += result.rows
         rankings += result.rankings
         calls += result.calls
@@ -68,7 +72,8 @@ def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split,
 
 
 def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: Split, *,
-                   log: Callable[[str], None] = logging.getLogger(__name__).info, max_length: int = MAX_LENGTH) -> Measurement:
+                   log: Callable[[str], None] = PROGRESS, max_length: int = MAX_LENGTH,
+                   positions: int | None = None) -> Measurement:
     """Time `models` together, interleaved, at each of the profile's settings; then their memory.
 
     The profile must be available here (`unavailable_reason(profile) is None`). Batches are
@@ -78,7 +83,8 @@ def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: 
     ids = {m.name: id_translation(m, tokenizer) for m in models}   # a trimmed vocabulary's renumbering
     runners = {m.name: load_runner(m, profile, ids[m.name]) for m in models}
     settings = [(b, n) for b in profile.batch_sizes for n in profile.sequence_lengths]
-    batch_sets = [input_batches(tokenizer, test, b, n, max_length=max_length) for b, n in settings]
+    batch_sets = [input_batches(tokenizer, test, b, n, max_length=max_length, positions=positions)
+                  for b, n in settings]
     rows, rankings, calls = [], [], []
     try:
         for (batch_size, length), batches in zip(settings, batch_sets):

@@ -51,20 +51,23 @@ class Deployable:
 
 
 def input_batches(tokenizer, split: Split, batch_size: int, sequence_length: int | str,
-                  count: int = MAX_DISTINCT_BATCHES, max_length: int = MAX_LENGTH) -> list[Feed]:
+                  count: int = MAX_DISTINCT_BATCHES, max_length: int = MAX_LENGTH,
+                  positions: int | None = None) -> list[Feed]:
     """Up to `count` batches of the split in its own order (not sorted by length).
 
     `real`: each batch padded to its longest member, as a server batching requests would,
     texts cut at `max_length` (pass `usable_length(model)`: the model's positions bound it);
-    an int: every text truncated or padded to exactly that many tokens, at most `max_length`.
+    an int: every text truncated or padded to exactly that many tokens, at most the model's
+    `positions` (`model_positions(model)`; `max_length` when not given).
     """
     max_length = min(max_length, tokenizer.model_max_length)   # the tokenizer knows its family's limit
+    longest = min(positions or max_length, tokenizer.model_max_length)
     n = min(len(split), batch_size * count)
     if n < batch_size:
         raise UserError(f"the test split has {len(split)} examples, fewer than batch size {batch_size}")
-    if sequence_length != "real" and int(sequence_length) > max_length:
-        raise UserError(f"sequence length {sequence_length} is longer than the model's {max_length} usable "
-                        f"positions; expected a sequence length of at most {max_length} (or 'real')")
+    if sequence_length != "real" and int(sequence_length) > longest:
+        raise UserError(f"sequence length {sequence_length} is longer than the model's {longest} positions; "
+                        f"expected a sequence length of at most {longest} (or 'real')")
     n -= n % batch_size
     texts, pairs = split.texts[:n], (split.text_pairs[:n] if split.text_pairs is not None else None)
     padding = dict(padding="longest", max_length=max_length) if sequence_length == "real" else \

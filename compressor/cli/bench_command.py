@@ -71,7 +71,7 @@ def bench_result(model_ref: str, profile: Profile, predictor: Predictor, spec: s
     predictions = predict_classes(predictor, test, task)
     result.update(task=task.name, **classification_metrics(np.asarray(test.labels), predictions))
     measured = measure_models([model], profile, predictor.tokenizer, test, log=lambda message: None,
-                              max_length=predictor.max_length)   # stdout is the JSON result
+                              max_length=predictor.max_length, positions=predictor.positions)   # stdout: the JSON
     result["latency"] = [{k: v for k, v in row.items() if k not in ("model", "kind", "precision")}
                          for row in measured.rows]
     return result

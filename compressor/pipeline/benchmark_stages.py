@@ -24,8 +24,9 @@ from compressor.pipeline.cache import cached, content_key, fingerprint_file, key
 from compressor.pipeline.recipe import BASELINES_DIR, BENCHMARK_DIR, Recipe
 from compressor.pipeline.stages import Stage, test_predictions
 from pretrain.atomic import write_json
-from pretrain.batching import usable_length
+from pretrain.batching import model_positions, usable_length
 from pretrain.data import TaskData
+from pretrain.errors import UserError
 from pretrain.metrics import classification_metrics
 
 
@@ -33,6 +34,18 @@ def optimum_presets(settings) -> dict[str, str]:
     """The Optimum preset of every profile this machine measures, by profile name."""
     return {profile.name: optimum_preset(profile) for profile in settings.profile_objects()
             if unavailable_reason(profile) is None}
+
+
+def check_sequence_lengths(settings, teacher_path: Path) -> None:
+    """A fixed benchmark length the teacher (and so every variant) cannot embed stops the
+    run before it trains anything, not at the benchmark stage."""
+    from transformers import AutoConfig
+    positions = model_positions(AutoConfig.from_pretrained(teacher_path))
+    for profile in settings.profile_objects():
+        for length in profile.sequence_lengths:
+            if length != "real" and int(length) > positions:
+                raise UserError(f"benchmark profile {profile.name}: sequence length {length} is longer than the "
+                                f"teacher's {positions} positions; expected at most {positions} (or 'real')")
 
 
 def baseline_stage(name: str, teacher: Stage, recipe: Recipe, task: TaskData, out_dir: Path,
@@ -115,7 +128,8 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
     def write(tmp: Path) -> dict:
         # Progress goes where the stage lines go (stderr, hidden by --quiet), never to stdout.
         results = run_benchmarks(models, settings, teacher_bundle.tokenizer, test, log=log.info,
-                                 max_length=usable_length(teacher_bundle.model))
+                                 max_length=usable_length(teacher_bundle.model),
+                                 positions=model_positions(teacher_bundle.model))
         write_json(tmp / "benchmark.json", results)
         return results
     record = cached(path, key, write, force=rebenchmark)

@@ -11,7 +11,7 @@ from compressor.bench.baselines import OPTIMUM, check_baselines
 from compressor.passes import check_pass_family, get_pass
 from compressor.passes.registry import check_pass_tokenizer
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
-                                                  optimum_presets, variant_deployable)
+                                                  check_sequence_lengths, optimum_presets, variant_deployable)
 from compressor.pipeline.outdir import WriteError, claimed_out_dir, disk_errors
 from compressor.pipeline.paths import resolve_path, resolve_step_paths, resolve_task_paths
 from compressor.pipeline.recipe import SEARCH_DIR, WORK_DIR, Recipe, Step
@@ -46,6 +46,7 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
     presets: dict[str, str] = {}
     if recipe.benchmark is not None:
         check_baselines(recipe.benchmark.baselines, family)
+        check_sequence_lengths(recipe.benchmark, teacher_path)
         if OPTIMUM in recipe.benchmark.baselines:
             presets = optimum_presets(recipe.benchmark)     # a preset this CPU cannot run stops here
     # Paths first: a family check may read a model dir a step names (distill's teacher).

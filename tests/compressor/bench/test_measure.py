@@ -23,3 +23,32 @@ def test_any_models_are_measured_together_with_rankings(tiny_bert_dir, tiny_task
     for ranking in result.rankings:
         assert sorted(name for group in ranking["groups"] for name in group["models"]) == ["candidate", "reference"]
     assert all(set(call["times_ms"]) == {"reference", "candidate"} for call in result.calls)
+
+
+def test_a_fixed_length_may_use_every_position_the_model_has(tokenizer, tiny_task):
+    """Real batches are cut at the tool's max_length; a fixed benchmark length is bounded by
+    the model's positions only (MiniLM: 512), and beyond them refused in one line."""
+    import pytest
+
+    from compressor.bench.runners import input_batches
+    from pretrain.errors import UserError
+    test = tiny_task.split("test")
+    batches = input_batches(tokenizer, test, 4, 48, max_length=16, positions=64)
+    assert {b["input_ids"].shape[1] for b in batches} == {48}
+    assert max(b["input_ids"].shape[1] for b in input_batches(tokenizer, test, 4, "real", max_length=16,
+                                                              positions=64)) <= 16
+    with pytest.raises(UserError, match="sequence length 65 is longer than the model's 64 positions"):
+        input_batches(tokenizer, test, 4, 65, max_length=16, positions=64)
+
+
+def test_a_recipe_benchmark_length_past_the_teachers_positions_stops_before_training(tiny_bert_dir, tiny_csv,
+                                                                                     tmp_path, run_raw):
+    import pytest
+
+    from pretrain.errors import UserError
+    raw = {"name": "long", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
+           "variants": {"same": []},
+           "benchmark": {"profiles": ["cpu"], "batch_sizes": [1], "sequence_lengths": [256]}}
+    with pytest.raises(UserError, match="sequence length 256 is longer than the teacher's 128 positions"):
+        run_raw(raw, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

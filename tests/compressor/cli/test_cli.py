@@ -376,6 +376,17 @@ def test_evaluate_rejects_non_positive_max_samples(cli, capsys, value):
     assert code == 2 and captured.err.startswith("error:")
 
 
+@pytest.mark.parametrize("argv", [["export", "--model", "minilm", "--out", "{tmp}/x"],
+                                  ["evaluate", "--model", "minilm"],
+                                  ["bench", "--model", "minilm"]])
+def test_the_bundled_encoder_where_a_classifier_is_needed_says_to_fine_tune_first(argv, tmp_path, capsys):
+    code = main([a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "minilm is the bundled pretrained encoder" in err and "compressor finetune --model minilm" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("flag, value, expected", [
     ("--batch-sizes", "1,x", "expected comma-separated positive integers (e.g. 1,8), got '1,x'"),
     ("--batch-sizes", ",", "expected comma-separated positive integers (e.g. 1,8), got ','"),

@@ -197,8 +197,10 @@ def test_a_model_with_few_positions_exports_evaluates_and_benchmarks_within_them
     assert predictor.max_length == positions
     batches = input_batches(predictor.tokenizer, test, 8, "real", max_length=predictor.max_length)
     assert max(b["input_ids"].shape[1] for b in batches) == positions
+    assert predictor.positions == positions
     with pytest.raises(UserError, match=f"sequence length 32 is longer than the model's {positions}"):
-        input_batches(predictor.tokenizer, test, 8, 32, max_length=predictor.max_length)
+        input_batches(predictor.tokenizer, test, 8, 32, max_length=predictor.max_length,
+                      positions=predictor.positions)
 
 
 @pytest.mark.parametrize("form", ["fused", "unfused"])
