@@ -27,14 +27,14 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 from compressor.bundle import ModelBundle
 from compressor.passes import distill_losses as dl
 from compressor.passes.distill_augment import AugmentConfig, transfer_data
-from compressor.passes.registry import Context, PassConfig, register
+from compressor.passes.registry import Context, Depth, PassConfig, register
 from pretrain.batching import encode, iterate, inference_order, usable_length
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
 from pretrain.first_token import reader_of
 from pretrain.models import (check_model_ref, check_transformer_family, encoder_layers, keep_encoder_layers,
-                             read_model_type)
+                             model_depth, read_model_type)
 from pretrain.structured import RECORD_FIELD
 from pretrain.train import Batch, Checkpointing, accepts_token_types
 
@@ -72,7 +72,23 @@ class StudentConfig(PassConfig):
         return self
 
 
-@register("student", StudentConfig, check_family=lambda cfg, family: check_transformer_family(family))
+def student_depth(cfg: StudentConfig, depth: Depth) -> int | None:
+    """The student's layers, after checking its layer indices fit its source (when known)."""
+    if cfg.shape is not None:
+        return cfg.shape.layers
+    check_student_layers(cfg, depth.model if cfg.source == "bundle" else depth.teacher)
+    return len(cfg.layers)
+
+
+def check_student_layers(cfg: StudentConfig, n_layers: int | None) -> None:
+    out_of_range = [i for i in cfg.layers if n_layers is not None and not 0 <= i < n_layers]
+    if out_of_range:
+        raise UserError(f"student: layer index {out_of_range[0]} out of range; the {cfg.source} has "
+                        f"{n_layers} layers (0..{n_layers - 1})")
+
+
+@register("student", StudentConfig, check_family=lambda cfg, family: check_transformer_family(family),
+          check_depth=student_depth)
 def student_pass(bundle: ModelBundle, cfg: StudentConfig, ctx: Context) -> ModelBundle:
     """The model to distill into: kept layers of the teacher or the bundle, or a fresh model."""
     source = bundle if cfg.source == "bundle" else ctx.teacher
@@ -82,11 +98,7 @@ def student_pass(bundle: ModelBundle, cfg: StudentConfig, ctx: Context) -> Model
     if cfg.shape is not None:
         return bundle.replace(model=fresh_student(source.model, cfg.shape, ctx.seed), tokenizer=source.tokenizer,
                               deploy={})
-    n_layers = len(encoder_layers(source.model))
-    out_of_range = [i for i in cfg.layers if not 0 <= i < n_layers]
-    if out_of_range:
-        raise UserError(f"student: layer index {out_of_range[0]} out of range; the {cfg.source} has "
-                        f"{n_layers} layers (0..{n_layers - 1})")
+    check_student_layers(cfg, len(encoder_layers(source.model)))
     model = copy.deepcopy(source.model).requires_grad_(True)   # the teacher's copy is frozen
     keep_encoder_layers(model, list(cfg.layers))
     return bundle.replace(model=model, tokenizer=source.tokenizer, deploy=dict(source.deploy))
@@ -259,7 +271,26 @@ def refuse_losses(losses: tuple[str, ...], family: str, role: str) -> None:
                         f"soft and hard only for this family")
 
 
-@register("distill", DistillConfig, trains=True, check_family=check_distill_family)
+def check_layer_map(cfg: DistillConfig, n_student: int | None, n_teacher: int | None) -> None:
+    """A listed map: one teacher layer per student layer, each within the teacher (where known)."""
+    if isinstance(cfg.layer_map, str) or not cfg.layer_losses():
+        return
+    if n_student is not None and len(cfg.layer_map) != n_student:
+        raise UserError(f"distill: layer_map has {len(cfg.layer_map)} entries for a student of {n_student} "
+                        f"layers; expected one teacher layer per student layer")
+    if n_teacher is not None and max(cfg.layer_map) >= n_teacher:
+        raise UserError(f"distill: layer_map names teacher layer {max(cfg.layer_map)}, past the teacher's "
+                        f"{n_teacher} layers (0..{n_teacher - 1})")
+
+
+def distill_depth(cfg: DistillConfig, depth: Depth) -> int | None:
+    """Distillation keeps the student's depth; its layer map must fit both models."""
+    teacher = depth.teacher if cfg.teacher is None else model_depth(check_model_ref(cfg.teacher))
+    check_layer_map(cfg, depth.model, teacher)
+    return depth.model
+
+
+@register("distill", DistillConfig, trains=True, check_family=check_distill_family, check_depth=distill_depth)
 def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> ModelBundle:
     """Train the bundle (the student) against the teacher; the teacher is only read."""
     cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)
@@ -335,14 +366,7 @@ def check_pair(student: ModelBundle, teacher: ModelBundle, cfg: DistillConfig) -
     if projected and s_width != t_width and not cfg.projection:
         raise UserError(f"distill: {', '.join(projected)} compares hidden states of width {s_width} (student) "
                         f"and {t_width} (teacher), and projection is off; expected projection: true or equal widths")
-    n_student, n_teacher = len(encoder_layers(s_model)), len(encoder_layers(t_model))
-    if not isinstance(cfg.layer_map, str):
-        if len(cfg.layer_map) != n_student:
-            raise UserError(f"distill: layer_map has {len(cfg.layer_map)} entries for a student of {n_student} "
-                            f"layers; expected one teacher layer per student layer")
-        if max(cfg.layer_map) >= n_teacher:
-            raise UserError(f"distill: layer_map names teacher layer {max(cfg.layer_map)}, past the teacher's "
-                            f"{n_teacher} layers (0..{n_teacher - 1})")
+    check_layer_map(cfg, len(encoder_layers(s_model)), len(encoder_layers(t_model)))
     if any(name in ATTENTION_LOSSES for name in cfg.losses):
         check_heads(s_model, t_model, cfg)
 

@@ -37,17 +37,23 @@ class DropLayers(PassConfig):
         return self
 
 
-@register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"))
-def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBundle:
-    """Keep only the listed encoder layers (a DistilBERT-style shallow student init), or the
-    `count` layers whose removal would cost the most."""
-    n_layers = len(encoder_layers(bundle.model))
-    if cfg.count is not None and cfg.count > n_layers:
+def kept_depth(cfg: DropLayers, n_layers: int | None) -> int:
+    """The layers left, after checking that the indices or the count fit `n_layers` (when known)."""
+    if n_layers is not None and cfg.count is not None and cfg.count > n_layers:
         raise UserError(f"drop-layers: count {cfg.count} is more layers than the model has ({n_layers})")
-    out_of_range = [i for i in cfg.keep or () if not 0 <= i < n_layers]
+    out_of_range = [i for i in cfg.keep or () if n_layers is not None and not 0 <= i < n_layers]
     if out_of_range:
         raise UserError(f"drop-layers: layer index {out_of_range[0]} out of range; "
                         f"the model has {n_layers} layers (0..{n_layers - 1})")
+    return len(cfg.keep) if cfg.keep is not None else cfg.count
+
+
+@register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"),
+          check_depth=lambda cfg, depth: kept_depth(cfg, depth.model))
+def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBundle:
+    """Keep only the listed encoder layers (a DistilBERT-style shallow student init), or the
+    `count` layers whose removal would cost the most."""
+    kept_depth(cfg, len(encoder_layers(bundle.model)))
     model = bundle.copy_model()
     if cfg.keep is not None:
         keep_encoder_layers(model, list(cfg.keep))

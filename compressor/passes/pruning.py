@@ -22,7 +22,7 @@ from compressor.modeling import importance
 from compressor.modeling.cost import unit_costs
 from compressor.modeling.importance import Importance
 from compressor.modeling.structure import family_for, remove_current_heads, set_intermediate_size
-from compressor.passes.registry import Context, PassConfig, register
+from compressor.passes.registry import Context, Depth, PassConfig, register
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES, families_supporting
 from pretrain.models import encoder_layers
@@ -80,7 +80,20 @@ def refuse_unsupported(capability: str):
 
 # --- prune-heads ---
 
-@register("prune-heads", PruneHeads, check_family=refuse_unsupported("prune-heads"))
+def check_per_layer_length(cfg: PruneHeads, layers: int | None) -> None:
+    if cfg.per_layer is not None and layers is not None and len(cfg.per_layer) != layers:
+        raise UserError(f"prune-heads: per_layer has {len(cfg.per_layer)} entries but the model has "
+                        f"{layers} layers; expected one count per layer")
+
+
+def prune_heads_depth(cfg: PruneHeads, depth: Depth) -> int | None:
+    """Layers keep their place (an emptied one goes only with allow_drop_layers: then the
+    depth is known only once the heads are scored)."""
+    check_per_layer_length(cfg, depth.model)
+    return None if cfg.allow_drop_layers else depth.model
+
+
+@register("prune-heads", PruneHeads, check_family=refuse_unsupported("prune-heads"), check_depth=prune_heads_depth)
 def prune_heads_pass(bundle: ModelBundle, cfg: PruneHeads, ctx: Context) -> ModelBundle:
     """Remove the least important attention heads (Michel et al. 2019)."""
     model = bundle.copy_model()
@@ -101,9 +114,7 @@ def heads_to_remove(cfg: PruneHeads, counts: list[int]) -> int | list[int]:
     floor = 0 if cfg.allow_drop_layers else 1        # heads every layer keeps
     hint = "" if cfg.allow_drop_layers else " (set allow_drop_layers: true to remove an emptied layer whole)"
     if cfg.per_layer is not None:
-        if len(cfg.per_layer) != layers:
-            raise UserError(f"prune-heads: per_layer has {len(cfg.per_layer)} entries but the model has "
-                            f"{layers} layers; expected one count per layer")
+        check_per_layer_length(cfg, layers)
         for layer, (n, have) in enumerate(zip(cfg.per_layer, counts)):
             if n > have - floor:
                 raise UserError(f"prune-heads: per_layer asks layer {layer} to lose {n} heads but it has {have}; "

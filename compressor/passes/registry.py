@@ -8,6 +8,7 @@ Recipes can only reach code through this registry: names are looked up here, nev
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -99,6 +100,21 @@ TokenizerCheck = Callable[[BaseModel, PreTrainedTokenizerBase], None]
 
 
 @dataclass(frozen=True)
+class Depth:
+    """Encoder layers known before a step runs, so that a layer index or count that cannot fit
+    is refused before anything trains: of the model entering the step (None where only
+    running the steps before would tell) and of the teacher `student` and `distill` read."""
+
+    model: int | None
+    teacher: int | None
+
+
+# (config, depth before) -> the model's depth after the step (None: unknown); raises UserError
+# for an index or count that does not fit. Passes without one keep the depth.
+DepthCheck = Callable[[BaseModel, Depth], "int | None"]
+
+
+@dataclass(frozen=True)
 class PassSpec:
     name: str
     config_type: type[BaseModel]
@@ -109,6 +125,7 @@ class PassSpec:
     trains: bool
     check_family: FamilyCheck | None = None
     check_tokenizer: TokenizerCheck | None = None
+    check_depth: DepthCheck | None = None
 
 
 _REGISTRY: dict[str, PassSpec] = {}
@@ -116,12 +133,13 @@ _REGISTRY: dict[str, PassSpec] = {}
 
 def register(name: str, config_type: type[BaseModel], *, preserves_function: bool = False,
              trains: bool = False, check_family: FamilyCheck | None = None,
-             check_tokenizer: TokenizerCheck | None = None) -> Callable[[PassFn], PassFn]:
+             check_tokenizer: TokenizerCheck | None = None,
+             check_depth: DepthCheck | None = None) -> Callable[[PassFn], PassFn]:
     def decorate(fn: PassFn) -> PassFn:
         if name in _REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
         _REGISTRY[name] = PassSpec(name, config_type, fn, preserves_function, trains, check_family,
-                                   check_tokenizer)
+                                   check_tokenizer, check_depth)
         return fn
     return decorate
 
@@ -131,6 +149,14 @@ def check_pass_family(name: str, config: BaseModel, family: str) -> None:
     spec = get_pass(name)
     if spec.check_family is not None:
         spec.check_family(config, family)
+
+
+def depth_after(name: str, config: BaseModel, depth: Depth) -> Depth:
+    """The depth after a step, refusing (UserError) an index or count that cannot fit."""
+    spec = get_pass(name)
+    if spec.check_depth is None:
+        return depth
+    return dataclasses.replace(depth, model=spec.check_depth(config, depth))
 
 
 def check_pass_tokenizer(name: str, config: BaseModel, tokenizer: PreTrainedTokenizerBase) -> None:

@@ -93,7 +93,7 @@ class DistillStructure(FinetuneConfig):
         return paths
 
 
-@register("distill-structure", DistillStructure, trains=True)
+@register("distill-structure", DistillStructure, trains=True, check_depth=lambda cfg, depth: None)   # no layers
 def distill_structure(bundle: ModelBundle, cfg: DistillStructure, ctx: Context) -> ModelBundle:
     """A new BiLSTM or CNN classifier trained on the teacher's logits (and/or the labels)."""
     cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)

@@ -174,7 +174,14 @@ def replacing(model: PreTrainedModel, predecessors: nn.ModuleList) -> Iterator[T
             p.requires_grad_(flag)
 
 
-@register("theseus", TheseusConfig, trains=True, check_family=check_theseus_family)
+def theseus_depth(cfg: TheseusConfig, depth) -> int:
+    """The successors' depth, once successor_layers is known to split the model's layers."""
+    if depth.model is not None:
+        block_size(depth.model, cfg.successor_layers)
+    return cfg.successor_layers
+
+
+@register("theseus", TheseusConfig, trains=True, check_family=check_theseus_family, check_depth=theseus_depth)
 def theseus_pass(bundle: ModelBundle, cfg: TheseusConfig, ctx: Context) -> ModelBundle:
     """Replace every k consecutive layers of the input by one successor layer, trained by
     progressive module replacing in the shared loop."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from compressor.bench.baselines import OPTIMUM, check_baselines
 from compressor.passes import check_pass_family, get_pass
-from compressor.passes.registry import check_pass_tokenizer
+from compressor.passes.registry import Depth, check_pass_tokenizer, depth_after
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
                                                   check_sequence_lengths, optimum_presets, variant_deployable)
 from compressor.pipeline.outdir import WriteError, claimed_out_dir, disk_errors
@@ -22,7 +22,7 @@ from compressor.report.render import write_human_reports
 from pretrain.atomic import check_output, write_json
 from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
-from pretrain.models import BUNDLED_MODELS, check_model_ref, load_tokenizer, read_model_type, set_threads
+from pretrain.models import BUNDLED_MODELS, check_model_ref, load_tokenizer, model_depth, read_model_type, set_threads
 
 
 @dataclass(frozen=True)
@@ -126,13 +126,18 @@ def recipe_search(recipe: Recipe, teacher: Stage, base_dir: Path, out_dir: Path,
 
 
 def check_steps_fit(steps: dict[str, list[Step]], family: str, teacher_path: Path) -> None:
-    """Refuse, before any stage runs, a pass that cannot apply to the teacher's family or tokenizer."""
+    """Refuse, before any stage runs, a pass that cannot apply to the teacher's family or
+    tokenizer, or whose layer indices and counts cannot fit the model it will get (each
+    step's depth followed from the teacher's through the steps before it)."""
     tokenizer = functools.cache(lambda: load_tokenizer(teacher_path))   # only if a pass checks it
+    teacher_depth = model_depth(teacher_path)
     for name, variant_steps in steps.items():
+        depth = Depth(model=teacher_depth, teacher=teacher_depth)
         for i, step in enumerate(variant_steps):
             try:
                 check_pass_family(step.name, step.config, family)
                 if get_pass(step.name).check_tokenizer is not None:
                     check_pass_tokenizer(step.name, step.config, tokenizer())
+                depth = depth_after(step.name, step.config, depth)
             except UserError as err:
                 raise UserError(f"variants.{name}[{i}]: {err}") from None

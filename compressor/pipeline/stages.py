@@ -31,6 +31,7 @@ from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerpr
 from compressor.pipeline.outdir import read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
 from pretrain.data import TaskData, task_files
+from pretrain.errors import UserError
 from pretrain.finetune import evaluate, finetune, with_run_defaults
 from pretrain.models import load_classifier
 from pretrain.train import Checkpointing
@@ -107,7 +108,10 @@ def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[St
         for i in range(done, len(steps)):
             # Keyed like the prefix it produces: a rerun of this step finds its checkpoints.
             step_ctx = dataclasses.replace(ctx, work_dir=out_dir / WORK_DIR / key_of(steps[:i + 1]))
-            bundle = apply_pass(bundle, steps[i].name, steps[i].config, step_ctx)
+            try:
+                bundle = apply_pass(bundle, steps[i].name, steps[i].config, step_ctx)
+            except UserError as err:      # found only now: say where, as the checks before the run do
+                raise type(err)(f"variants.{name}[{i}]: {err}") from None
             if get_pass(steps[i].name).trains and i + 1 < len(steps):
                 keep_prefix(bundle, out_dir / PREFIXES_DIR / key_of(steps[:i + 1]), out_dir)
         return bundle

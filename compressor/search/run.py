@@ -45,8 +45,7 @@ from pretrain.batching import usable_length
 from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate
-from pretrain.families import family_of
-from pretrain.models import check_model_ref, read_model_type, set_threads
+from pretrain.models import check_model_ref, model_depth, read_model_type, set_threads
 
 RECIPE_NAME = "search"           # the out dir's owner (run.json), as for `compressor run`
 FINALIST_EXPORT_S = 60.0         # a finalist's export and gate, beside its training
@@ -108,7 +107,7 @@ def check_inputs(teacher: str | Path, profile: str, settings: SearchSettings) ->
         raise UserError(f"profile {target.name} cannot be measured on this machine: {reason}; "
                         "expected a profile whose hardware is here (latency is measured on the target)")
     family = read_model_type(teacher_dir)
-    depth = teacher_depth(teacher_dir)
+    depth = model_depth(teacher_dir)
     for plan in example_plans(depth, settings):
         for item in plan_steps(plan, depth, settings.proxy_train_samples, scoring_samples=settings.scoring_samples):
             step = parse_step(item, "search")
@@ -129,12 +128,6 @@ def check_compared(compare: dict[str, list], family: str) -> None:
                 check_pass_family(step.name, step.config, family)
             except UserError as err:
                 raise UserError(f"compare.{name}[{i}]: {err}") from None
-
-
-def teacher_depth(teacher_dir: Path) -> int:
-    from transformers import AutoConfig
-    config = AutoConfig.from_pretrained(teacher_dir)
-    return getattr(config, family_of(config.model_type).layer_count_fields[0])
 
 
 def example_plans(depth: int, settings: SearchSettings) -> list[Plan]:

@@ -179,23 +179,46 @@ def test_an_interrupted_run_resumes_after_finished_stages(done, rerun_dir, monke
 
 def test_late_user_error_in_a_fresh_out_dir_leaves_nothing(tiny_bert_dir, tiny_csv, tmp_path):
     out = tmp_path / "fresh"
-    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": [], "too-deep": [{"drop-layers": {"keep": [0, 7]}}]})
-    with pytest.raises(UserError, match="4 layers"):
+    # Head counts are known only once the steps before have run: this one is found late.
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": [], "too-many": [{"prune-heads": {"count": 500}}]})
+    with pytest.raises(UserError, match=r"variants.too-many\[0\]: prune-heads: count 500 is more heads"):
         run(raw, out)
     assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("variant, message", [
+    ([{"drop-layers": {"keep": [0, 7]}}], r"variants.v\[0\]: drop-layers: layer index 7 out of range; the model has 4"),
+    ([{"drop-layers": {"keep": [0, 1]}}, {"drop-layers": {"keep": [2]}}], r"v\[1\]: drop-layers: layer index 2"),
+    ([{"student": {"layers": [0, 9]}}], "student: layer index 9 out of range; the teacher has 4"),
+    ([{"student": {"layers": [0, 2]}}, {"distill": {"losses": ["soft", "hidden"], "layer_map": [0, 4]}}],
+     "layer_map names teacher layer 4, past the teacher's 4 layers"),
+    ([{"student": {"layers": [0, 2]}}, {"distill": {"losses": ["soft", "hidden"], "layer_map": [1]}}],
+     "layer_map has 1 entries for a student of 2 layers"),
+    ([{"theseus": {"successor_layers": 3}}], "successor_layers 3 does not split the model's 4 layers"),
+    ([{"drop-layers": {"count": 2}}, {"prune-heads": {"per_layer": [1, 1, 1]}}], "per_layer has 3 entries but the model has 2"),
+])
+def test_layer_indices_and_counts_that_cannot_fit_stop_the_run_before_the_teacher_trains(
+        variant, message, tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
+    """Each step's depth follows from the teacher's through the steps before it, so a bad index
+    in the last variant is refused before the teacher's fine-tuning, not after it."""
+    forbid_building(monkeypatch)
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": [], "v": variant})
+    with pytest.raises(UserError, match=message):
+        run(raw, tmp_path / "fresh")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_late_user_error_in_an_existing_out_dir_keeps_finished_stages(done, rerun_dir, monkeypatch):
     raw, _, _ = done
     bad = copy.deepcopy(raw)
-    bad["variants"]["too-deep"] = [{"drop-layers": {"keep": [9]}}]
+    bad["variants"]["too-many"] = [{"prune-heads": {"count": 500}}]
     before = stamps(rerun_dir)
     forbid_building(monkeypatch, passes=False)
-    with pytest.raises(UserError, match="out of range"):
+    with pytest.raises(UserError, match="more heads than the model has"):
         run(bad, rerun_dir)
     assert stamps(rerun_dir) == before
-    assert not (rerun_dir / "too-deep").exists()
+    assert not (rerun_dir / "too-many").exists()
     assert not [p for p in rerun_dir.iterdir() if p.name.startswith(".") and p.name != outdir.LOCK_FILE]   # no temporaries
 
 
