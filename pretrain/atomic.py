@@ -25,6 +25,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; outputs are for sharing
     try:
         yield tmp
+        shareable(tmp)
         if target.exists():
             # rename() cannot replace a non-empty dir: move the old one aside first.
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -36,6 +37,15 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def shareable(directory: Path) -> None:
+    """Give files written with private modes (safetensors writes 0600) the modes an ordinary
+    file gets under the umask, as every other output has."""
+    mode = 0o666 & ~current_umask()
+    for path in directory.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600 and mode != 0o600:
+            os.chmod(path, mode)
 
 
 def check_output(out: Path, inputs: Iterable[Path | str | None], *, owner_files: tuple[str, ...] | None = (),
@@ -57,8 +67,9 @@ def check_output(out: Path, inputs: Iterable[Path | str | None], *, owner_files:
         if not source.exists():      # a built-in name ("minilm", "wordnet"): nothing on disk to lose
             continue
         if target == source or target in source.parents:
-            raise UserError(f"{flag} {out} would replace the input {given}, which is never modified; "
-                            f"expected an output path outside it")
+            what = "is" if target == source else "holds"     # replacing a dir that holds it deletes it
+            raise UserError(f"{flag} {out} {what} the input {given}: the output would replace the input, which "
+                            f"is never modified; expected an output path outside it")
         if source in target.parents:
             raise UserError(f"{flag} {out} lies inside the input {given}, which is never modified; "
                             f"expected an output path outside it")

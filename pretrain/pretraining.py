@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoConfig, BertForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from pretrain.data.stream import ChunkStream
-from pretrain.errors import UserError
+from pretrain.errors import UserError, validation_message
 from pretrain.models import count_params, load_tokenizer, resolve_model_path
 from pretrain.objectives import SIZES, Batch, Objective, get_objective
 from pretrain.train import Checkpointing, StepCallback, TrainConfig, train
@@ -93,7 +93,7 @@ def make_config(**settings) -> PretrainConfig:
         cfg = PretrainConfig(**{k: v for k, v in settings.items() if v is not None})
     except ValidationError as err:
         first = err.errors()[0]
-        raise UserError(f"pretrain setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise UserError(f"pretrain setting {'.'.join(map(str, first['loc']))}: {validation_message(first)}") from None
     if cfg.size not in SIZES:
         raise UserError(f"unknown size {cfg.size!r}; expected one of {', '.join(SIZES)}")
     if cfg.max_length > MAX_POSITIONS:

@@ -10,6 +10,7 @@ checkpoint found on disk may be continued, before anything is loaded or trained.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from pretrain.errors import UserError
@@ -26,6 +27,8 @@ def check_resume(settings: dict, ckpt: Path, resume: bool, settings_file: str) -
     decides what the run computes) equal the ones it was written with; never silently
     restarted or mixed."""
     if not ckpt.exists():
+        if resume:      # nothing to continue: say so, rather than look like a resumed run
+            print(f"--resume: no checkpoint at {ckpt}; starting from the first step", file=sys.stderr)
         return
     if not resume:
         raise UserError(f"{ckpt} holds the checkpoint of an unfinished run: pass --resume to "
@@ -36,6 +39,18 @@ def check_resume(settings: dict, ckpt: Path, resume: bool, settings_file: str) -
         raise UserError(f"{ckpt} is not a checkpoint of this command (no readable {settings_file}); "
                         "delete it to start over") from None
     if saved != settings:
-        changed = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
+        changed = differing_fields(saved, settings)
         raise UserError(f"cannot resume from {ckpt}: it was written with other settings "
                         f"({', '.join(changed)} differ); expected the same command line")
+
+
+def differing_fields(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the settings that differ (`config.batch_size`), down nested dicts."""
+    changed = []
+    for key in sorted(set(saved) | set(now)):
+        old, new = saved.get(key), now.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed += differing_fields(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changed.append(f"{prefix}{key}")
+    return changed

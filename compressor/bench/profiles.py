@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from compressor.yamlfile import field_suggestion, load_yaml
-from pretrain.errors import UserError
+from pretrain.errors import UserError, validation_message
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
 
@@ -150,7 +150,7 @@ def describe_profile_error(err: ValidationError) -> str:
     if field is not None and len(parts) == 1 and is_type_error:
         return f"{parts[0]}: expected {type_name(field.annotation)}{shown}"
     hint = field_suggestion(Profile, tuple(parts)) if first["type"] == "extra_forbidden" else ""
-    return f"{'.'.join(parts) or 'profile'}: {first['msg']}{shown}{hint}"
+    return f"{'.'.join(parts) or 'profile'}: {validation_message(first)}{shown}{hint}"
 
 
 def type_name(annotation) -> str:

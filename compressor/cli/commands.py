@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "the head reads; pretrain/first_token.py)")
     ft.add_argument("--resume", action="store_true", help="continue an interrupted run from <out>.checkpoint")
     ft.add_argument("--checkpoint-every", type=positive_int, default=200, help="steps between checkpoints")
+    ft.add_argument("--threads", type=positive_int,
+                    help="torch threads (default: every core; under torchrun, the cores split between processes)")
     ft.add_argument("--quiet", action="store_true", help="no progress bar")
     ft.set_defaults(handler=cmd_finetune)
 
@@ -384,7 +386,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
                    "domain_corpus": corpus_arg(args.domain_corpus), "domain_steps": args.domain_steps,
                    "domain_lr": args.domain_lr, "cls_only_last_layer": False if args.whole_last_layer else None},
         max_eval_samples=args.max_eval_samples, show_progress=not args.quiet, resume=args.resume,
-        checkpoint_every=args.checkpoint_every)
+        checkpoint_every=args.checkpoint_every, threads=args.threads)
     if metrics:       # empty on the other ranks of a torchrun
         print(json.dumps(metrics, indent=2))
     return 0

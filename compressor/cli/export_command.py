@@ -12,7 +12,7 @@ from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
 from pretrain.atomic import check_output
 from pretrain.data import load_task, task_files
-from pretrain.errors import UserError
+from pretrain.errors import UserError, validation_message
 from pretrain.models import set_threads
 
 NO_QUANTIZATION = "none"
@@ -24,6 +24,9 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
                    seed: int = 0) -> dict:
     """Validate everything, then export; return the export record."""
     export_settings = validated(ExportSettings, settings)
+    if export_settings.skip_layernorm != "auto" and not export_settings.optimize:
+        raise UserError("--skip-layernorm: only meaningful with --optimize (it chooses how the fused graph writes "
+                        "its residual LayerNorms)")
     quantize_cfg = quantize_config(quantize, quantize_options)
     check_source(model)
     bundle = ModelBundle.load(model)
@@ -60,7 +63,7 @@ def validated(config_type, values: dict):
         first = err.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "mode"   # a cross-field check: the mode
         flag = FLAGS.get(field, "--" + field.replace("_", "-"))
-        raise UserError(f"{flag}: {first['msg']} (got {first.get('input')!r})") from None
+        raise UserError(f"{flag}: {validation_message(first)} (got {first.get('input')!r})") from None
 
 
 def check_source(model: Path) -> None:

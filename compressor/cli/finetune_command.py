@@ -31,7 +31,8 @@ SETTINGS_FILE = "finetune_settings.json"     # in <out>.checkpoint/: what a resu
 
 def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides: dict,
                      max_eval_samples: int | None = None, show_progress: bool = True, *, resume: bool = False,
-                     checkpoint_every: int = 200, callbacks: tuple[StepCallback, ...] = ()) -> dict:
+                     checkpoint_every: int = 200, callbacks: tuple[StepCallback, ...] = (),
+                     threads: int | None = None) -> dict:
     """Fine-tune and write `out` (HF model dir + metrics.json) in one rename. The run keeps a
     checkpoint in `<out>.checkpoint/` every `checkpoint_every` steps; `resume` continues an
     interrupted run from it (same settings only); it goes once the output is written."""
@@ -61,7 +62,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
         ckpt.mkdir(parents=True, exist_ok=True)
         write_json(ckpt / SETTINGS_FILE, settings)
     # Under torchrun this machine's processes share its cores: split them, not oversubscribe.
-    set_threads(max(1, (os.cpu_count() or 1) // distributed.local_size()) if place.distributed else None)
+    set_threads(threads or (max(1, (os.cpu_count() or 1) // distributed.local_size()) if place.distributed else None))
 
     try:
         model, tokenizer = load_classifier(model_ref, task.label_names, seed=cfg.seed)

@@ -87,7 +87,7 @@ class Gate:
         floor = self.settings.min_accuracy
         if floor is not None and not metrics["accuracy"] >= floor:
             raise GateFailure(
-                f"{cfg.mode} model falls below the recipe's accuracy floor: test accuracy "
+                f"{cfg.mode} model falls below the accuracy floor (min_accuracy, --min-accuracy): test accuracy "
                 f"{metrics['accuracy']:.4f} on {len(fp32)} examples is {(floor - metrics['accuracy']) * 100:.2f} "
                 f"points under min_accuracy {floor:.4f} (fp32 {fp32_accuracy:.4f}); not written")
         return {"precision": cfg.mode, "quantization": cfg.model_dump(mode="json"),

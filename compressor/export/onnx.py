@@ -48,7 +48,7 @@ from compressor.export.trace import OPSET, check_exportable, input_names, write_
 from pretrain.atomic import atomic_dir, write_json
 from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import TaskData
-from pretrain.errors import UserError
+from pretrain.errors import UserError, validation_message
 from pretrain.finetune import predict_logits
 from pretrain.first_token import first_token_copy, skip_reason
 
@@ -322,7 +322,7 @@ def requested_quantization(bundle: ModelBundle) -> QuantizeConfig | None:
     try:
         return quantize_config_from_record(spec)
     except ValidationError as err:   # a hand-edited compressor.json
-        raise UserError(f"compressor.json deploy.quantize: {err.errors()[0]['msg']}") from None
+        raise UserError(f"compressor.json deploy.quantize: {validation_message(err.errors()[0])}") from None
 
 
 def read_export_record(path: Path) -> dict:

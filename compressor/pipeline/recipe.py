@@ -19,7 +19,7 @@ from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
 from compressor.search.settings import SearchSettings
 from compressor.yamlfile import field_suggestion, load_yaml
-from pretrain.errors import UserError
+from pretrain.errors import UserError, validation_message
 from pretrain.finetune import FinetuneConfig
 
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -161,7 +161,10 @@ class Recipe(Strict):
 def raw_variants(variants: dict | None, passes: list | None) -> dict[str, list]:
     raw = dict(variants or {})
     if passes is not None:
-        raw.setdefault("main", passes)
+        if "main" in raw:    # one of the two would be lost
+            raise UserError("passes: is shorthand for a variant named main, which variants: defines too; "
+                            "expected one of them (or another name for the variant)")
+        raw["main"] = passes
     return raw
 
 
@@ -223,7 +226,7 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
     shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
     more = f" [and {err.error_count() - 1} more]" if err.error_count() > 1 else ""
     hint = field_suggestion(model, first["loc"]) if first["type"] == "extra_forbidden" else ""
-    return f"{full or 'recipe'}: {first['msg']}{shown}{hint}{more}"
+    return f"{full or 'recipe'}: {validation_message(first)}{shown}{hint}{more}"
 
 
 def load_recipe(path: str | Path) -> tuple[Recipe, dict[str, list[Step]]]:

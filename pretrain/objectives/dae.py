@@ -32,7 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import BartForConditionalGeneration, PreTrainedModel, PreTrainedTokenizerBase
 
-from pretrain.errors import UserError
+from pretrain.errors import UserError, validation_message
 from pretrain.objectives import Batch, Document, ModelSize, register_objective
 from pretrain.objectives.architectures import fresh_bart
 from pretrain.objectives.noising import (delete_tokens, fit_sentences, flatten, infill, mask_tokens, pad,
@@ -111,7 +111,7 @@ class NoiseConfig(BaseModel):
             config = cls(**values)
         except ValidationError as err:
             problem = err.errors()[0]
-            raise UserError(f"dae noise option {problem['loc'][0]}: {problem['msg']} "
+            raise UserError(f"dae noise option {problem['loc'][0]}: {validation_message(problem)} "
                             f"(got {problem['input']!r})") from None
         if not any(getattr(config, k) for k in BARE_DEFAULTS):
             raise UserError(f"dae noise options {options!r} switch no noise function on; "

@@ -21,10 +21,10 @@ def tree(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("out, message", [
-    ("runs/model", "would replace the input"),               # the input itself
-    ("runs", "would replace the input"),                     # a dir holding it: replacing it deletes the input
+    ("runs/model", "is the input"),                          # the input itself
+    ("runs", "holds the input"),                             # a dir holding it: replacing it deletes the input
     ("runs/model/export", "lies inside the input"),          # inside it: the input would change
-    ("data.csv", "would replace the input"),                 # a data file the command reads
+    ("data.csv", "is the input"),                            # a data file the command reads
 ])
 def test_an_output_touching_an_input_is_refused(tree: Path, out: str, message: str):
     with pytest.raises(UserError, match=message):
@@ -74,3 +74,20 @@ def test_atomic_dir_replaces_an_earlier_output_whole(tree: Path):
         (tmp / "new.txt").write_text("new")
     assert [p.name for p in target.iterdir()] == ["new.txt"]
     assert not [p for p in tree.iterdir() if p.name.startswith(".earlier")]
+
+
+def test_files_written_private_are_shared_like_every_other_output(tmp_path: Path):
+    """safetensors writes its file 0600: an output dir gives it the umask's ordinary mode."""
+    import os
+    mask = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "model") as tmp:
+            (tmp / "model.safetensors").write_bytes(b"w")
+            os.chmod(tmp / "model.safetensors", 0o600)
+            (tmp / "script.sh").write_text("#!/bin/sh\n")
+            os.chmod(tmp / "script.sh", 0o755)
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "model" / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "model" / "script.sh").stat().st_mode & 0o777 == 0o755     # other modes kept
+

@@ -40,6 +40,7 @@ BAD_INPUT = {
     "onnx-as-source": ["is an ONNX model", "model.safetensors"],
     "options-without-quantize": ["--per-channel", "only meaningful with a --quantize mode"],
     "linears-as-qoperator": ["--quantize", "scope linears is a QDQ graph"],
+    "skip-layernorm-unfused-graph": ["--skip-layernorm", "only meaningful with --optimize"],
 }
 IN_SUBPROCESS = ("int8", "corrupted-onnx", "unsupported-family")
 
@@ -70,6 +71,7 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, tiny_task, gpt2_dir):
         "options-without-quantize": ["export", "--model", tiny, "--task", csv, "--per-channel"],
         "linears-as-qoperator": ["export", "--model", tiny, "--task", csv, "--quantize", "static-int8",
                                  "--scope", "linears", "--format", "qoperator"],
+        "skip-layernorm-unfused-graph": ["export", "--model", tiny, "--task", csv, "--skip-layernorm", "fused"],
         "as-recorded": ["export", "--model", str(recorded), "--task", csv, "--out", str(root / "as-recorded"),
                         "--accuracy-tolerance", "1"],
         "forced-fp32": ["export", "--model", str(recorded), "--task", csv, "--out", str(root / "forced-fp32"),

@@ -99,7 +99,7 @@ def test_accuracy_floor_names_the_shortfall(tiny_bundle, tiny_task, tmp_path):
     with pytest.raises(GateFailure) as err:
         export(tiny_bundle, tiny_task, tmp_path / "q", settings, mode="dynamic-int8")
     message = str(err.value)
-    assert "falls below the recipe's accuracy floor" in message and "points under min_accuracy 0.9900" in message
+    assert "falls below the accuracy floor (min_accuracy, --min-accuracy)" in message and "points under min_accuracy 0.9900" in message
     assert "\n" not in message and not (tmp_path / "q").exists()
 
 

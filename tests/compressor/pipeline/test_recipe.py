@@ -55,6 +55,13 @@ def test_passes_shorthand_is_variant_main(tmp_path):
     assert recipe.seed == 0 and recipe.data.max_train_samples is None
 
 
+def test_passes_beside_a_variant_named_main_is_refused(tmp_path):
+    with pytest.raises(UserError, match="passes: is shorthand for a variant named main"):
+        load_recipe(write(tmp_path, "name: r\n" + TEACHER + "passes: [finetune]\nvariants:\n  main: []\n"))
+    _, steps = load_recipe(write(tmp_path, "name: r\n" + TEACHER + "passes: [finetune]\nvariants:\n  same: []\n"))
+    assert list(steps) == ["same", "main"]
+
+
 def test_empty_variant_is_the_teacher_itself(tmp_path):
     _, steps = load_recipe(write(tmp_path, "name: r\n" + TEACHER + "variants:\n  same: []\n"))
     assert steps == {"same": []}
