@@ -222,6 +222,13 @@ def unfused_ops(quantize: QuantizeConfig | None) -> tuple[str, ...]:
 def calibration_split(bundle: ModelBundle, quantize: QuantizeConfig | None, task: TaskData) -> Encoded | None:
     """The first calibration_samples examples: train ones to calibrate static-int8 ranges,
     validation ones for inc's accuracy-aware tuning (which must not see the test split)."""
+    rows = calibration_rows(quantize, task)
+    return None if rows is None else encode(bundle.tokenizer, rows, usable_length(bundle.model))
+
+
+def calibration_rows(quantize: QuantizeConfig | None, task: TaskData):
+    """The examples a quantize mode calibrates on (None: it calibrates on none), after checking
+    the split holds that many (`compressor run` checks it before anything runs)."""
     if not isinstance(quantize, (StaticInt8Config, IncConfig)):
         return None
     name = "train" if isinstance(quantize, StaticInt8Config) else "validation"
@@ -231,7 +238,7 @@ def calibration_split(bundle: ModelBundle, quantize: QuantizeConfig | None, task
         raise UserError(f"calibration set too small: {quantize.mode} asks for calibration_samples="
                         f"{wanted} but the {name} split of {task.name!r} has {len(split)} examples; "
                         f"lower calibration_samples to at most {len(split)}")
-    return encode(bundle.tokenizer, split.head(wanted), usable_length(bundle.model))
+    return split.head(wanted)
 
 
 def quantization_plan(bundle: ModelBundle, graph: Path, cfg: QuantizeConfig,

@@ -27,14 +27,14 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 from compressor.bundle import ModelBundle
 from compressor.passes import distill_losses as dl
 from compressor.passes.distill_augment import AugmentConfig, transfer_data
-from compressor.passes.registry import Context, Depth, PassConfig, register
+from compressor.passes.registry import Context, Known, PassConfig, Shape, register, shape_of
 from pretrain.batching import encode, iterate, inference_order, usable_length
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
 from pretrain.first_token import reader_of
 from pretrain.models import (check_model_ref, check_transformer_family, encoder_layers, keep_encoder_layers,
-                             model_depth, read_model_type)
+                             read_model_type)
 from pretrain.structured import RECORD_FIELD
 from pretrain.train import Batch, Checkpointing, accepts_token_types
 
@@ -72,12 +72,25 @@ class StudentConfig(PassConfig):
         return self
 
 
-def student_depth(cfg: StudentConfig, depth: Depth) -> int | None:
-    """The student's layers, after checking its layer indices fit its source (when known)."""
+def student_shape(cfg: StudentConfig, known: Known) -> Shape:
+    """The student's shape, after checking its layer indices or size fit its source."""
+    source = known.model if cfg.source == "bundle" else known.teacher
     if cfg.shape is not None:
-        return cfg.shape.layers
-    check_student_layers(cfg, depth.model if cfg.source == "bundle" else depth.teacher)
-    return len(cfg.layers)
+        layers = cfg.shape.layers or source.layers
+        hidden = cfg.shape.hidden or source.hidden
+        heads = cfg.shape.heads or (source.heads[0] if source.heads and len(set(source.heads)) == 1 else None)
+        if hidden is not None and heads is not None:
+            check_head_size(hidden, heads)
+        return Shape(source.family, layers, (heads,) * layers if heads and layers else None, hidden, known.model.labels)
+    check_student_layers(cfg, source.layers)
+    heads = tuple(source.heads[i] for i in cfg.layers) if source.heads else None
+    return Shape(source.family, len(cfg.layers), heads, source.hidden, known.model.labels)
+
+
+def check_head_size(hidden: int, heads: int) -> None:
+    if hidden % heads:
+        raise UserError(f"student: hidden width {hidden} is not a multiple of the {heads} heads; "
+                        f"expected hidden = heads x head size")
 
 
 def check_student_layers(cfg: StudentConfig, n_layers: int | None) -> None:
@@ -88,7 +101,7 @@ def check_student_layers(cfg: StudentConfig, n_layers: int | None) -> None:
 
 
 @register("student", StudentConfig, check_family=lambda cfg, family: check_transformer_family(family),
-          check_depth=student_depth)
+          check_shape=student_shape)
 def student_pass(bundle: ModelBundle, cfg: StudentConfig, ctx: Context) -> ModelBundle:
     """The model to distill into: kept layers of the teacher or the bundle, or a fresh model."""
     source = bundle if cfg.source == "bundle" else ctx.teacher
@@ -117,10 +130,7 @@ def fresh_student(teacher: PreTrainedModel, shape: StudentShape, seed: int) -> P
     for name in family.layer_count_fields:
         if shape.layers is not None:
             setattr(config, name, shape.layers)
-    hidden, heads = getattr(config, family.hidden_field), getattr(config, family.heads_field)
-    if hidden % heads:
-        raise UserError(f"student: hidden width {hidden} is not a multiple of the {heads} heads; "
-                        f"expected hidden = heads x head size")
+    check_head_size(getattr(config, family.hidden_field), getattr(config, family.heads_field))
     if hasattr(config, "embedding_size"):           # ELECTRA: embeddings of their own width
         config.embedding_size = hidden
     config.pruned_heads = {}
@@ -283,14 +293,38 @@ def check_layer_map(cfg: DistillConfig, n_student: int | None, n_teacher: int | 
                         f"{n_teacher} layers (0..{n_teacher - 1})")
 
 
-def distill_depth(cfg: DistillConfig, depth: Depth) -> int | None:
-    """Distillation keeps the student's depth; its layer map must fit both models."""
-    teacher = depth.teacher if cfg.teacher is None else model_depth(check_model_ref(cfg.teacher))
-    check_layer_map(cfg, depth.model, teacher)
-    return depth.model
+def distill_shape(cfg: DistillConfig, known: Known) -> Shape:
+    """Distillation keeps the student's shape; the teacher must have its labels, the student's
+    family must give the losses, the layer map fit both models, and hidden states of different
+    widths need the projection."""
+    student = known.model
+    teacher = known.teacher if cfg.teacher is None else shape_of(check_model_ref(cfg.teacher))
+    refuse_losses(cfg.losses, student.family, "student")
+    check_same_labels(teacher.labels, student.labels)
+    if not cfg.layer_losses():
+        return student
+    check_projection(cfg, student.hidden, teacher.hidden)
+    check_layer_map(cfg, student.layers, teacher.layers)
+    return student
 
 
-@register("distill", DistillConfig, trains=True, check_family=check_distill_family, check_depth=distill_depth)
+def check_same_labels(teacher: tuple[str, ...] | None, student: tuple[str, ...] | None) -> None:
+    if teacher is not None and student is not None and tuple(teacher) != tuple(student):
+        raise UserError(f"distill: the teacher's labels ({', '.join(teacher[:3])}, ... {len(teacher)}) differ from "
+                        f"the student's ({', '.join(student[:3])}, ... {len(student)}); expected a teacher of the "
+                        "same task")
+
+
+def check_projection(cfg: DistillConfig, student_width: int | None, teacher_width: int | None) -> None:
+    projected = [name for name in cfg.losses if name in PROJECTED_LOSSES]
+    if projected and None not in (student_width, teacher_width) and student_width != teacher_width \
+            and not cfg.projection:
+        raise UserError(f"distill: {', '.join(projected)} compares hidden states of width {student_width} (student) "
+                        f"and {teacher_width} (teacher), and projection is off; expected projection: true or equal "
+                        "widths")
+
+
+@register("distill", DistillConfig, trains=True, check_family=check_distill_family, check_shape=distill_shape)
 def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> ModelBundle:
     """Train the bundle (the student) against the teacher; the teacher is only read."""
     cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)
@@ -349,10 +383,7 @@ def reads_only_logits(weights: dict[str, float]) -> bool:
 
 def check_pair(student: ModelBundle, teacher: ModelBundle, cfg: DistillConfig) -> None:
     """Everything about this student and teacher that would fail in training, as one line now."""
-    if teacher.label_names != student.label_names:
-        raise UserError(f"distill: the teacher's labels ({', '.join(teacher.label_names[:3])}, ... "
-                        f"{len(teacher.label_names)}) differ from the student's ({', '.join(student.label_names[:3])}, "
-                        f"... {len(student.label_names)}); expected a teacher of the same task")
+    check_same_labels(tuple(teacher.label_names), tuple(student.label_names))
     if teacher.tokenizer.get_vocab() != student.tokenizer.get_vocab():
         raise UserError("distill: the teacher's tokenizer has another vocabulary than the student's; expected "
                         "one tokenizer (both models read the same token ids)")
@@ -361,11 +392,7 @@ def check_pair(student: ModelBundle, teacher: ModelBundle, cfg: DistillConfig) -
     if not cfg.layer_losses():
         return
     s_model, t_model = student.model, teacher.model
-    s_width, t_width = dl.hidden_width(s_model), dl.hidden_width(t_model)
-    projected = [name for name in cfg.losses if name in PROJECTED_LOSSES]
-    if projected and s_width != t_width and not cfg.projection:
-        raise UserError(f"distill: {', '.join(projected)} compares hidden states of width {s_width} (student) "
-                        f"and {t_width} (teacher), and projection is off; expected projection: true or equal widths")
+    check_projection(cfg, dl.hidden_width(s_model), dl.hidden_width(t_model))
     check_layer_map(cfg, len(encoder_layers(s_model)), len(encoder_layers(t_model)))
     if any(name in ATTENTION_LOSSES for name in cfg.losses):
         check_heads(s_model, t_model, cfg)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from pydantic import Field, field_validator, model_validator
 from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.modeling.importance import encode_for_model, mean_loss, train_rows
-from compressor.passes.registry import Context, PassConfig, register
+from compressor.passes.registry import Context, PassConfig, Shape, register
 from pretrain.batching import Encoded
 from pretrain.errors import UserError
 from pretrain.models import check_transformer_family, encoder_layers, keep_encoder_layers
@@ -48,8 +49,14 @@ def kept_depth(cfg: DropLayers, n_layers: int | None) -> int:
     return len(cfg.keep) if cfg.keep is not None else cfg.count
 
 
+def dropped_shape(cfg: DropLayers, shape: Shape) -> Shape:
+    layers = kept_depth(cfg, shape.layers)
+    heads = tuple(shape.heads[i] for i in cfg.keep) if cfg.keep is not None and shape.heads else None
+    return dataclasses.replace(shape, layers=layers, heads=heads)
+
+
 @register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"),
-          check_depth=lambda cfg, depth: kept_depth(cfg, depth.model))
+          check_shape=lambda cfg, known: dropped_shape(cfg, known.model))
 def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBundle:
     """Keep only the listed encoder layers (a DistilBERT-style shallow student init), or the
     `count` layers whose removal would cost the most."""

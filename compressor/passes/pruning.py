@@ -10,6 +10,7 @@ with `finetune` in the recipe to recover accuracy.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from typing import Literal
 
@@ -22,7 +23,7 @@ from compressor.modeling import importance
 from compressor.modeling.cost import unit_costs
 from compressor.modeling.importance import Importance
 from compressor.modeling.structure import family_for, remove_current_heads, set_intermediate_size
-from compressor.passes.registry import Context, Depth, PassConfig, register
+from compressor.passes.registry import Context, Known, PassConfig, Shape, register
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES, families_supporting
 from pretrain.models import encoder_layers
@@ -86,14 +87,20 @@ def check_per_layer_length(cfg: PruneHeads, layers: int | None) -> None:
                         f"{layers} layers; expected one count per layer")
 
 
-def prune_heads_depth(cfg: PruneHeads, depth: Depth) -> int | None:
-    """Layers keep their place (an emptied one goes only with allow_drop_layers: then the
-    depth is known only once the heads are scored)."""
-    check_per_layer_length(cfg, depth.model)
-    return None if cfg.allow_drop_layers else depth.model
+def pruned_heads_shape(cfg: PruneHeads, known: Known) -> Shape:
+    """Where the heads of each layer are known: the removal must fit them (the checks the pass
+    makes); which heads go is known only once they are scored, unless `per_layer` says."""
+    shape = known.model
+    check_per_layer_length(cfg, shape.layers)
+    if shape.heads is None:
+        return dataclasses.replace(shape, heads=None, layers=None if cfg.allow_drop_layers else shape.layers)
+    removed = heads_to_remove(cfg, list(shape.heads))
+    if cfg.per_layer is not None and not cfg.allow_drop_layers:
+        return dataclasses.replace(shape, heads=tuple(h - n for h, n in zip(shape.heads, removed)))
+    return dataclasses.replace(shape, heads=None, layers=None if cfg.allow_drop_layers else shape.layers)
 
 
-@register("prune-heads", PruneHeads, check_family=refuse_unsupported("prune-heads"), check_depth=prune_heads_depth)
+@register("prune-heads", PruneHeads, check_family=refuse_unsupported("prune-heads"), check_shape=pruned_heads_shape)
 def prune_heads_pass(bundle: ModelBundle, cfg: PruneHeads, ctx: Context) -> ModelBundle:
     """Remove the least important attention heads (Michel et al. 2019)."""
     model = bundle.copy_model()
@@ -122,9 +129,10 @@ def heads_to_remove(cfg: PruneHeads, counts: list[int]) -> int | list[int]:
         if sum(cfg.per_layer) == total:
             raise UserError("prune-heads: per_layer removes every head of every layer; expected one to stay")
         return list(cfg.per_layer)
-    if cfg.count is not None and cfg.count > total:
-        raise UserError(f"prune-heads: count {cfg.count} is more heads than the model has ({total})")
     limit = total - max(floor * layers, 1)
+    if cfg.count is not None and cfg.count > total:
+        raise UserError(f"prune-heads: count {cfg.count} is more heads than the model has ({total}); "
+                        f"expected at most {limit}{hint}")
     if cfg.iterative and cfg.fraction is None:
         return limit                                 # as far as accuracy allows
     wanted = cfg.count if cfg.count is not None else round(cfg.fraction * total)

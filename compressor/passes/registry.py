@@ -100,18 +100,29 @@ TokenizerCheck = Callable[[BaseModel, PreTrainedTokenizerBase], None]
 
 
 @dataclass(frozen=True)
-class Depth:
-    """Encoder layers known before a step runs, so that a layer index or count that cannot fit
-    is refused before anything trains: of the model entering the step (None where only
-    running the steps before would tell) and of the teacher `student` and `distill` read."""
+class Shape:
+    """What is known of a model before the steps that make it run, so that an index, count,
+    width or family that cannot fit is refused before anything trains. A field is None where
+    only running the steps before would tell (which layers a measured `count` keeps)."""
 
-    model: int | None
-    teacher: int | None
+    family: str
+    layers: int | None = None
+    heads: tuple[int, ...] | None = None       # attention heads of each layer
+    hidden: int | None = None
+    labels: tuple[str, ...] | None = None
 
 
-# (config, depth before) -> the model's depth after the step (None: unknown); raises UserError
-# for an index or count that does not fit. Passes without one keep the depth.
-DepthCheck = Callable[[BaseModel, Depth], "int | None"]
+@dataclass(frozen=True)
+class Known:
+    """The shapes a step's up-front check sees: the model entering it, and the recipe's teacher."""
+
+    model: Shape
+    teacher: Shape
+
+
+# (config, shapes before) -> the model's shape after the step; raises UserError for what
+# cannot fit. Passes without one keep the shape.
+ShapeCheck = Callable[[BaseModel, Known], Shape]
 
 
 @dataclass(frozen=True)
@@ -125,7 +136,7 @@ class PassSpec:
     trains: bool
     check_family: FamilyCheck | None = None
     check_tokenizer: TokenizerCheck | None = None
-    check_depth: DepthCheck | None = None
+    check_shape: ShapeCheck | None = None
 
 
 _REGISTRY: dict[str, PassSpec] = {}
@@ -134,12 +145,12 @@ _REGISTRY: dict[str, PassSpec] = {}
 def register(name: str, config_type: type[BaseModel], *, preserves_function: bool = False,
              trains: bool = False, check_family: FamilyCheck | None = None,
              check_tokenizer: TokenizerCheck | None = None,
-             check_depth: DepthCheck | None = None) -> Callable[[PassFn], PassFn]:
+             check_shape: ShapeCheck | None = None) -> Callable[[PassFn], PassFn]:
     def decorate(fn: PassFn) -> PassFn:
         if name in _REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
         _REGISTRY[name] = PassSpec(name, config_type, fn, preserves_function, trains, check_family,
-                                   check_tokenizer, check_depth)
+                                   check_tokenizer, check_shape)
         return fn
     return decorate
 
@@ -151,12 +162,34 @@ def check_pass_family(name: str, config: BaseModel, family: str) -> None:
         spec.check_family(config, family)
 
 
-def depth_after(name: str, config: BaseModel, depth: Depth) -> Depth:
-    """The depth after a step, refusing (UserError) an index or count that cannot fit."""
+def shape_of(path: Path, labels: tuple[str, ...] | None = None) -> Shape:
+    """A saved model's shape from its config.json (heads net of `pruned_heads`); `labels`
+    where the model will get them from elsewhere (a teacher fine-tuned on the recipe's task)."""
+    from transformers import AutoConfig
+
+    from pretrain.families import family_of
+    config = AutoConfig.from_pretrained(str(path))
+    family = family_of(config.model_type)
+    layers = getattr(config, family.layer_count_fields[0]) if family.layer_count_fields else None
+    heads = None
+    if family.heads_field and layers is not None:
+        pruned = {int(k): len(v) for k, v in (getattr(config, "pruned_heads", None) or {}).items()}
+        heads = tuple(getattr(config, family.heads_field) - pruned.get(i, 0) for i in range(layers))
+    hidden = getattr(config, family.hidden_field) if family.hidden_field else None
+    if labels is None and getattr(config, "id2label", None):
+        labels = tuple(config.id2label[i] for i in sorted(config.id2label))
+    return Shape(config.model_type, layers, heads, hidden, labels)
+
+
+def shape_after(name: str, config: BaseModel, known: Known) -> Known:
+    """The shapes after a step, refusing (UserError) what cannot fit the model it gets: its
+    family (`check_family`, against the model's family as the steps before leave it), then
+    its indices, counts and widths (`check_shape`)."""
     spec = get_pass(name)
-    if spec.check_depth is None:
-        return depth
-    return dataclasses.replace(depth, model=spec.check_depth(config, depth))
+    check_pass_family(name, config, known.model.family)
+    if spec.check_shape is None:
+        return known
+    return dataclasses.replace(known, model=spec.check_shape(config, known))
 
 
 def check_pass_tokenizer(name: str, config: BaseModel, tokenizer: PreTrainedTokenizerBase) -> None:

@@ -37,7 +37,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from compressor.bundle import ModelBundle
 from compressor.passes.distill_augment import AugmentConfig, transfer_data
 from compressor.passes.distill_losses import TeacherLogits, hard_ce, soft_kl
-from compressor.passes.registry import Context, register
+from compressor.passes.registry import Context, Known, Shape, register
 from pretrain.errors import UserError
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
 from pretrain.objectives.bilm import BiLMConfig, BiLMForSequenceClassification
@@ -93,7 +93,12 @@ class DistillStructure(FinetuneConfig):
         return paths
 
 
-@register("distill-structure", DistillStructure, trains=True, check_depth=lambda cfg, depth: None)   # no layers
+def structure_shape(cfg: "DistillStructure", known: Known) -> Shape:
+    """A BiLSTM or CNN classifier of the same labels: no Transformer layers for later steps."""
+    return Shape(family="bilm" if cfg.kind == "bilstm" else "textcnn", labels=known.model.labels)
+
+
+@register("distill-structure", DistillStructure, trains=True, check_shape=structure_shape)
 def distill_structure(bundle: ModelBundle, cfg: DistillStructure, ctx: Context) -> ModelBundle:
     """A new BiLSTM or CNN classifier trained on the teacher's logits (and/or the labels)."""
     cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)

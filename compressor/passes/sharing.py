@@ -20,7 +20,7 @@ from pydantic import Field, NonNegativeInt
 
 from compressor.bundle import ModelBundle
 from compressor.modeling.structure import sublayer_modules, tie_layers
-from compressor.passes.registry import Context, PassConfig, register
+from compressor.passes.registry import Context, Known, PassConfig, Shape, register
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.models import check_transformer_family, encoder_layers
@@ -49,18 +49,30 @@ def layer_groups(layers: int, groups: int) -> list[list[int]]:
     return [[i for i in range(layers) if i * groups // layers == g] for g in range(groups)]
 
 
-@register("share-layers", ShareLayers, check_family=check_shareable)
+def checked_groups(cfg: ShareLayers, n_layers: int) -> list[list[int]]:
+    """The layer groups, after checking the groups and `init` fit a model of n_layers."""
+    if cfg.groups >= n_layers:
+        raise UserError(f"share-layers: groups={cfg.groups} shares nothing in a model of {n_layers} layers; "
+                        f"expected 1 to {n_layers - 1}")
+    groups = layer_groups(n_layers, cfg.groups)
+    if isinstance(cfg.init, int) and cfg.init >= min(map(len, groups)):
+        raise UserError(f"share-layers: init={cfg.init} is no position in every group (the smallest of "
+                        f"{len(groups)} groups of {n_layers} layers has {min(map(len, groups))}); "
+                        f"expected first, average or 0 to {min(map(len, groups)) - 1}")
+    return groups
+
+
+def shared_shape(cfg: ShareLayers, known: Known) -> Shape:
+    if known.model.layers is not None:
+        checked_groups(cfg, known.model.layers)
+    return known.model
+
+
+@register("share-layers", ShareLayers, check_family=check_shareable, check_shape=shared_shape)
 def share_layers(bundle: ModelBundle, cfg: ShareLayers, ctx: Context) -> ModelBundle:
     """Share each group's weights (the mode's part of every layer), initialized per `init`."""
     layers = encoder_layers(bundle.model)
-    if cfg.groups >= len(layers):
-        raise UserError(f"share-layers: groups={cfg.groups} shares nothing in a model of {len(layers)} layers; "
-                        f"expected 1 to {len(layers) - 1}")
-    groups = layer_groups(len(layers), cfg.groups)
-    if isinstance(cfg.init, int) and cfg.init >= min(map(len, groups)):
-        raise UserError(f"share-layers: init={cfg.init} is no position in every group (the smallest of "
-                        f"{len(groups)} groups of {len(layers)} layers has {min(map(len, groups))}); "
-                        f"expected first, average or 0 to {min(map(len, groups)) - 1}")
+    groups = checked_groups(cfg, len(layers))
     family = FAMILIES[bundle.model.config.model_type]
     sublayer = None if cfg.mode == "all" else cfg.mode
     modules = sublayer_modules(family, sublayer)

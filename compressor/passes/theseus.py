@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from typing import ClassVar, Iterator, Literal
 
 import numpy as np
@@ -29,7 +30,7 @@ from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.passes.distill_losses import TeacherLogits, soft_kl
-from compressor.passes.registry import Context, register
+from compressor.passes.registry import Context, Known, Shape, register
 from pretrain.errors import UserError
 from pretrain.first_token import reader_of
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
@@ -174,14 +175,18 @@ def replacing(model: PreTrainedModel, predecessors: nn.ModuleList) -> Iterator[T
             p.requires_grad_(flag)
 
 
-def theseus_depth(cfg: TheseusConfig, depth) -> int:
-    """The successors' depth, once successor_layers is known to split the model's layers."""
-    if depth.model is not None:
-        block_size(depth.model, cfg.successor_layers)
-    return cfg.successor_layers
+def theseus_shape(cfg: TheseusConfig, known: Known) -> Shape:
+    """N successor layers, once N is known to split the model's layers into equal blocks."""
+    shape = known.model
+    if shape.layers is not None:
+        k = block_size(shape.layers, cfg.successor_layers)
+        starts = init_layers(cfg, k)
+        heads = tuple(shape.heads[i] for i in starts) if shape.heads else None
+        return dataclasses.replace(shape, layers=cfg.successor_layers, heads=heads)
+    return dataclasses.replace(shape, layers=cfg.successor_layers, heads=None)
 
 
-@register("theseus", TheseusConfig, trains=True, check_family=check_theseus_family, check_depth=theseus_depth)
+@register("theseus", TheseusConfig, trains=True, check_family=check_theseus_family, check_shape=theseus_shape)
 def theseus_pass(bundle: ModelBundle, cfg: TheseusConfig, ctx: Context) -> ModelBundle:
     """Replace every k consecutive layers of the input by one successor layer, trained by
     progressive module replacing in the shared loop."""

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compressor.bench.baselines import OPTIMUM, check_baselines
-from compressor.passes import check_pass_family, get_pass
-from compressor.passes.registry import Depth, check_pass_tokenizer, depth_after
+from compressor.export.onnx import calibration_rows
+from compressor.passes import get_pass
+from compressor.passes.registry import Known, check_pass_tokenizer, shape_after, shape_of
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
                                                   check_sequence_lengths, optimum_presets, variant_deployable)
 from compressor.pipeline.outdir import WriteError, claimed_out_dir, disk_errors
 from compressor.pipeline.paths import resolve_path, resolve_step_paths, resolve_task_paths
-from compressor.pipeline.recipe import SEARCH_DIR, WORK_DIR, Recipe, Step
+from compressor.pipeline.recipe import SEARCH_DIR, STAGE_FILE, WORK_DIR, Recipe, Step
 from compressor.pipeline.report_data import build_report
 from compressor.pipeline.stages import (Stage, export_stage, pass_context, config_inputs, teacher_stage,
                                        variant_stage)
@@ -22,7 +23,7 @@ from compressor.report.render import write_human_reports
 from pretrain.atomic import check_output, write_json
 from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
-from pretrain.models import BUNDLED_MODELS, check_model_ref, load_tokenizer, model_depth, read_model_type, set_threads
+from pretrain.models import BUNDLED_MODELS, check_model_ref, load_tokenizer, read_model_type, set_threads
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,9 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
     # Paths first: a family check may read a model dir a step names (distill's teacher).
     steps = {name: [resolve_step_paths(step, base_dir) for step in variant_steps]
              for name, variant_steps in steps.items()}
-    check_steps_fit(steps, family, teacher_path)
     task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
     task = load_task(task_spec, seed=recipe.seed)
+    check_steps_fit(steps, teacher_path, task, exports=recipe.export is not None and recipe.export.onnx)
     # Stages replace what they write under out_dir (and --force its whole contents): no
     # input may lie there, or around it.
     configs = [step.config for variant_steps in steps.values() for step in variant_steps]
@@ -92,13 +93,17 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
                 benchmark = benchmark_stage(deployables, teacher, recipe, task, out_dir, rebenchmark)
         except WriteError:
             raise   # finished stages are complete and cached: keep them for the rerun
-        except UserError:
-            # Bad input found late (e.g. a layer index out of range for this model) leaves
-            # nothing behind in a dir this run created. An interrupted run keeps its finished
-            # stages so that rerunning resumes after them.
-            if created:
-                shutil.rmtree(out_dir, ignore_errors=True)
-            raise
+        except UserError as err:
+            # Bad input only running could find (a head count against the heads an earlier
+            # pruning left): the stages finished before it are whole and cost training, so
+            # they stay, as after an interruption, and the corrected recipe resumes after them.
+            # A dir this run created and finished nothing in goes.
+            if not finished_stages(out_dir):
+                if created:
+                    shutil.rmtree(out_dir, ignore_errors=True)
+                raise
+            raise UserError(f"{err}; the stages finished before it are kept in {out_dir}: correct the recipe and "
+                            "rerun to resume after them") from None
         # Every stage of this recipe is written, and each took its own checkpoints away: what
         # is left in .work belongs to settings the recipe no longer has (a run stopped, then
         # edited) and would never be resumed.
@@ -115,6 +120,10 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     return report
 
 
+def finished_stages(out_dir: Path) -> list[Path]:
+    return sorted(out_dir.glob(f"*/{STAGE_FILE}")) + sorted(out_dir.glob(f"*/*/{STAGE_FILE}"))
+
+
 def recipe_search(recipe: Recipe, teacher: Stage, base_dir: Path, out_dir: Path, show_progress: bool) -> dict:
     """The recipe's `search:` from its teacher stage, into DIR/search/ (its own report there);
     on the benchmark's first profile (`cpu` without a benchmark section)."""
@@ -125,19 +134,21 @@ def recipe_search(recipe: Recipe, teacher: Stage, base_dir: Path, out_dir: Path,
     return {"dir": SEARCH_DIR, **{k: result[k] for k in ("outcome", "chosen", "best_effort", "recipe_file")}}
 
 
-def check_steps_fit(steps: dict[str, list[Step]], family: str, teacher_path: Path) -> None:
-    """Refuse, before any stage runs, a pass that cannot apply to the teacher's family or
-    tokenizer, or whose layer indices and counts cannot fit the model it will get (each
-    step's depth followed from the teacher's through the steps before it)."""
+def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: TaskData, exports: bool) -> None:
+    """Refuse, before any stage runs, a step that cannot fit the model it will get: its family
+    and tokenizer, its layer indices, head counts, widths and labels (the shape followed from
+    the teacher's through the steps before it: passes/registry.py `Shape`), and the examples
+    an exported quantize mode calibrates on."""
     tokenizer = functools.cache(lambda: load_tokenizer(teacher_path))   # only if a pass checks it
-    teacher_depth = model_depth(teacher_path)
+    teacher = shape_of(teacher_path, labels=tuple(task.label_names))    # fine-tuned on the task's labels
     for name, variant_steps in steps.items():
-        depth = Depth(model=teacher_depth, teacher=teacher_depth)
+        known = Known(model=teacher, teacher=teacher)
         for i, step in enumerate(variant_steps):
             try:
-                check_pass_family(step.name, step.config, family)
+                known = shape_after(step.name, step.config, known)
                 if get_pass(step.name).check_tokenizer is not None:
                     check_pass_tokenizer(step.name, step.config, tokenizer())
-                depth = depth_after(step.name, step.config, depth)
+                if exports and step.name == "quantize":
+                    calibration_rows(step.config, task)
             except UserError as err:
                 raise UserError(f"variants.{name}[{i}]: {err}") from None

@@ -177,13 +177,31 @@ def test_an_interrupted_run_resumes_after_finished_stages(done, rerun_dir, monke
     assert again["models"][1]["accuracy"] == report["models"][1]["accuracy"]   # seeded: same result
 
 
-def test_late_user_error_in_a_fresh_out_dir_leaves_nothing(tiny_bert_dir, tiny_csv, tmp_path):
+# Which heads a count removes is known only once they are scored: a second count is checked late.
+TOO_MANY_HEADS = [{"prune-heads": {"count": 10, "importance": "magnitude"}},     # 16 heads, then 6
+                  {"prune-heads": {"count": 5, "importance": "magnitude"}}]
+
+
+def test_late_user_error_in_a_fresh_out_dir_keeps_the_finished_stages_for_the_rerun(tiny_bert_dir, tiny_csv,
+                                                                                     tmp_path, monkeypatch):
     out = tmp_path / "fresh"
-    # Head counts are known only once the steps before have run: this one is found late.
-    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": [], "too-many": [{"prune-heads": {"count": 500}}]})
-    with pytest.raises(UserError, match=r"variants.too-many\[0\]: prune-heads: count 500 is more heads"):
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": [], "too-many": TOO_MANY_HEADS})
+    with pytest.raises(UserError, match=r"variants.too-many\[1\]: prune-heads: removing 5 of 6 heads would "
+                                        r"empty a layer.*finished before it are kept in"):
         run(raw, out)
-    assert not out.exists()
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["run.json", "same", "teacher"]
+    fixed = raw_recipe(tiny_bert_dir, tiny_csv, {"same": [], "too-many": TOO_MANY_HEADS[:1]})
+    forbid_building(monkeypatch, passes=False)                  # the teacher is not trained again
+    run(fixed, out)
+    assert (out / "report.json").is_file()
+
+
+def test_late_user_error_before_any_stage_finished_leaves_no_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
+    out = tmp_path / "fresh"
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": []})
+    monkeypatch.setattr(stages, "finetune", lambda *a, **k: (_ for _ in ()).throw(UserError("found late")))
+    with pytest.raises(UserError, match="^found late$"):
+        run(raw, out)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -212,10 +230,10 @@ def test_layer_indices_and_counts_that_cannot_fit_stop_the_run_before_the_teache
 def test_late_user_error_in_an_existing_out_dir_keeps_finished_stages(done, rerun_dir, monkeypatch):
     raw, _, _ = done
     bad = copy.deepcopy(raw)
-    bad["variants"]["too-many"] = [{"prune-heads": {"count": 500}}]
+    bad["variants"]["too-many"] = TOO_MANY_HEADS
     before = stamps(rerun_dir)
     forbid_building(monkeypatch, passes=False)
-    with pytest.raises(UserError, match="more heads than the model has"):
+    with pytest.raises(UserError, match="would empty a layer"):
         run(bad, rerun_dir)
     assert stamps(rerun_dir) == before
     assert not (rerun_dir / "too-many").exists()
