@@ -215,6 +215,19 @@ def test_late_user_error_before_any_stage_finished_leaves_no_dir(tiny_bert_dir, 
      "layer_map has 1 entries for a student of 2 layers"),
     ([{"theseus": {"successor_layers": 3}}], "successor_layers 3 does not split the model's 4 layers"),
     ([{"drop-layers": {"count": 2}}, {"prune-heads": {"per_layer": [1, 1, 1]}}], "per_layer has 3 entries but the model has 2"),
+    # heads per layer, followed through the steps before (4 layers of 4 heads)
+    ([{"prune-heads": {"per_layer": [1, 1, 1, 4]}}], "per_layer asks layer 3 to lose 4 heads but it has 4"),
+    ([{"drop-layers": {"keep": [0, 1]}}, {"prune-heads": {"count": 9}}], "count 9 is more heads than the model has \\(8\\)"),
+    ([{"prune-heads": {"per_layer": [1, 1, 1, 1]}}, {"prune-heads": {"per_layer": [3, 0, 0, 0]}}],
+     "per_layer asks layer 0 to lose 3 heads but it has 3"),
+    ([{"share-layers": {"groups": 4}}], "groups=4 shares nothing in a model of 4 layers"),
+    ([{"student": {"layers": [0, 1]}}, {"share-layers": {"groups": 1, "init": 2}}], "init=2 is no position"),
+    # widths and families
+    ([{"student": {"shape": {"layers": 2, "hidden": 30}}}], "hidden width 30 is not a multiple of the 4 heads"),
+    ([{"student": {"shape": {"layers": 2, "hidden": 64}}}, {"distill": {"losses": ["hidden"], "projection": False}}],
+     "width 64 \\(student\\) and 32 \\(teacher\\), and projection is off"),
+    ([{"distill-structure": {"kind": "cnn", "embedding_dim": 16}}, {"drop-layers": {"keep": [0]}}],
+     "model family 'textcnn'"),
 ])
 def test_layer_indices_and_counts_that_cannot_fit_stop_the_run_before_the_teacher_trains(
         variant, message, tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
@@ -485,3 +498,23 @@ def test_each_step_gets_a_work_dir_that_a_rerun_finds_and_that_goes_once_written
     assert not teacher.model.training and not any(p.requires_grad for p in teacher.model.parameters())
     expected = ModelBundle.load(out / "teacher").model.state_dict()
     assert all(torch.equal(v, expected[k]) for k, v in teacher.model.state_dict().items())
+
+
+def test_a_distill_teacher_of_another_task_and_a_calibration_set_too_large_stop_before_training(
+        tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
+    other = tmp_path / "other-task"
+    shutil.copytree(tiny_bert_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    config["id2label"] = {str(i): f"other-{i}" for i in range(len(config["id2label"]))}
+    config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
+    (other / "config.json").write_text(json.dumps(config))
+    forbid_building(monkeypatch)
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": [], "v": [{"distill": {"losses": ["soft"], "teacher": str(other)}}]})
+    with pytest.raises(UserError, match=r"variants.v\[0\]: distill: the teacher's labels \(other-0"):
+        run(raw, tmp_path / "a")
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": [], "v": [{"quantize": {"mode": "static-int8",
+                                                                              "calibration_samples": 5000}}]})
+    raw["export"] = {"onnx": True}
+    with pytest.raises(UserError, match=r"variants.v\[0\]: calibration set too small"):
+        run(raw, tmp_path / "b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other-task"]
