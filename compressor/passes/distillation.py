@@ -16,7 +16,7 @@ import contextlib
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -305,6 +305,8 @@ def distill_shape(cfg: DistillConfig, known: Known) -> Shape:
         return student
     check_projection(cfg, student.hidden, teacher.hidden)
     check_layer_map(cfg, student.layers, teacher.layers)
+    if any(name in ATTENTION_LOSSES for name in cfg.losses) and student.heads and teacher.heads:
+        check_head_counts(student.heads, teacher.heads, cfg)
     return student
 
 
@@ -399,8 +401,11 @@ def check_pair(student: ModelBundle, teacher: ModelBundle, cfg: DistillConfig) -
 
 
 def check_heads(student: PreTrainedModel, teacher: PreTrainedModel, cfg: DistillConfig) -> None:
+    check_head_counts(dl.heads_per_layer(student), dl.heads_per_layer(teacher), cfg)
+
+
+def check_head_counts(s_heads: Sequence[int], t_heads: Sequence[int], cfg: DistillConfig) -> None:
     """Attention losses compare heads one to one: the compared layers need equal head counts."""
-    s_heads, t_heads = dl.heads_per_layer(student), dl.heads_per_layer(teacher)
     pairs = [(len(s_heads) - 1, len(t_heads) - 1)]      # value-relation, attention_layers: last
     if isinstance(cfg.layer_map, tuple):
         pairs += list(enumerate(cfg.layer_map))

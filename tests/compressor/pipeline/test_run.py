@@ -228,6 +228,8 @@ def test_late_user_error_before_any_stage_finished_leaves_no_dir(tiny_bert_dir, 
      "width 64 \\(student\\) and 32 \\(teacher\\), and projection is off"),
     ([{"distill-structure": {"kind": "cnn", "embedding_dim": 16}}, {"drop-layers": {"keep": [0]}}],
      "model family 'textcnn'"),
+    ([{"student": {"shape": {"layers": 2, "heads": 2}}}, {"distill": {"losses": ["attention"]}}],
+     "student layer 1 has 2 heads and teacher layer 3 has 4"),
 ])
 def test_layer_indices_and_counts_that_cannot_fit_stop_the_run_before_the_teacher_trains(
         variant, message, tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
