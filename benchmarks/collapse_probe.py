@@ -20,7 +20,6 @@ For each HF model dir (a `compressor pretrain` deliverable or an untrained one),
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor.bench.baselines import (OPTIMUM_FILE, optimum_o2, optimum_quantize, preset_for_this_cpu,
-                                        preset_settings, quantization_config)
+from compressor.bench.baselines import (optimum_o2, optimum_quantize, preset_for_this_cpu, preset_settings,
+                                        quantization_config)
 from compressor.bench.environment import environment
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable, input_batches, load_runner

@@ -35,7 +35,8 @@ def weight_einsums_as_matmuls(path: Path) -> int:
             continue
         h, n, d = weight.dims
         matrix = numpy_helper.to_array(weight).reshape(h, n * d)
-        x, out, name = node.input[0], node.output[0], node.name or out
+        x, out = node.input[0], node.output[0]
+        name = node.name or out       # an unnamed node is named by its output
         if equation.replace(" ", "") == PROJECT_IN:
             added[f"{weight.name}.matrix"] = numpy_helper.from_array(matrix, f"{weight.name}.matrix")
             added[f"{name}.shape"] = numpy_helper.from_array(_shape([0, 0, n, d]), f"{name}.shape")

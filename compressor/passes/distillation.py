@@ -130,7 +130,8 @@ def fresh_student(teacher: PreTrainedModel, shape: StudentShape, seed: int) -> P
     for name in family.layer_count_fields:
         if shape.layers is not None:
             setattr(config, name, shape.layers)
-    check_head_size(getattr(config, family.hidden_field), getattr(config, family.heads_field))
+    hidden = getattr(config, family.hidden_field)
+    check_head_size(hidden, getattr(config, family.heads_field))
     if hasattr(config, "embedding_size"):           # ELECTRA: embeddings of their own width
         config.embedding_size = hidden
     config.pruned_heads = {}

@@ -263,7 +263,6 @@ def test_plain_speedups(finished_run, tmp_path, monkeypatch):
 def test_repeatability(finished_run, tmp_path, monkeypatch):
     from compressor.bench import measure
     from compressor.pipeline import run as pipeline_run
-    from compressor.pipeline import run_recipe
     recipe_file, run_dir = finished_run
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)                             # the rebenchmark rewrites the report

@@ -3,7 +3,6 @@ export) and `trim-vocab`."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 import torch
