@@ -444,6 +444,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\n{exports}")
     for warning in report.get("warnings", []):
         print(f"warning: {warning}")
+    if report.get("search"):
+        print(f"search: {report['search']['outcome']} (its report: {args.out / report['search']['dir'] / 'report.json'})")
     print(f"report: {args.out / 'report.json'} (also report.md, report.html)")
     return 0
 

@@ -28,6 +28,7 @@ import yaml
 from compressor.bench.profiles import Profile, load_profile, unavailable_reason
 from compressor.bench.runners import input_batches
 from compressor.bundle import ModelBundle
+from compressor.evaluate import label_permutation
 from compressor.passes import check_pass_family
 from compressor.pipeline.cache import fingerprint, log as progress
 from compressor.pipeline.outdir import claim_out_dir, disk_errors
@@ -51,6 +52,7 @@ RECIPE_NAME = "search"           # the out dir's owner (run.json), as for `compr
 FINALIST_EXPORT_S = 60.0         # a finalist's export and gate, beside its training
 FINALS_OVERHEAD_S = 300.0        # teacher scoring, baselines, benchmark, report
 LATENCY_WAIT_S = 2.0
+STRUCTURES_DIR = ".latency-structures"   # the latency model's timed exports, while the search runs
 PLAN_NAME = re.compile(r"^L\d+-")   # Plan.name's form: compared variants may not look like one
 SEARCH_PASSES = ("drop-layers", "prune-heads", "prune-ffn", "finetune", "distill", "theseus")
 
@@ -65,11 +67,13 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
     data = load_task(task, seed=settings.seed)
     check_output(out_dir, [teacher_dir, *task_files(task)], owner_files=None)
     bundle = ModelBundle.load(teacher_dir)      # a teacher that is no classifier stops before any write
+    label_permutation(tuple(bundle.label_names), data)   # nor one of another task: its plans would score chance
     created = not out_dir.exists()
     if not join:
         claim_out_dir(out_dir, SimpleNamespace(name=RECIPE_NAME), force=False)
     out_dir.mkdir(parents=True, exist_ok=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # A failed trial is counted in the report; Optuna's own warning would print its traceback.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         study = study_for(settings, out_dir, teacher_dir, data, target, join)
     except UserError:
@@ -146,7 +150,7 @@ def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, da
     study, read from it by joining workers (so every prediction is the target's)."""
     validation = data.split("train").tail(settings.validation_samples)
     if not join and "latency_model" not in study.user_attrs:
-        model = fit_latency_model(bundle, data, target, [settings.batch_size], work=out_dir / ".latency-structures",
+        model = fit_latency_model(bundle, data, target, [settings.batch_size], work=out_dir / STRUCTURES_DIR,
                                   cache=latency_cache(target, bundle), fit_count=settings.latency_structures,
                                   held_out_count=settings.latency_held_out, precisions=settings.precisions,
                                   seed=settings.seed, log=log)
@@ -235,8 +239,7 @@ def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task
     from compressor.pipeline.run import run_recipe
     picks = finalists(completed(study), runner.budget_ms, settings)
     if not picks:
-        raise UserError(f"no plan was trained within the time budget ({settings.time_budget_min:g} min); "
-                        "expected enough time for at least one proxy and the finals: give a larger time budget")
+        raise UserError(no_plan_trained(study, settings, deadline))
     study.set_user_attr("phase", "final")     # joined workers stop after their current trial
     plans = [Plan.model_validate(t.user_attrs["plan"]) for t in picks]
     log(f"search: finals: {', '.join(p.name for p in plans)} ({(deadline - time.monotonic()) / 60:.1f} min left)")
@@ -255,7 +258,21 @@ def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task
         if picked:
             atomic_file(out_dir / section["recipe_file"], yaml.safe_dump(
                 {**raw, "variants": {picked: raw["variants"][picked]}}, sort_keys=False).encode())
+    # The timed structure exports (hundreds of MB) served the latency model, which is saved
+    # (latency_model.json, and the cache): a finished search needs them no more.
+    shutil.rmtree(out_dir / STRUCTURES_DIR, ignore_errors=True)
     return section
+
+
+def no_plan_trained(study: optuna.Study, settings: SearchSettings, deadline: float) -> str:
+    """Why the finals have no plan: the time ran out, or every trial was predicted over the budget."""
+    predicted = [t.user_attrs.get("predicted_ms") for t in study.trials if t.user_attrs.get("predicted_ms")]
+    if time.monotonic() < deadline and predicted:
+        return (f"no plan was trained: all {len(predicted)} trials (--max-trials {settings.max_trials}) were predicted "
+                f"over the {settings.latency_budget_ms:g} ms budget (the fastest {min(predicted):.2f} ms); expected a "
+                f"budget of at least {min(predicted):.2f} ms or more trials")
+    return (f"no plan was trained within the time budget ({settings.time_budget_min:g} min); expected enough time "
+            "for at least one proxy and the finals: give a larger time budget")
 
 
 def finals_recipe(plans: list[Plan], teacher_dir: Path, task: str | dict, profile: str, settings: SearchSettings,

@@ -14,7 +14,7 @@ from compressor.search.plans import PRECISIONS, RECOVERIES, Precision, Recovery
 class SearchSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    latency_budget_ms: float = Field(gt=0)                 # p50 at `batch_size` on the profile
+    latency_budget_ms: float = Field(gt=0, allow_inf_nan=False)                 # p50 at `batch_size` on the profile
     batch_size: int = Field(8, ge=1)
     min_retention: float = Field(0.97, gt=0, le=1)          # of the teacher's test accuracy
     time_budget_min: float = Field(60.0, gt=0)              # this command's wall time, all phases

@@ -94,7 +94,7 @@ def open_study(storage: RDBStorage, name: str, identity: dict, join: bool, seed:
         # A key the stored identity lacks was added to the identity after that study was made.
         differ = [k for k in identity if k in made_for and made_for[k] != identity[k]]
         raise UserError(f"study {name!r} in {storage.url} was made for another search ({', '.join(differ)} "
-                        f"differ: {', '.join(f'{k} {made_for.get(k)!r}' for k in differ)}); expected the "
+                        f"differ: {', '.join(f'{k} {made_for.get(k)!r} there, {identity[k]!r} now' for k in differ)}); expected the "
                         f"same teacher, task, profile, batch size, budget and floor, or another --study-name")
     return study
 

@@ -87,6 +87,7 @@ def test_search_meets_a_loose_budget_and_reports_it(searched):
     assert report["search"]["trials"]["complete"] >= 4
     assert "Search finalists" in (out / "report.md").read_text()
     assert (out / "latency_model.json").is_file() and (out / "study.db").is_file()
+    assert not (out / ".latency-structures").exists()      # the timed exports go once the model is fitted
 
 
 def test_hand_written_variants_are_measured_in_the_same_run_against_the_searched_model(searched):
@@ -183,6 +184,8 @@ def test_a_study_made_for_another_search_is_refused(searched, tiny_bert_dir, tin
     (["--storage", "notaurl"], "cannot reach the study storage"),
     (["--recoveries", "finetune,magic"], "recoveries"),
     (["--teacher", "minilm"], "without a trained classifier"),    # the bundled encoder: not fine-tuned
+    (["--task", "wordnet-wsd"], "model labels do not match"),       # a teacher of another task
+    (["--latency-budget-ms", "inf"], "latency_budget_ms"),
 ])
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(args, message, tiny_bert_dir, tiny_csv, tmp_path, capsys):
     out = tmp_path / "never"
