@@ -10,6 +10,7 @@ benchmark_stages.py). Nothing is written, not even the lock.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -84,8 +85,9 @@ class Planner:
         work = self.out_dir / WORK_DIR / key
         return None if self.replaced or not work.is_dir() else str(work)
 
-    @property
+    @functools.cached_property
     def teacher_key(self) -> str:
+        """Hashes the teacher's weights: once per plan, not once per stage."""
         return teacher_key(self.recipe, self.prepared.teacher_path, self.prepared.task)
 
     def model_stages(self) -> list[PlannedStage]:
