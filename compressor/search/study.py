@@ -80,13 +80,14 @@ def connect(url: str) -> RDBStorage:
 
 def open_study(storage: RDBStorage, name: str, identity: dict, join: bool, seed: int) -> optuna.Study:
     """Create or resume the study (`join`: it must exist); refuse one made for another search."""
-    sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=constraints, multivariate=True, group=True,
-                                         n_startup_trials=SAMPLER_STARTUP)
     if join and not wait_for_study(storage, name):
         raise UserError(f"no study named {name!r} in {storage.url} after {JOIN_WAIT_S:.0f} s; start the search "
                         "without --join first (it fits the latency model and creates the study)")
     study = optuna.create_study(storage=storage, study_name=name, directions=list(DIRECTIONS),
-                                sampler=sampler, load_if_exists=True)
+                                sampler=sampler_for(seed), load_if_exists=True)
+    # A resumed study's sampler, seeded as at the start, would propose its first trials again
+    # (its random start-up draws repeat): it continues from the draws it has already made.
+    study.sampler = sampler_for(seed + len(study.trials))
     made_for = study.user_attrs.get("identity")
     if made_for is None and not join:
         study.set_user_attr("identity", identity)
@@ -97,6 +98,11 @@ def open_study(storage: RDBStorage, name: str, identity: dict, join: bool, seed:
                         f"differ: {', '.join(f'{k} {made_for.get(k)!r} there, {identity[k]!r} now' for k in differ)}); expected the "
                         f"same teacher, task, profile, batch size, budget and floor, or another --study-name")
     return study
+
+
+def sampler_for(seed: int) -> optuna.samplers.TPESampler:
+    return optuna.samplers.TPESampler(seed=seed, constraints_func=constraints, multivariate=True, group=True,
+                                      n_startup_trials=SAMPLER_STARTUP)
 
 
 def wait_for_study(storage: RDBStorage, name: str) -> bool:

@@ -105,3 +105,22 @@ def test_connect_retries_when_another_worker_is_making_the_tables(tmp_path, monk
     monkeypatch.setattr(study.time, "sleep", lambda s: None)
     storage = study.connect(f"sqlite:///{tmp_path / 'study.db'}")
     assert len(calls) == 2 and storage.get_all_studies() == []
+
+
+def test_a_resumed_study_does_not_propose_its_first_trials_again(tmp_path):
+    """Seeded as at the start, the sampler of a resumed study would repeat its first random
+    draws: trials that cost nothing to reuse, but count against max_trials."""
+    from compressor.search.study import connect, open_study
+    storage = connect(f"sqlite:///{tmp_path / 'study.db'}")
+
+    def first_draws(n: int) -> list[float]:
+        study = open_study(storage, "s", {"task": "t"}, join=False, seed=0)
+        draws = []
+        for _ in range(n):
+            trial = study.ask()
+            draws.append(trial.suggest_float("x", 0.0, 1.0))
+            study.tell(trial, [0.5, 1.0])
+        return draws
+    started = first_draws(2)
+    resumed = first_draws(2)
+    assert not set(resumed) & set(started)
