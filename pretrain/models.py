@@ -217,15 +217,6 @@ def not_a_classifier(ref: str) -> str | None:
             f"model dir: {FINETUNE_FIRST.replace('MODEL', ref)}")
 
 
-def model_depth(path: Path) -> int | None:
-    """Encoder layers of the model saved at `path`, from its config (None: a family without
-    Transformer layers, e.g. BiLM)."""
-    from transformers import AutoConfig
-    config = AutoConfig.from_pretrained(str(path))
-    fields = families.family_of(config.model_type).layer_count_fields
-    return getattr(config, fields[0]) if fields else None
-
-
 def core_markers(model_type: str) -> tuple[str, ...]:
     """Substrings of the weight names of a family's embeddings and Transformer layers."""
     record = families.FAMILIES.get(model_type)

@@ -30,6 +30,7 @@ from compressor.bench.runners import input_batches
 from compressor.bundle import ModelBundle
 from compressor.evaluate import label_permutation
 from compressor.passes import check_pass_family
+from compressor.passes.registry import shape_of
 from compressor.pipeline.cache import fingerprint, log as progress
 from compressor.pipeline.outdir import claim_out_dir, disk_errors
 from compressor.pipeline.recipe import RESERVED_NAMES, VARIANT_NAME, parse_recipe, parse_step
@@ -46,7 +47,7 @@ from pretrain.batching import usable_length
 from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate
-from pretrain.models import check_model_ref, model_depth, read_model_type, set_threads
+from pretrain.models import check_model_ref, read_model_type, set_threads
 
 RECIPE_NAME = "search"           # the out dir's owner (run.json), as for `compressor run`
 FINALIST_EXPORT_S = 60.0         # a finalist's export and gate, beside its training
@@ -111,7 +112,7 @@ def check_inputs(teacher: str | Path, profile: str, settings: SearchSettings) ->
         raise UserError(f"profile {target.name} cannot be measured on this machine: {reason}; "
                         "expected a profile whose hardware is here (latency is measured on the target)")
     family = read_model_type(teacher_dir)
-    depth = model_depth(teacher_dir)
+    depth = shape_of(teacher_dir).layers
     for plan in example_plans(depth, settings):
         for item in plan_steps(plan, depth, settings.proxy_train_samples, scoring_samples=settings.scoring_samples):
             step = parse_step(item, "search")
