@@ -40,11 +40,16 @@ Importance = Literal["taylor", "magnitude", "random"]
 def train_rows(task: TaskData, start: int, stop: int, what: str) -> Split:
     """Rows [start, stop) of the train split (one-line error when it is shorter)."""
     train = task.split("train")
-    if len(train) < stop:
-        raise UserError(f"{what}: needs {stop} train examples but the train split of {task.name!r} has "
-                        f"{len(train)}; lower samples (or validation_samples)")
+    check_train_rows(len(train), stop, what)
     pairs = train.text_pairs[start:stop] if train.text_pairs is not None else None
     return Split(train.texts[start:stop], train.labels[start:stop], pairs)
+
+
+def check_train_rows(available: int | None, needed: int, what: str) -> None:
+    """Refuse (UserError) a sample of `needed` train rows from a split of `available` (None: unknown)."""
+    if available is not None and available < needed:
+        raise UserError(f"{what}: needs {needed} train examples but the task's train split has {available}; "
+                        "lower samples (or validation_samples)")
 
 
 def encode_for_model(model: PreTrainedModel, tokenizer, task: TaskData, split: Split) -> Encoded:

@@ -27,7 +27,8 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 from compressor.bundle import ModelBundle
 from compressor.passes import distill_losses as dl
 from compressor.passes.distill_augment import AugmentConfig, transfer_data
-from compressor.passes.registry import Context, Known, PassConfig, Shape, register, shape_of
+from compressor.passes.registry import (Context, Known, PassConfig, Shape, check_teacher_bundle, check_teacher_fits,
+                                       register, shape_of)
 from pretrain.batching import encode, iterate, inference_order, usable_length
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
@@ -81,10 +82,11 @@ def student_shape(cfg: StudentConfig, known: Known) -> Shape:
         heads = cfg.shape.heads or (source.heads[0] if source.heads and len(set(source.heads)) == 1 else None)
         if hidden is not None and heads is not None:
             check_head_size(hidden, heads)
-        return Shape(source.family, layers, (heads,) * layers if heads and layers else None, hidden, known.model.labels)
+        return Shape(source.family, layers, (heads,) * layers if heads and layers else None, hidden, known.model.labels,
+                     source.vocab)
     check_student_layers(cfg, source.layers)
     heads = tuple(source.heads[i] for i in cfg.layers) if source.heads else None
-    return Shape(source.family, len(cfg.layers), heads, source.hidden, known.model.labels)
+    return Shape(source.family, len(cfg.layers), heads, source.hidden, known.model.labels, source.vocab)
 
 
 def check_head_size(hidden: int, heads: int) -> None:
@@ -301,7 +303,7 @@ def distill_shape(cfg: DistillConfig, known: Known) -> Shape:
     student = known.model
     teacher = known.teacher if cfg.teacher is None else shape_of(check_model_ref(cfg.teacher))
     refuse_losses(cfg.losses, student.family, "student")
-    check_same_labels(teacher.labels, student.labels)
+    check_teacher_fits("distill", teacher, student)
     if not cfg.layer_losses():
         return student
     check_projection(cfg, student.hidden, teacher.hidden)
@@ -309,13 +311,6 @@ def distill_shape(cfg: DistillConfig, known: Known) -> Shape:
     if any(name in ATTENTION_LOSSES for name in cfg.losses) and student.heads and teacher.heads:
         check_head_counts(student.heads, teacher.heads, cfg)
     return student
-
-
-def check_same_labels(teacher: tuple[str, ...] | None, student: tuple[str, ...] | None) -> None:
-    if teacher is not None and student is not None and tuple(teacher) != tuple(student):
-        raise UserError(f"distill: the teacher's labels ({', '.join(teacher[:3])}, ... {len(teacher)}) differ from "
-                        f"the student's ({', '.join(student[:3])}, ... {len(student)}); expected a teacher of the "
-                        "same task")
 
 
 def check_projection(cfg: DistillConfig, student_width: int | None, teacher_width: int | None) -> None:
@@ -386,10 +381,7 @@ def reads_only_logits(weights: dict[str, float]) -> bool:
 
 def check_pair(student: ModelBundle, teacher: ModelBundle, cfg: DistillConfig) -> None:
     """Everything about this student and teacher that would fail in training, as one line now."""
-    check_same_labels(tuple(teacher.label_names), tuple(student.label_names))
-    if teacher.tokenizer.get_vocab() != student.tokenizer.get_vocab():
-        raise UserError("distill: the teacher's tokenizer has another vocabulary than the student's; expected "
-                        "one tokenizer (both models read the same token ids)")
+    check_teacher_bundle("distill", teacher, student)
     for role, bundle in (("student", student), ("teacher", teacher)):
         refuse_losses(cfg.losses, bundle.model.config.model_type, role)
     if not cfg.layer_losses():

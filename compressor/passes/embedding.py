@@ -7,6 +7,7 @@ modeling/vocabulary.py.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Literal
 
@@ -16,7 +17,7 @@ from compressor.bundle import ModelBundle
 from compressor.export.embedding import low_rank_factors
 from compressor.modeling.vocabulary import (check_trimmable, ids_to_keep, token_counts, trim_embeddings,
                                             trim_tokenizer)
-from compressor.passes.registry import Context, PassConfig, register
+from compressor.passes.registry import Context, Known, PassConfig, Shape, register
 from pretrain.errors import UserError
 from pretrain.models import fit_tokenizer
 
@@ -62,7 +63,13 @@ def check_trim_tokenizer(cfg: TrimVocab, tokenizer) -> None:
     check_trimmable(tokenizer)
 
 
-@register("trim-vocab", TrimVocab, check_tokenizer=check_trim_tokenizer)
+def trimmed_shape(cfg: TrimVocab, known: Known) -> Shape:
+    """A subset of the vocabulary the model had (which one, only the task's texts tell)."""
+    vocab = known.model.vocab
+    return dataclasses.replace(known.model, vocab=vocab and f"trimmed:{vocab.removeprefix('trimmed:')}")
+
+
+@register("trim-vocab", TrimVocab, check_tokenizer=check_trim_tokenizer, check_shape=trimmed_shape)
 def trim_vocab(bundle: ModelBundle, cfg: TrimVocab, ctx: Context) -> ModelBundle:
     """Keep only the tokens the task's texts use (plus special tokens), in the tokenizer and
     the embedding (modeling/vocabulary.py). Texts of those splits tokenize to the same

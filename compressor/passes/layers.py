@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
-from compressor.modeling.importance import encode_for_model, mean_loss, train_rows
+from compressor.modeling.importance import check_train_rows, encode_for_model, mean_loss, train_rows
 from compressor.passes.registry import Context, PassConfig, Shape, register
 from pretrain.batching import Encoded
 from pretrain.errors import UserError
@@ -49,14 +49,17 @@ def kept_depth(cfg: DropLayers, n_layers: int | None) -> int:
     return len(cfg.keep) if cfg.keep is not None else cfg.count
 
 
-def dropped_shape(cfg: DropLayers, shape: Shape) -> Shape:
+def dropped_shape(cfg: DropLayers, shape: Shape, train_examples: int | None) -> Shape:
+    """The kept depth (and heads, where `keep` names the layers); `count` measures on a sample."""
     layers = kept_depth(cfg, shape.layers)
+    if cfg.count is not None:
+        check_train_rows(train_examples, cfg.samples, "drop-layers")
     heads = tuple(shape.heads[i] for i in cfg.keep) if cfg.keep is not None and shape.heads else None
     return dataclasses.replace(shape, layers=layers, heads=heads)
 
 
 @register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"),
-          check_shape=lambda cfg, known: dropped_shape(cfg, known.model))
+          check_shape=lambda cfg, known: dropped_shape(cfg, known.model, known.train_rows))
 def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBundle:
     """Keep only the listed encoder layers (a DistilBERT-style shallow student init), or the
     `count` layers whose removal would cost the most."""

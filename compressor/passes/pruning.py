@@ -92,9 +92,12 @@ def pruned_heads_shape(cfg: PruneHeads, known: Known) -> Shape:
     makes); which heads go is known only once they are scored, unless `per_layer` says."""
     shape = known.model
     check_per_layer_length(cfg, shape.layers)
-    if shape.heads is None:
+    removed = heads_to_remove(cfg, list(shape.heads)) if shape.heads is not None else None
+    # iterative: the held-out rows come after the scored ones, scored or not
+    needed = cfg.samples + cfg.validation_samples if cfg.iterative else cfg.samples if needs_sample(cfg) else 0
+    importance.check_train_rows(known.train_rows, needed, "prune-heads")
+    if removed is None:
         return dataclasses.replace(shape, heads=None, layers=None if cfg.allow_drop_layers else shape.layers)
-    removed = heads_to_remove(cfg, list(shape.heads))
     if cfg.per_layer is not None and not cfg.allow_drop_layers:
         return dataclasses.replace(shape, heads=tuple(h - n for h, n in zip(shape.heads, removed)))
     return dataclasses.replace(shape, heads=None, layers=None if cfg.allow_drop_layers else shape.layers)
@@ -195,7 +198,13 @@ def sample(bundle: ModelBundle, model: PreTrainedModel, ctx: Context, start: int
 
 # --- prune-ffn ---
 
-@register("prune-ffn", PruneFFN, check_family=refuse_unsupported("prune-ffn"))
+def pruned_ffn_shape(cfg: PruneFFN, known: Known) -> Shape:
+    """Widths are not followed; the sample the scores read must exist."""
+    importance.check_train_rows(known.train_rows, cfg.samples if needs_sample(cfg) else 0, "prune-ffn")
+    return known.model
+
+
+@register("prune-ffn", PruneFFN, check_family=refuse_unsupported("prune-ffn"), check_shape=pruned_ffn_shape)
 def prune_ffn_pass(bundle: ModelBundle, cfg: PruneFFN, ctx: Context) -> ModelBundle:
     """Remove the least important FFN neurons, narrowing each layer's intermediate size."""
     model = bundle.copy_model()

@@ -9,6 +9,8 @@ Recipes can only reach code through this registry: names are looked up here, nev
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -110,14 +112,20 @@ class Shape:
     heads: tuple[int, ...] | None = None       # attention heads of each layer
     hidden: int | None = None
     labels: tuple[str, ...] | None = None
+    # The token ids the model reads: a fingerprint of its tokenizer's vocabulary, or
+    # "trimmed:<fingerprint>" after trim-vocab cut that vocabulary (the exact subset is only
+    # known once the pass has read the task's texts).
+    vocab: str | None = None
 
 
 @dataclass(frozen=True)
 class Known:
-    """The shapes a step's up-front check sees: the model entering it, and the recipe's teacher."""
+    """What a step's up-front check sees: the shapes of the model entering it and of the recipe's
+    teacher, and how many examples the task's train split holds (for passes that read a sample)."""
 
     model: Shape
     teacher: Shape
+    train_rows: int | None = None
 
 
 # (config, shapes before) -> the model's shape after the step; raises UserError for what
@@ -178,7 +186,51 @@ def shape_of(path: Path, labels: tuple[str, ...] | None = None) -> Shape:
     hidden = getattr(config, family.hidden_field) if family.hidden_field else None
     if labels is None and getattr(config, "id2label", None):
         labels = tuple(config.id2label[i] for i in sorted(config.id2label))
-    return Shape(config.model_type, layers, heads, hidden, labels)
+    return Shape(config.model_type, layers, heads, hidden, labels, vocabulary_of(path))
+
+
+def vocabulary_of(path: Path) -> str | None:
+    """A fingerprint of the vocabulary of the tokenizer saved in `path`; None without one
+    (the steps that need it say so when they load it)."""
+    from pretrain.models import load_tokenizer
+    try:
+        vocab = load_tokenizer(path).get_vocab()
+    except UserError:
+        return None
+    return hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()[:16]
+
+
+def check_teacher_fits(pass_name: str, teacher: Shape, student: Shape) -> None:
+    """Refuse (UserError) a teacher whose outputs the student cannot learn from, where the
+    shapes tell: other labels, or other token ids (a student trimmed from this teacher's
+    vocabulary, or two known vocabularies that differ)."""
+    check_same_labels(pass_name, teacher.labels, student.labels)
+    if teacher.vocab is None or student.vocab is None or teacher.vocab == student.vocab:
+        return
+    if student.vocab == f"trimmed:{teacher.vocab}":
+        raise UserError(f"{pass_name}: trim-vocab before it cut the student's vocabulary, and the teacher reads the "
+                        "whole one; expected trim-vocab after the steps that learn from the teacher")
+    if not student.vocab.startswith("trimmed:") and not teacher.vocab.startswith("trimmed:"):
+        raise other_vocabulary(pass_name)
+
+
+def check_teacher_bundle(pass_name: str, teacher: ModelBundle, student: ModelBundle) -> None:
+    """The same refusal once both models are loaded: labels and vocabularies compared whole."""
+    check_same_labels(pass_name, tuple(teacher.label_names), tuple(student.label_names))
+    if teacher.tokenizer.get_vocab() != student.tokenizer.get_vocab():
+        raise other_vocabulary(pass_name)
+
+
+def check_same_labels(pass_name: str, teacher: tuple[str, ...] | None, student: tuple[str, ...] | None) -> None:
+    if teacher is not None and student is not None and tuple(teacher) != tuple(student):
+        raise UserError(f"{pass_name}: the teacher's labels ({', '.join(teacher[:3])}, ... {len(teacher)}) differ "
+                        f"from the student's ({', '.join(student[:3])}, ... {len(student)}); expected a teacher of "
+                        "the same task")
+
+
+def other_vocabulary(pass_name: str) -> UserError:
+    return UserError(f"{pass_name}: the teacher's tokenizer has another vocabulary than the student's; expected one "
+                     "tokenizer (both models read the same token ids)")
 
 
 def shape_after(name: str, config: BaseModel, known: Known) -> Known:

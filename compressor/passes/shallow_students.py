@@ -37,7 +37,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from compressor.bundle import ModelBundle
 from compressor.passes.distill_augment import AugmentConfig, transfer_data
 from compressor.passes.distill_losses import TeacherLogits, hard_ce, soft_kl
-from compressor.passes.registry import Context, Known, Shape, register
+from compressor.passes.registry import Context, Known, Shape, check_teacher_bundle, check_teacher_fits, register
 from pretrain.errors import UserError
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
 from pretrain.objectives.bilm import BiLMConfig, BiLMForSequenceClassification
@@ -94,8 +94,12 @@ class DistillStructure(FinetuneConfig):
 
 
 def structure_shape(cfg: "DistillStructure", known: Known) -> Shape:
-    """A BiLSTM or CNN classifier of the same labels: no Transformer layers for later steps."""
-    return Shape(family="bilm" if cfg.kind == "bilstm" else "textcnn", labels=known.model.labels)
+    """A BiLSTM or CNN classifier of the same labels and token ids: no Transformer layers for
+    later steps. Learning from the teacher needs its vocabulary."""
+    if cfg.alpha < 1:
+        check_teacher_fits("distill-structure", known.teacher, known.model)
+    return Shape(family="bilm" if cfg.kind == "bilstm" else "textcnn", labels=known.model.labels,
+                 vocab=known.model.vocab)
 
 
 @register("distill-structure", DistillStructure, trains=True, check_shape=structure_shape)
@@ -104,7 +108,7 @@ def distill_structure(bundle: ModelBundle, cfg: DistillStructure, ctx: Context) 
     cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)
     teacher = ctx.teacher.model if cfg.alpha < 1 else None
     if teacher is not None:
-        check_teacher(ctx.teacher, bundle)
+        check_teacher_bundle("distill-structure", ctx.teacher, bundle)
     table = initial_embeddings(bundle.model, bundle.tokenizer, cfg)   # bad input refused before building
     torch.manual_seed(cfg.seed)
     student = build_student(bundle.model, bundle.tokenizer, cfg)
@@ -124,18 +128,6 @@ def distill_structure(bundle: ModelBundle, cfg: DistillStructure, ctx: Context) 
     if record:
         deploy["distill-structure"] = record
     return bundle.replace(model=student, deploy=deploy)
-
-
-def check_teacher(teacher: ModelBundle, bundle: ModelBundle) -> None:
-    """The teacher must label the same classes and read the same token ids as the student."""
-    if tuple(teacher.label_names) != tuple(bundle.label_names):
-        raise UserError(f"distill-structure: the teacher's labels ({len(teacher.label_names)}: "
-                        f"{', '.join(teacher.label_names[:3])}, ...) differ from the model's "
-                        f"({len(bundle.label_names)}: {', '.join(bundle.label_names[:3])}, ...); "
-                        "expected a teacher fine-tuned on the same task")
-    if teacher.tokenizer.get_vocab() != bundle.tokenizer.get_vocab():
-        raise UserError("distill-structure: the teacher's tokenizer differs from the model's; expected the same "
-                        "vocabulary, so that the teacher scores the token ids the student reads")
 
 
 def build_student(source: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,

@@ -47,7 +47,7 @@ from transformers import PreTrainedModel
 from compressor.bundle import ModelBundle
 from compressor.modeling.cost import encoder_linears
 from compressor.passes.distill_losses import TeacherLogits, soft_kl
-from compressor.passes.registry import Context, register
+from compressor.passes.registry import Context, Known, Shape, check_teacher_bundle, check_teacher_fits, register, shape_of
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES, TRANSFORMER_FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
@@ -119,6 +119,14 @@ def check_linear_family(cfg: SparsityConfig, family: str) -> None:
                         f"{family!r} does not have; supported families: {supported}")
     if cfg.teacher is not None:
         check_model_ref(cfg.teacher)
+
+
+def soft_targets_shape(cfg: SparsityConfig, known: Known) -> Shape:
+    """Masks keep the shape; soft targets need a teacher of the same labels and token ids."""
+    if cfg.teacher_soft_targets:
+        teacher = known.teacher if cfg.teacher is None else shape_of(check_model_ref(cfg.teacher))
+        check_teacher_fits(cfg.method, teacher, known.model)
+    return known.model
 
 
 def linear_family(family: str) -> bool:
@@ -305,11 +313,9 @@ def prune(bundle: ModelBundle, cfg: SparsityConfig, ctx: Context, by: Literal["m
     model = bundle.copy_model()
     loss_fn, aux = task_loss, []
     if cfg.teacher_soft_targets:
-        teacher = ctx.teacher_at(cfg.teacher).model
-        if teacher.config.num_labels != model.config.num_labels:
-            raise UserError(f"{cfg.method}: the teacher has {teacher.config.num_labels} labels and the model "
-                            f"{model.config.num_labels}; expected the same label set for soft targets")
-        logits = TeacherLogits(teacher)
+        teacher = ctx.teacher_at(cfg.teacher)
+        check_teacher_bundle(cfg.method, teacher, bundle)
+        logits = TeacherLogits(teacher.model)
         loss_fn, aux = soft_target_loss(logits, cfg.temperature), [logits.reader]
     pruner = Pruner(model, by, cfg.scope)
     pruner.update(schedule(0))
@@ -327,13 +333,15 @@ def prune(bundle: ModelBundle, cfg: SparsityConfig, ctx: Context, by: Literal["m
     return bundle.replace(model=model)
 
 
-@register("prune-magnitude", MagnitudeConfig, trains=True, check_family=check_linear_family)
+@register("prune-magnitude", MagnitudeConfig, trains=True, check_family=check_linear_family,
+          check_shape=soft_targets_shape)
 def prune_magnitude(bundle: ModelBundle, cfg: MagnitudeConfig, ctx: Context) -> ModelBundle:
     """Gordon et al.: zero the smallest |W| of the encoder's Linears, gradually while fine-tuning."""
     return prune(bundle, cfg, ctx, "magnitude")
 
 
-@register("prune-movement", MovementConfig, trains=True, check_family=check_linear_family)
+@register("prune-movement", MovementConfig, trains=True, check_family=check_linear_family,
+          check_shape=soft_targets_shape)
 def prune_movement(bundle: ModelBundle, cfg: MovementConfig, ctx: Context) -> ModelBundle:
     """Sanh et al.: keep the weights whose learned scores (how they move away from 0) are largest."""
     return prune(bundle, cfg, ctx, "movement")

@@ -294,3 +294,34 @@ def test_logit_losses_train_and_read_the_last_layer_on_the_first_token_only(bert
     assert "more than the logits" in with_states.deploy["distill"]["stages"][0]["last_layer_skipped"]
     for model in (teacher, logits_only.model, with_states.model):
         assert "forward" not in vars(encoder_layers(model)[-1])
+
+
+def _plan(teacher_dir, csv, tmp_path, *steps):
+    from compressor import Pipeline
+    return Pipeline("vocab", teacher=str(teacher_dir), task={"path": str(csv)}).variant("v", *steps) \
+        .plan(tmp_path / "out")
+
+
+@pytest.mark.parametrize("name, learner", [
+    ("distill", lambda: _distill(losses=["soft"])),
+    ("distill-structure", lambda: get_pass("distill-structure").config_type(kind="cnn", epochs=1)),
+])
+def test_trimming_before_learning_from_the_whole_vocabulary_is_refused_before_anything_runs(
+        name, learner, tiny_bert_dir, tiny_csv, tmp_path):
+    trim = get_pass("trim-vocab").config_type()
+    with pytest.raises(UserError, match=rf"variants\.v\[1\]: {name}: trim-vocab before it cut") as err:
+        _plan(tiny_bert_dir, tiny_csv, tmp_path, trim, learner())
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+    assert _plan(tiny_bert_dir, tiny_csv, tmp_path, learner(), trim)["stages"]   # trimming after is fine
+
+
+def test_a_named_teacher_of_another_vocabulary_is_refused_before_anything_runs(bert_bundle, tiny_bert_dir, tiny_csv,
+                                                                                tmp_path):
+    other = tmp_path / "other-vocab"
+    bert_bundle.model.save_pretrained(str(other))
+    tokenizer = copy.deepcopy(bert_bundle.tokenizer)
+    tokenizer.add_tokens(["zzzunseenword"])
+    tokenizer.save_pretrained(str(other))
+    with pytest.raises(UserError, match=r"variants\.v\[0\]: distill: the teacher's tokenizer has another vocabulary"):
+        _plan(tiny_bert_dir, tiny_csv, tmp_path, _distill(losses=["soft"], teacher=str(other)))
+    assert _plan(tiny_bert_dir, tiny_csv, tmp_path, _distill(losses=["soft"], teacher=str(tiny_bert_dir)))["stages"]

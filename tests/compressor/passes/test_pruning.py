@@ -192,3 +192,25 @@ def test_drop_layers_needs_keep_or_count(config, why):
 def test_drop_layers_count_above_the_layer_count_is_refused(bert_bundle, tiny_task):
     with pytest.raises(UserError, match="count 5 is more layers than the model has"):
         run(bert_bundle, "drop-layers", tiny_task, count=5)
+
+
+@pytest.mark.parametrize("step, needed", [
+    ({"prune-heads": {"fraction": 0.5, "samples": 5000}}, 5000),
+    ({"prune-heads": {"iterative": True, "importance": "magnitude", "samples": 100, "validation_samples": 4900}}, 5000),
+    ({"prune-ffn": {"fraction": 0.5, "samples": 5000}}, 5000),
+    ({"drop-layers": {"count": 2, "samples": 5000}}, 5000),
+])
+def test_a_sample_larger_than_the_train_split_is_refused_before_anything_runs(step, needed, tiny_bert_dir, tiny_csv,
+                                                                               tiny_task, tmp_path):
+    from compressor import Pipeline
+    parsed = parse_step(step, "v")
+    pipe = Pipeline("big", teacher=str(tiny_bert_dir), task={"path": str(tiny_csv)}).variant(
+        "v", (parsed.name, parsed.config))
+    rows = len(tiny_task.split("train"))
+    with pytest.raises(UserError, match=rf"variants\.v\[0\]: {parsed.name}: needs {needed} train examples but the "
+                                        rf"task's train split has {rows}"):
+        pipe.plan(tmp_path / "out")
+    small = {key: 8 if key in ("samples", "validation_samples") else value for key, value in step[parsed.name].items()}
+    fits = parse_step({parsed.name: small}, "v")
+    assert Pipeline("fits", teacher=str(tiny_bert_dir), task={"path": str(tiny_csv)}).variant(
+        "v", (fits.name, fits.config)).plan(tmp_path / "out")["stages"]

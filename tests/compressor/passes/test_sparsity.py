@@ -285,3 +285,22 @@ def test_the_recipe_form_parses(name):
     step = parse_step({name: {"sparsity": 0.9, "epochs": 1, "max_train_samples": 20000}}, "v[0]")
     assert step.name == name and step.config.sparsity == 0.9 and step.config.max_train_samples == 20000
     assert step.config.scope == "per_layer" and step.config.schedule == "cubic"
+
+
+@pytest.mark.parametrize("method", ["prune-magnitude", "prune-movement"])
+def test_a_teacher_of_another_task_with_as_many_labels_is_refused(method, bert_bundle, tiny_task, tiny_csv,
+                                                                  tiny_bert_dir, tmp_path, finetune_calls):
+    other = tmp_path / "other-task"
+    model = bert_bundle.copy_model()
+    model.config.id2label = {i: f"x{i}" for i in range(model.config.num_labels)}
+    model.config.label2id = {v: k for k, v in model.config.id2label.items()}
+    ModelBundle(model, bert_bundle.tokenizer, task=None).save(other)
+    cfg = get_pass(method).config_type.model_validate(
+        {"sparsity": 0.5, "teacher_soft_targets": True, "teacher": str(other), **TRAIN})
+    from compressor import Pipeline
+    pipe = Pipeline("other", teacher=str(tiny_bert_dir), task={"path": str(tiny_csv)}).variant("v", cfg)
+    with pytest.raises(UserError, match=rf"variants\.v\[0\]: {method}: the teacher's labels \(x0, x1, x2, \.\.\. 4\)"):
+        pipe.plan(tmp_path / "out")      # the run's up-front checks
+    with pytest.raises(UserError, match=f"{method}: the teacher's labels"):
+        apply_pass(bert_bundle, method, cfg, Context(task=tiny_task, show_progress=False))
+    assert not finetune_calls
