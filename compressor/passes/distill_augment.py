@@ -1,6 +1,7 @@
 """Transfer-data augmentation for `distill` and `distill-structure` (`augment: {copies: N, mlm: DIR}`).
 
-TinyBERT's recipe (and Tang et al.'s masking rule) as text in, text out: each training text
+TinyBERT's rule as text in, text out (Tang et al. also mask words, but leave [MASK] in place and
+add part-of-speech swaps and n-gram sampling, which this does not): each training text
 gets N noised copies in which every word the masked LM knows as one token is, with
 probability `replace_prob`, masked and replaced by a word drawn uniformly from the masked
 LM's `candidates` most likely fillers. The copies carry no task label (NO_LABEL): the

@@ -192,8 +192,9 @@ def pair_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 def scores_mse(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """TinyBERT: MSE of attention scores over real (query, key) pairs; masked entries count as
-    zero in the official code, so they are left out here."""
+    """TinyBERT: MSE of attention scores over real (query, key) pairs. The official code zeroes
+    the scores at padded keys and keeps them, and the rows of padded queries, in its mean; here
+    padding never counts, so the value is larger by the share of padding (the weights absorb it)."""
     pairs = pair_mask(mask).expand_as(student)
     return (student - teacher).pow(2)[pairs].mean()
 

@@ -294,7 +294,7 @@ def kth_largest(values: torch.Tensor, k: int) -> tuple[torch.Tensor, int, torch.
 
 
 def soft_target_loss(teacher_logits: TeacherLogits, temperature: float) -> Callable[[nn.Module, Batch], torch.Tensor]:
-    """Sanh et al.'s distillation: 0.5 * KL(student/T || teacher/T) * T^2 + 0.5 * CE.
+    """Sanh et al.'s distillation: 0.5 * KL(teacher/T || student/T) * T^2 + 0.5 * CE.
 
     It reads only logits, so the loop may train the last layer on the first token, and the
     teacher's logits come once per example (TeacherLogits)."""
