@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
+from compressor import IMPORT_CHATTER
 from compressor.cli.lifecycle import PrintVersion, Terminated, after_interrupt, first_rank, sigterm_as_interrupt
 from pretrain.errors import UserError
 
@@ -520,9 +521,7 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore")
-    # torchao (pulled in by neural-compressor-pt) logs missing CUDA kernels at import, and
-    # torch logs a deprecation for torchao's enums: neither concerns a CPU user.
-    for name in ("torchao", "torch.utils._pytree"):
+    for name in IMPORT_CHATTER:      # torchao's CUDA kernels, torch's enum deprecation
         logging.getLogger(name).setLevel(logging.ERROR)
     import transformers
     transformers.logging.set_verbosity_error()

@@ -77,3 +77,16 @@ def test_a_variant_name_given_twice_is_refused(tiny_bert_dir, tiny_csv):
     with pytest.raises(UserError, match="variant 'small' is already defined"):
         pipe.variant("small", DropLayers(keep=(0, 1)))
     assert pipe.to_dict()["variants"]["small"] == [{"drop-layers": {"keep": [0]}}]   # the first stays
+
+
+def test_importing_the_api_prints_nothing_and_leaves_logging_as_it_was():
+    """torchao (installed with neural-compressor-pt) logs CUDA kernels it cannot load when
+    Transformers imports it; the front door mutes that while it imports, then restores."""
+    import subprocess
+    import sys
+    code = ("import logging; from compressor import Pipeline; import sys; "
+            "assert 'torchao' in sys.modules, 'nothing to mute'; "
+            "print(logging.getLogger('torchao').level, logging.getLogger('torch.utils._pytree').level)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "" and done.stdout.split() == ["0", "0"]
