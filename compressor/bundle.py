@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from compressor import __version__
 from compressor.modeling.structure import save_structure_code, update_record
+from pretrain.model_code import ship_model_code
 from pretrain.atomic import atomic_dir
 from pretrain.errors import UserError
 from pretrain.models import count_params, label_names_of, load_saved_classifier, not_a_classifier
@@ -71,6 +72,7 @@ class ModelBundle:
         update_record(self.model)
         self.model.save_pretrained(str(directory), safe_serialization=True)
         save_structure_code(self.model, directory)
+        ship_model_code(directory)
         self.tokenizer.save_pretrained(str(directory))
         self.write_provenance(directory)
 

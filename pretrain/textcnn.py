@@ -1,7 +1,7 @@
 """`textcnn`: a 1-D convolutional sentence classifier (Kim 2014), a student for distillation.
 
 Tang et al. 2019 distil BERT into small non-Transformer networks; this is their CNN kind
-(the BiLSTM kind is the BiLM classifier of pretrain/objectives/bilm.py with one layer).
+(the BiLSTM kind is the BiLM classifier of pretrain/bilm_model.py with one layer).
 
     token ids [batch, seq] -> embedding [batch, seq, E]
       -> for each kernel size k: Conv1d(E -> F, k, padding "same") -> ReLU   [batch, F, seq]
@@ -70,7 +70,11 @@ class TextCNNForSequenceClassification(PreTrainedModel):
                 labels: torch.Tensor | None = None, **_: object) -> SequenceClassifierOutput:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        x = self.embeddings(input_ids).transpose(1, 2)                      # [batch, E, seq]
+        # Padded positions read as zeros, as the convolutions' own padding does: a text gets the
+        # same logits whatever the batch pads it to, even where the [PAD] row is not zero (a
+        # table copied from a teacher).
+        real = attention_mask.unsqueeze(-1).to(self.embeddings.weight.dtype)
+        x = (self.embeddings(input_ids) * real).transpose(1, 2)             # [batch, E, seq]
         padding = (attention_mask == 0).unsqueeze(1)                         # [batch, 1, seq]
         # ReLU output is >= 0, so a padded position set to 0 never wins the max over a row
         # that has a real token (and every row has at least one).

@@ -13,6 +13,7 @@ from pretrain import distributed
 from pretrain.atomic import atomic_dir, check_output, write_json
 from pretrain.errors import UserError
 from pretrain.models import set_threads
+from pretrain.model_code import ship_model_code
 from pretrain.pretraining import SETTINGS_FILE, PretrainConfig, prepare, run_pretraining
 from pretrain.resume import check_resume, checkpoint_dir
 from pretrain.train import StepCallback
@@ -55,6 +56,7 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
     if place.is_main:
         with atomic_dir(out) as tmp:
             model.save_pretrained(str(tmp), safe_serialization=True)
+            ship_model_code(tmp)              # a BiLM loads without this package
             tokenizer.save_pretrained(str(tmp))
             write_json(tmp / "metrics.json", metrics)
         shutil.rmtree(ckpt, ignore_errors=True)   # the output is safely written: nothing to resume

@@ -20,6 +20,7 @@ itself is traced in export/trace.py.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import sys
@@ -48,6 +49,7 @@ from compressor.export.trace import OPSET, check_exportable, input_names, write_
 from pretrain.atomic import atomic_dir, write_json
 from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import TaskData
+from pretrain.model_code import ship_model_code
 from pretrain.errors import UserError, validation_message
 from pretrain.finetune import predict_logits
 from pretrain.first_token import first_token_copy, skip_reason
@@ -123,7 +125,8 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
     else:
         record, logits = onnx_into(directory, bundle, settings, gate, quantize, calibration)
     bundle.model.config.save_pretrained(str(directory))
-    bundle.tokenizer.save_pretrained(str(directory))
+    ship_model_code(directory)     # BiLSTM and CNN students: what Optimum needs to read their config
+    record["max_length"] = save_deployed_tokenizer(bundle, directory)
     bundle.write_provenance(directory)
     record["path"] = str(final_path or directory)
     write_json(Path(directory) / EXPORT_FILE, record)
@@ -152,7 +155,9 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
             residual, why = skip_layernorm_choice(settings, quantize)
             left_out = unfused_ops(quantize) + (("SkipLayerNormalization",) if residual == "unfused" else ())
             graph, fusion_record = optimized(graph, work / "fused.onnx", gate, left_out, bundle.model.config)
-            record.update(fusion_record, skip_layernorm=residual, skip_layernorm_reason=why)
+            record.update(fusion_record)
+            if fusion_record["optimized"]:   # what was fused and left out describes a fused graph
+                record.update(skip_layernorm=residual, skip_layernorm_reason=why)
         else:
             why = UNFUSED_MODES.get(type(quantize)) if settings.optimize else None
             record.update({"optimized": False, "fusions": {}, "fusion_fallback": why})
@@ -224,6 +229,17 @@ def calibration_split(bundle: ModelBundle, quantize: QuantizeConfig | None, task
     validation ones for inc's accuracy-aware tuning (which must not see the test split)."""
     rows = calibration_rows(quantize, task)
     return None if rows is None else encode(bundle.tokenizer, rows, usable_length(bundle.model))
+
+
+def save_deployed_tokenizer(bundle: ModelBundle, directory: Path) -> int:
+    """The tokenizer, its `model_max_length` set to the length the gate's accuracy was measured
+    at (what `pipeline(..., truncation=True)` then cuts a text to); returns that length. The
+    bundle's own tokenizer keeps its value (later steps of the tool read it)."""
+    length = usable_length(bundle.model)
+    deployed = copy.copy(bundle.tokenizer)
+    deployed.model_max_length = length
+    deployed.save_pretrained(str(directory))
+    return length
 
 
 def calibration_rows(quantize: QuantizeConfig | None, task: TaskData):
@@ -316,7 +332,7 @@ def optimized(graph: Path, target: Path, gate: Gate, unfused: tuple[str, ...] = 
             fusion = Fusion(None, {}, f"fused graph failed parity: {err}")
     record = {"optimized": fusion.path is not None, "fusions": fusion.fusions,
               "fusion_fallback": fusion.fallback, "fused_duplicates_merged": merged, **parity}
-    if unfused:
+    if unfused and fusion.path is not None:
         record["fusions_left_out"] = list(unfused)
     return (fusion.path or graph), record
 

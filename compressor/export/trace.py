@@ -77,7 +77,7 @@ def lstm_weights_as_initializers(path: Path) -> None:
     """Turn the Constant nodes feeding LSTM weights (W, R) into initializers.
 
     The BiLM's recurrent weight is a product computed outside the trace
-    (pretrain/objectives/bilm.py `lstmp`), which the exporter writes as a Constant node;
+    (pretrain/bilm_model.py `lstmp`), which the exporter writes as a Constant node;
     ONNX Runtime's quantizer only quantizes LSTM weights held as initializers. Graphs
     without LSTMs are left untouched.
     """

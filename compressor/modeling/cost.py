@@ -98,7 +98,7 @@ def lstm_products(model: nn.Module, sequence_length: int) -> int:
     """Every LSTM's input, recurrent and projection matrices once per token (and direction).
 
     Counted from the parameters, not by a hook: the BiLM runs its LSTMP cells through their
-    weights (pretrain/objectives/bilm.py `lstmp`), not through the module's forward."""
+    weights (pretrain/bilm_model.py `lstmp`), not through the module's forward."""
     return sequence_length * sum(p.numel() for m in model.modules() if isinstance(m, nn.LSTM)
                                  for n, p in m.named_parameters() if n.startswith("weight_"))
 

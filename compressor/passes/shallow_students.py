@@ -3,7 +3,7 @@
 The student is a new network of another structure, trained on the task's train split in the
 shared loop, on the teacher's logits:
 
-- `kind: bilstm`: the BiLM classifier of pretrain/objectives/bilm.py with one layer (a
+- `kind: bilstm`: the BiLM classifier of pretrain/bilm_model.py with one layer (a
   bidirectional LSTM with projection, ELMo's scalar mix, mean pooling, a linear head);
 - `kind: cnn`: the 1-D CNN of pretrain/textcnn.py (Kim 2014; Tang et al.'s CNN kind).
 
@@ -40,7 +40,7 @@ from compressor.passes.distill_losses import TeacherLogits, hard_ce, soft_kl
 from compressor.passes.registry import Context, Known, Shape, check_teacher_bundle, check_teacher_fits, register
 from pretrain.errors import UserError
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
-from pretrain.objectives.bilm import BiLMConfig, BiLMForSequenceClassification
+from pretrain.bilm_model import BiLMConfig, BiLMForSequenceClassification
 from pretrain.static_embeddings import load_embeddings
 from pretrain.textcnn import TextCNNConfig, TextCNNForSequenceClassification
 from pretrain.train import Batch, Checkpointing
@@ -155,8 +155,12 @@ def initial_embeddings(source: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
         raise UserError("distill-structure: the model's word embedding is not one matrix (factorized?); "
                         "expected embeddings: random or an embeddings dir")
     if cfg.embeddings == "teacher":
-        return principal_projection(weight.detach().float(), cfg.embedding_dim)
-    return static_table(Path(cfg.embeddings), tokenizer, weight.shape[0], cfg.embedding_dim, cfg.seed)
+        table = principal_projection(weight.detach().float(), cfg.embedding_dim)
+    else:
+        table = static_table(Path(cfg.embeddings), tokenizer, weight.shape[0], cfg.embedding_dim, cfg.seed)
+    if tokenizer.pad_token_id is not None:
+        table[tokenizer.pad_token_id] = 0.0     # padding carries nothing (padding_idx keeps it so)
+    return table
 
 
 def principal_projection(weight: torch.Tensor, dim: int) -> torch.Tensor:
@@ -192,8 +196,6 @@ def static_table(directory: Path, tokenizer: PreTrainedTokenizerBase, rows: int,
     for token, token_id in tokenizer.get_vocab().items():
         if token_id < rows and token in index:
             table[token_id] = matrix[index[token]]
-    if tokenizer.pad_token_id is not None:
-        table[tokenizer.pad_token_id] = 0.0
     return torch.from_numpy(table)
 
 

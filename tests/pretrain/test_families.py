@@ -12,7 +12,7 @@ from pretrain.domain import mlm_head
 from pretrain.errors import UserError
 from pretrain.families import CAPABILITIES, FAMILIES, SUPPORTED_FAMILIES, family_of
 from pretrain.models import encoder_layers
-from pretrain.objectives.bilm import BiLMConfig
+from pretrain.bilm_model import BiLMConfig
 from pretrain.textcnn import TextCNNConfig
 from pretrain.strategies import submodule
 

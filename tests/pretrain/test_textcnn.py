@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
@@ -14,8 +15,12 @@ def tiny_cnn(kernel_sizes=(2, 3)) -> TextCNNForSequenceClassification:
     return TextCNNForSequenceClassification(config).eval()
 
 
-def test_padding_does_not_change_the_logits():
+@pytest.mark.parametrize("pad_row", ["zero", "copied from a teacher"])
+def test_padding_does_not_change_the_logits(pad_row):
     model = tiny_cnn()
+    if pad_row != "zero":           # a teacher's [PAD] vector is not zero
+        with torch.no_grad():
+            model.embeddings.weight[0] = torch.linspace(-1, 1, 8)
     ids = torch.tensor([[5, 9, 13, 2]])
     padded = torch.tensor([[5, 9, 13, 2, 0, 0, 0]])
     mask = (padded != 0).long()

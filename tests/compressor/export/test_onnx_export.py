@@ -19,7 +19,8 @@ from compressor.export import onnx as export_onnx
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.export.trace import write_onnx
-from pretrain.batching import encode
+from pretrain.batching import MAX_LENGTH, encode
+from pretrain.data import Split
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, predict_logits
 from pretrain.models import encoder_layers
@@ -166,6 +167,36 @@ def test_no_token_type_input_when_the_tokenizer_makes_none(tiny_bundle, tiny_tas
     assert record["inputs"] == ["input_ids", "attention_mask"]
     assert record["parity_max_abs_diff"] <= 1e-4
     assert evaluate_path(str(tmp_path / "out"), None)["accuracy"] == record["accuracy"]
+
+
+def test_the_shipped_tokenizer_cuts_texts_where_the_accuracy_was_measured(tokenizer, tiny_task, tmp_path):
+    """A model of 512 positions is evaluated (and gated) at MAX_LENGTH tokens: the export's
+    tokenizer says so, so a user's `truncation=True` gets the tool's prediction for a long text
+    rather than one over 512 tokens (or, without truncation, a graph error past 512)."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    labels = tiny_task.label_names
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=512, num_labels=len(labels),
+        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})).eval()
+    model.save_pretrained(str(tmp_path / "hf"))
+    tokenizer.save_pretrained(str(tmp_path / "hf"))
+    bundle = ModelBundle.load(tmp_path / "hf").replace(task=tiny_task.spec)
+    record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task).record
+    shipped = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    assert shipped.model_max_length == record["max_length"] == MAX_LENGTH < 512
+    assert bundle.tokenizer.model_max_length == 512          # the bundle's own is left as it was
+
+    long_text = " ".join(tiny_task.split("test").texts * 3)
+    assert len(tokenizer(long_text)["input_ids"]) > 512
+    expected = onnx_logits_fn(tmp_path / "out" / "model.onnx")(encode(bundle.tokenizer, Split([long_text], [0])))
+    batch = {k: v.numpy() for k, v in shipped([long_text], truncation=True, return_tensors="pt").items()}
+    assert batch["input_ids"].shape[1] == MAX_LENGTH
+    import onnxruntime
+    session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"))
+    inputs = {i.name: batch[i.name] for i in session.get_inputs()}
+    np.testing.assert_allclose(session.run(["logits"], inputs)[0], expected, atol=1e-5)
 
 
 def test_a_model_with_few_positions_exports_evaluates_and_benchmarks_within_them(tokenizer, tiny_task, tmp_path):

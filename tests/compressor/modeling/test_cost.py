@@ -53,7 +53,7 @@ def test_every_family_is_counted(model_dirs):
     """Each supported family's classifier runs the counting pass (the report counts every variant)."""
     from transformers import AutoModelForSequenceClassification, BartConfig, XLNetConfig
 
-    from pretrain.objectives.bilm import BiLMConfig, BiLMForSequenceClassification
+    from pretrain.bilm_model import BiLMConfig, BiLMForSequenceClassification
     torch.manual_seed(0)
     small = dict(vocab_size=100, num_labels=3)
     models = {

@@ -62,9 +62,48 @@ def test_students_save_reload_and_export_behind_the_parity_gate(bert_bundle, tin
     assert out.params < bert_bundle.params
     loaded = ModelBundle.load(out.save(tmp_path / kind))
     assert type(loaded.model) is type(out.model) and loaded.label_names == bert_bundle.label_names
-    record = export_bundle(out.replace(deploy={}), tmp_path / f"{kind}-onnx", ExportSettings(), tiny_task).record
+    record = export_bundle(out.replace(deploy={}), tmp_path / f"{kind}-onnx", ExportSettings(optimize=True),
+                           tiny_task).record
     assert record["parity_max_abs_diff"] <= ExportSettings().parity_tolerance
+    assert not record["optimized"] and record["fusion_fallback"]      # no Transformer fusion applies
+    assert not {"fusions_left_out", "skip_layernorm", "skip_layernorm_reason"} & set(record)
     assert json.loads((tmp_path / f"{kind}-onnx" / "export.json").read_text())["accuracy"] == record["accuracy"]
+    loads_without_this_package(tmp_path / kind, tmp_path / f"{kind}-onnx", out, tiny_task)
+
+
+# A user's process: plain Transformers and Optimum, the modeling file the dir ships.
+LOAD_ELSEWHERE = """
+import json, sys
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from optimum.onnxruntime import ORTModelForSequenceClassification
+saved, onnx_dir, text = sys.argv[1:4]
+tokenizer = AutoTokenizer.from_pretrained(saved)
+inputs = tokenizer([text], return_tensors="pt")
+inputs.pop("token_type_ids", None)
+model = AutoModelForSequenceClassification.from_pretrained(saved, trust_remote_code=True).eval()
+ort = ORTModelForSequenceClassification.from_pretrained(onnx_dir, trust_remote_code=True)
+with torch.no_grad():
+    logits = model(**inputs).logits
+print(json.dumps({"torch": logits[0].tolist(), "onnx": ort(**inputs).logits[0].tolist(),
+                  "ours_imported": any(name.split(".")[0] in ("pretrain", "compressor") for name in sys.modules)}))
+"""
+
+
+def loads_without_this_package(saved, onnx_dir, bundle: ModelBundle, task) -> None:
+    """Transformers and Optimum load the dirs from the modeling file they ship (remote code),
+    in a process that never imports this tool, and compute the tool's logits."""
+    import subprocess
+    import sys
+    text = task.split("test").texts[0]
+    done = subprocess.run([sys.executable, "-c", LOAD_ELSEWHERE, str(saved), str(onnx_dir), text],
+                          capture_output=True, text=True, timeout=600, cwd=saved.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = predict_logits(bundle.model, encode(bundle.tokenizer, task.split("test").head(1)))[0]
+    assert not result["ours_imported"]
+    np.testing.assert_allclose(result["torch"], expected, atol=1e-5)
+    np.testing.assert_allclose(result["onnx"], expected, atol=1e-4)
 
 
 def test_teacher_embeddings_are_its_principal_directions(bert_bundle):

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel
 
 from pretrain.objectives import ModelSize, get_objective
-from pretrain.objectives.bilm import BiLanguageModel, reverse_padded
+from pretrain.bilm_model import BiLanguageModel, reverse_padded
 
 
 @settings(max_examples=60, deadline=None)
@@ -78,7 +78,7 @@ def test_training_reduces_loss_and_the_format_round_trips(wp_tokenizer, document
 
 def test_lstmp_is_the_projected_lstm():
     """The plain-LSTM form the classifier (and its ONNX graph) uses computes nn.LSTM(proj_size=P)."""
-    from pretrain.objectives.bilm import lstmp
+    from pretrain.bilm_model import lstmp
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(8, 24, batch_first=True, proj_size=8)
     x = torch.randn(3, 7, 8)
@@ -91,7 +91,7 @@ def test_classifier_reads_the_pretrained_bilm(wp_tokenizer, documents, max_lengt
     the same ELMo layers as the LM, the LM softmax left out, and padding changes no logits."""
     from transformers import AutoModelForSequenceClassification
 
-    from pretrain.objectives.bilm import BiLMForSequenceClassification
+    from pretrain.bilm_model import BiLMForSequenceClassification
     objective = get_objective("bilm")
     model = objective.build_model(wp_tokenizer, ModelSize(layers=2, hidden=32, heads=1, intermediate=64),
                                   max_length, 0).eval()
