@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from compressor import __version__
 from compressor.modeling.structure import save_structure_code, update_record
 from pretrain.model_code import ship_model_code
-from pretrain.atomic import atomic_dir
+from pretrain.atomic import atomic_dir, check_output
 from pretrain.errors import UserError
 from pretrain.models import count_params, label_names_of, load_saved_classifier, not_a_classifier
 
@@ -61,7 +61,9 @@ class ModelBundle:
         return copy.deepcopy(self.model)
 
     def save(self, path: Path) -> Path:
-        """Write the bundle as an HF model dir, atomically (temp dir, then rename)."""
+        """Write the bundle as an HF model dir, atomically (temp dir, then rename). `path` is
+        replaced whole, so it must be new, empty, or a dir this method wrote (compressor.json)."""
+        check_output(Path(path), [], owner_files=(PROVENANCE_FILE,), flag="save path")
         with atomic_dir(Path(path)) as tmp:
             self.save_into(tmp)
         return Path(path)

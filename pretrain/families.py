@@ -24,7 +24,8 @@ from typing import Mapping
 from pretrain.errors import UserError
 
 CAPABILITIES = ("inc", "optimum-export", "scalar-mix", "drop-layers", "prune-heads", "prune-ffn",
-                "share-layers", "adapters", "domain-mlm", "fusion")
+                "share-layers", "adapters", "domain-mlm", "fusion", "student", "theseus", "prune-magnitude",
+                "prune-movement", "layer-distill")
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,12 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.name: f for f in (
                "drop-layers": ALBERT_SHARED + "drop (lower num_hidden_layers in its config instead)",
                "prune-heads": ALBERT_SHARED + "prune head by head",
                "prune-ffn": ALBERT_SHARED + "prune neuron by neuron",
+               "student": ALBERT_SHARED + "keep layer by layer (lower num_hidden_layers instead, or build the "
+                          "student with `shape:`)",
+               "theseus": ALBERT_SHARED + "replace block by block",
+               "prune-magnitude": ALBERT_SHARED + "mask layer by layer",
+               "prune-movement": ALBERT_SHARED + "mask layer by layer",
+               "layer-distill": ALBERT_SHARED + "read layer by layer",
                "share-layers": "ALBERT's layers already share one set of weights (num_hidden_groups)",
                "scalar-mix": ALBERT_SHARED + "mix (the strategy counts layers by their modules)",
                "adapters": "no adapter sites are defined for ALBERT layers",

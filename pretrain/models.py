@@ -56,6 +56,25 @@ def read_model_type(path: Path) -> str:
     return model_type
 
 
+def check_head_for(path: Path, label_names: tuple[str, ...], task_name: str) -> None:
+    """Refuse (UserError) a model to use as saved whose head is not for these labels, in this
+    order: `load_classifier` would give it a fresh, untrained head instead."""
+    config = json.loads((path / "config.json").read_text())
+    id2label = config.get("id2label") or {}
+    labels = tuple(id2label[k] for k in sorted(id2label, key=int))
+    if labels == tuple(label_names):
+        return
+    if set(labels) == set(label_names):
+        why = "the same labels in another order"
+    elif labels:
+        why = f"{len(labels)} labels ({', '.join(labels[:3])}, ...)"
+    else:
+        why = "no labels"
+    raise UserError(f"model {path} is used as saved (no finetune) but its head has {why}; expected a model "
+                    f"fine-tuned on {task_name!r} ({len(label_names)} labels: {', '.join(label_names[:3])}, ...), "
+                    "or a finetune section to train one")
+
+
 def check_model_ref(ref: str) -> Path:
     """Validate a model reference up front, before any output is written."""
     path = resolve_model_path(ref)

@@ -46,7 +46,7 @@ from compressor.export.quantize import (LINEAR_SCOPE_UNFUSED, DynamicInt8Config,
                                         quantize_config_from_record, quantize_onnx)
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
 from compressor.export.trace import OPSET, check_exportable, input_names, write_onnx
-from pretrain.atomic import atomic_dir, write_json
+from pretrain.atomic import atomic_dir, check_output, write_json
 from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import TaskData
 from pretrain.model_code import ship_model_code
@@ -103,6 +103,8 @@ def export_bundle(bundle: ModelBundle, out: Path, settings: ExportSettings, task
     the shipped model's test predictions. The one entry point of the exporter; the pipeline,
     whose cached stages own their temporary dir, calls `export_into` itself."""
     out = Path(out)
+    # replaced whole: a user's dir is refused rather than emptied (the CLI checks the same)
+    check_output(out, [], owner_files=(EXPORT_FILE,), flag="export path")
     with atomic_dir(out) as tmp:
         return export_into(tmp, bundle, settings, task, max_eval_samples, final_path=out)
 

@@ -69,6 +69,9 @@ def tapped(model: PreTrainedModel, hidden: bool = False, projections: dict[int, 
     of "query", "key", "value".
     """
     taps, handles = Taps(), []
+    if not hidden and not projections:   # logits only: any family (ALBERT, BiLSTM, CNN)
+        yield taps
+        return
     layers = encoder_layers(model)
     family = FAMILIES[model.config.model_type]
     if hidden:

@@ -102,7 +102,7 @@ def check_student_layers(cfg: StudentConfig, n_layers: int | None) -> None:
                         f"{n_layers} layers (0..{n_layers - 1})")
 
 
-@register("student", StudentConfig, check_family=lambda cfg, family: check_transformer_family(family),
+@register("student", StudentConfig, check_family=lambda cfg, family: check_transformer_family(family, "student"),
           check_shape=student_shape)
 def student_pass(bundle: ModelBundle, cfg: StudentConfig, ctx: Context) -> ModelBundle:
     """The model to distill into: kept layers of the teacher or the bundle, or a fresh model."""
@@ -279,9 +279,11 @@ def check_distill_family(cfg: DistillConfig, family: str) -> None:
 def refuse_losses(losses: tuple[str, ...], family: str, role: str) -> None:
     refused = losses_family_cannot_give(losses, family)
     if refused:
+        record = FAMILIES.get(family)
+        why = (record.refusals.get("layer-distill") if record else None) or \
+            "no Transformer layers with query/key/value modules to read"
         raise UserError(f"distill: the {role}'s model family {family!r} cannot give the {', '.join(refused)} "
-                        f"loss (no Transformer layers with query/key/value modules to read); expected "
-                        f"soft and hard only for this family")
+                        f"loss ({why}); expected soft and hard only for this family")
 
 
 def check_layer_map(cfg: DistillConfig, n_student: int | None, n_teacher: int | None) -> None:
@@ -514,9 +516,9 @@ def projection_attached(model: PreTrainedModel, teacher: PreTrainedModel, cfg: D
     """TinyBERT's W_h (student width -> teacher width) as a submodule of the student while it
     trains, so the loop optimises and checkpoints it with the model; removed afterwards, so
     it never reaches the saved model."""
-    s_width, t_width = dl.hidden_width(model), dl.hidden_width(teacher)
-    needed = s_width != t_width and any(name in PROJECTED_LOSSES for name in cfg.losses)
-    if not needed:
+    projected = any(name in PROJECTED_LOSSES for name in cfg.losses)    # widths exist only then
+    s_width, t_width = (dl.hidden_width(model), dl.hidden_width(teacher)) if projected else (0, 0)
+    if s_width == t_width:
         yield
         return
     torch.manual_seed(cfg.seed)

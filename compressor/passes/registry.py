@@ -154,6 +154,8 @@ def register(name: str, config_type: type[BaseModel], *, preserves_function: boo
              trains: bool = False, check_family: FamilyCheck | None = None,
              check_tokenizer: TokenizerCheck | None = None,
              check_shape: ShapeCheck | None = None) -> Callable[[PassFn], PassFn]:
+    check_config_type(name, config_type)
+
     def decorate(fn: PassFn) -> PassFn:
         if name in _REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
@@ -161,6 +163,16 @@ def register(name: str, config_type: type[BaseModel], *, preserves_function: boo
                                    check_tokenizer, check_shape)
         return fn
     return decorate
+
+
+def check_config_type(name: str, config_type: type) -> None:
+    """A pass config is a frozen pydantic model that refuses unknown fields (PassConfig is one):
+    recipes are parsed into it, stage keys hash it, and a misspelt field must fail, not vanish."""
+    settings = getattr(config_type, "model_config", None) if isinstance(config_type, type) else None
+    if not (isinstance(config_type, type) and issubclass(config_type, BaseModel)) or not settings \
+            or not settings.get("frozen") or settings.get("extra") != "forbid":
+        raise TypeError(f"pass {name!r}: its config type {getattr(config_type, '__name__', config_type)!r} must be "
+                        "a pydantic model with frozen=True and extra='forbid' (subclass PassConfig)")
 
 
 def check_pass_family(name: str, config: BaseModel, family: str) -> None:
@@ -277,7 +289,14 @@ def get_pass(name: str) -> PassSpec:
 def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) -> ModelBundle:
     """Run one pass and record it in the output's history."""
     spec = get_pass(name)
-    # The same refusal the pipeline gives up front, for passes called one by one.
+    if not isinstance(config, spec.config_type):
+        raise UserError(f"pass {name!r} takes a {spec.config_type.__name__}, not {type(config).__name__}; "
+                        f"expected e.g. get_pass({name!r}).config_type(...)")
+    # The same refusals the pipeline gives up front, for passes called one by one.
+    if spec.trains and ctx.task is not None and tuple(bundle.label_names) != tuple(ctx.task.label_names):
+        raise UserError(f"pass {name!r} trains on task {ctx.task.name!r} but the model's head is for other labels "
+                        f"({', '.join(bundle.label_names[:3])}, ... {len(bundle.label_names)}); expected a model "
+                        f"of that task's {len(ctx.task.label_names)} labels, in its order")
     check_pass_family(name, config, bundle.model.config.model_type)
     check_pass_tokenizer(name, config, bundle.tokenizer)
     out = spec.run(bundle, config, ctx)

@@ -113,6 +113,9 @@ class MovementConfig(SparsityConfig):
 def check_linear_family(cfg: SparsityConfig, family: str) -> None:
     """Refuse families without Linear projections in Transformer layers (BiLM; XLNet's einsums),
     and a named teacher dir that holds no model, before anything trains."""
+    record = FAMILIES.get(family)
+    if record is not None and cfg.method in record.refusals:     # ALBERT's own reason
+        record.check(cfg.method, f"{cfg.method} on model family {family!r}")
     if not linear_family(family):
         supported = ", ".join(f for f in TRANSFORMER_FAMILIES if linear_family(f))
         raise UserError(f"{cfg.method} prunes the Linear weights of Transformer layers, which model family "

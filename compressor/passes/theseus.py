@@ -84,7 +84,7 @@ class TheseusConfig(FinetuneConfig):
 
 
 def check_theseus_family(cfg: TheseusConfig, family: str) -> None:
-    check_transformer_family(family)
+    check_transformer_family(family, "theseus")
 
 
 def block_size(depth: int, successors: int) -> int:

@@ -87,10 +87,16 @@ class Pipeline:
     def run(self, out_dir: str | Path, *, force: bool = False, rebenchmark: bool = False,
             show_progress: bool = True) -> dict:
         """Run every stage into out_dir (cached and resumable, like `compressor run`); the report."""
+        import torch
+
         from compressor.pipeline import run_recipe
         recipe, steps = self.validate()
-        return run_recipe(recipe, steps, Path(out_dir), show_progress=show_progress, force=force,
-                          rebenchmark=rebenchmark)
+        threads = torch.get_num_threads()    # the run uses every core; the caller's setting comes back
+        try:
+            return run_recipe(recipe, steps, Path(out_dir), show_progress=show_progress, force=force,
+                              rebenchmark=rebenchmark)
+        finally:
+            torch.set_num_threads(threads)
 
     def plan(self, out_dir: str | Path, *, force: bool = False, rebenchmark: bool = False) -> dict:
         """What `run` would do into out_dir, without doing it (`compressor run --plan`): each

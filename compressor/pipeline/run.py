@@ -23,7 +23,8 @@ from compressor.report.render import write_human_reports
 from pretrain.atomic import check_output, write_json
 from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
-from pretrain.models import BUNDLED_MODELS, check_model_ref, load_tokenizer, read_model_type, set_threads
+from pretrain.models import (BUNDLED_MODELS, check_head_for, check_model_ref, load_tokenizer, read_model_type,
+                            set_threads)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
              for name, variant_steps in steps.items()}
     task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
     task = load_task(task_spec, seed=recipe.seed)
+    if recipe.teacher.finetune is None:
+        check_head_for(teacher_path, tuple(task.label_names), task.name)
     check_steps_fit(steps, teacher_path, task, exports=recipe.export is not None and recipe.export.onnx)
     # Stages replace what they write under out_dir (and --force its whole contents): no
     # input may lie there, or around it.

@@ -93,3 +93,32 @@ def test_structured_pruning_names_albert_s_reason(albert_dir):
         prune_heads(model, {0: [0]})
     with pytest.raises(UserError, match="prune-ffn is not available for model family 'albert'"):
         set_intermediate_size(model, 0, [0, 1])
+
+
+def test_soft_target_distillation_needs_no_layers(albert_dir, tiny_task):
+    """`soft` and `hard` read logits only: the losses ALBERT's refusals leave it (and what the
+    up-front check tells a user to use) train it, with ALBERT as its own teacher."""
+    from compressor.bundle import ModelBundle
+    from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
+    from pretrain.models import load_classifier
+    model, tokenizer = load_classifier(str(albert_dir), tiny_task.label_names)
+    bundle = ModelBundle(model.eval(), tokenizer, task=tiny_task.spec)
+    teacher = LazyTeacher(lambda: bundle.replace(model=bundle.copy_model()))
+    cfg = get_pass("distill").config_type.model_validate(
+        {"losses": ["soft", "hard"], "epochs": 1, "max_train_samples": 32, "batch_size": 16})
+    out = apply_pass(bundle, "distill", cfg, Context(task=tiny_task, seed=0, show_progress=False,
+                                                     teacher_source=teacher))
+    assert type(out.model) is AlbertForSequenceClassification
+    assert not torch.equal(out.model.classifier.weight, bundle.model.classifier.weight)
+
+
+@pytest.mark.parametrize("name, raw", [
+    ("student", {"layers": [0]}), ("theseus", {"successor_layers": 1}), ("prune-magnitude", {"sparsity": 0.5}),
+    ("prune-movement", {"sparsity": 0.5}), ("distill", {"losses": ["soft", "hidden"]}),
+])
+def test_passes_on_per_layer_weights_say_why_albert_is_refused(name, raw):
+    """ALBERT has Transformer layers, but one shared group of them: the refusal says that."""
+    from compressor.passes import check_pass_family, get_pass
+    with pytest.raises(UserError, match="ALBERT's layers are one shared layer group") as err:
+        check_pass_family(name, get_pass(name).config_type.model_validate(raw), "albert")
+    assert "does not have" not in str(err.value)

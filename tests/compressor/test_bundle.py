@@ -74,17 +74,19 @@ def test_atomic_save_leaves_no_temporary_dirs(trained_bundle, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
 
-def test_saving_over_an_existing_dir_replaces_it(trained_bundle, bert_bundle, tmp_path):
+def test_saving_over_an_earlier_save_replaces_it_and_a_users_dir_is_refused(trained_bundle, bert_bundle, tmp_path):
     target = tmp_path / "model"
     target.mkdir()
-    (target / "stale.txt").write_text("from an earlier run")
-    (target / "pytorch_model.bin").write_bytes(b"old weights")
-    trained_bundle.save(target)
-    names = {p.name for p in target.iterdir()}
-    assert "stale.txt" not in names and "pytorch_model.bin" not in names
-    assert ModelBundle.load(target).history == HISTORY
+    (target / "notes.txt").write_text("a user's own file")
+    with pytest.raises(UserError, match="save path .* holds files this command did not write"):
+        trained_bundle.save(target)
+    assert [p.name for p in target.iterdir()] == ["notes.txt"]       # untouched
 
-    bert_bundle.save(target)                         # a second replacement, other content
+    (target / "notes.txt").unlink()
+    trained_bundle.save(target)                      # an empty dir is taken
+    (target / "stale.txt").write_text("from an earlier run")
+    bert_bundle.save(target)                         # an earlier save is replaced whole
+    assert "stale.txt" not in {p.name for p in target.iterdir()}
     assert ModelBundle.load(target).history == ()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 

@@ -268,3 +268,12 @@ def test_skip_layernorm_auto_follows_the_onnxruntime_release(monkeypatch):
     assert skip_layernorm_choice(ExportSettings(), None)[0] == "unfused"
     assert skip_layernorm_choice(ExportSettings(), Fp16Config())[0] == "fused"            # GPU providers
     assert skip_layernorm_choice(ExportSettings(skip_layernorm="fused"), None) == ("fused", "asked (skip_layernorm)")
+
+
+def test_exporting_into_a_users_dir_is_refused_and_leaves_it_untouched(tiny_bundle, tiny_task, tmp_path):
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("a user's own file")
+    with pytest.raises(UserError, match="export path .* holds files this command did not write"):
+        export_bundle(tiny_bundle, target, ExportSettings(optimize=False), tiny_task)
+    assert [p.name for p in target.iterdir()] == ["notes.txt"]

@@ -160,3 +160,28 @@ def test_asking_for_a_teacher_that_was_not_given_is_a_user_error(tiny_task):
 def test_context_stays_frozen(tiny_task, tmp_path):
     with pytest.raises(AttributeError):
         Context(task=tiny_task).work_dir = tmp_path
+
+
+@pytest.mark.parametrize("config_type, why", [
+    (dict, "must be a pydantic model"),
+    (type("Loose", (registry.BaseModel,), {"__annotations__": {"factor": float}}), "frozen=True and extra='forbid'"),
+])
+def test_a_config_type_that_would_drop_a_misspelt_field_is_refused_at_registration(config_type, why):
+    with pytest.raises(TypeError, match=why):
+        registry.register("loose-pass", config_type)(lambda bundle, cfg, ctx: bundle)
+    assert "loose-pass" not in pass_names()
+
+
+def test_apply_pass_names_the_config_type_it_takes(bert_bundle, tiny_task):
+    from compressor.passes.layers import DropLayers
+    with pytest.raises(UserError, match="pass 'finetune' takes a FinetuneConfig, not DropLayers"):
+        apply_pass(bert_bundle, "finetune", DropLayers(keep=(0,)), Context(task=tiny_task))
+
+
+def test_a_training_pass_refuses_a_model_of_another_task(bert_bundle, tiny_task):
+    model = bert_bundle.copy_model()
+    model.config.id2label = {i: f"x{i}" for i in range(model.config.num_labels)}
+    model.config.label2id = {v: k for k, v in model.config.id2label.items()}
+    other = bert_bundle.replace(model=model)
+    with pytest.raises(UserError, match="pass 'finetune' trains on task 'tiny' but the model's head is for other"):
+        apply_pass(other, "finetune", FinetuneConfig(epochs=1), Context(task=tiny_task))

@@ -106,6 +106,16 @@ def loads_without_this_package(saved, onnx_dir, bundle: ModelBundle, task) -> No
     np.testing.assert_allclose(result["onnx"], expected, atol=1e-4)
 
 
+def test_a_cnn_student_learns_more_from_soft_targets_alone(bert_bundle, tiny_task):
+    """`distill` with logits-only losses after `distill-structure`: no Transformer layers read."""
+    cnn = apply_pass(bert_bundle, "distill-structure", config(epochs=0.2), ctx(tiny_task, copied(bert_bundle)))
+    soft = get_pass("distill").config_type.model_validate(
+        {"losses": ["soft"], "epochs": 1, "max_train_samples": 32, "batch_size": 16})
+    out = apply_pass(cnn, "distill", soft, ctx(tiny_task, copied(bert_bundle)))
+    assert out.model.config.model_type == "textcnn"
+    assert not torch.equal(out.model.classifier.weight, cnn.model.classifier.weight)
+
+
 def test_teacher_embeddings_are_its_principal_directions(bert_bundle):
     weight = bert_bundle.model.get_input_embeddings().weight.detach()
     torch.testing.assert_close(principal_projection(weight, weight.shape[1]), weight)

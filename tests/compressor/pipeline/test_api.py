@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import yaml
 from pydantic import ValidationError
 
@@ -37,13 +38,17 @@ def test_pipeline_is_the_recipe_it_prints(tiny_bert_dir, tiny_csv):
 
 
 def test_pipeline_runs_like_a_recipe(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: None)
+    # The run sets its own thread count (one, here: tiny models on a shared machine) and
+    # gives the caller's back.
+    monkeypatch.setattr(pipeline_run, "set_threads", lambda threads: torch.set_num_threads(1))
+    torch.set_num_threads(3)
     pipe = build(tiny_bert_dir, tiny_csv)
     planned = pipe.plan(tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert {s["stage"]: s["state"] for s in planned["stages"]} == dict.fromkeys(
         ["teacher", "same", "two-layers", "int8"], "build")
     report = pipe.run(tmp_path / "out", show_progress=False)
+    assert torch.get_num_threads() == 3
     assert {s["state"] for s in pipe.plan(tmp_path / "out")["stages"]} == {"cached"}
     assert [m["name"] for m in report["models"]] == ["same", "two-layers", "int8"]
     assert report["models"][1]["params"] < report["teacher"]["params"]

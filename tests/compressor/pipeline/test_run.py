@@ -521,3 +521,29 @@ def test_a_distill_teacher_of_another_task_and_a_calibration_set_too_large_stop_
     with pytest.raises(UserError, match=r"variants.v\[0\]: calibration set too small"):
         run(raw, tmp_path / "b")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other-task"]
+
+
+@pytest.mark.parametrize("labels, why", [
+    (lambda names: ["x0", "x1"], "2 labels \\(x0, x1, \\.\\.\\.\\)"),
+    (lambda names: list(reversed(names)), "the same labels in another order"),
+])
+def test_a_teacher_used_as_saved_must_have_the_tasks_head(labels, why, bert_bundle, tiny_csv, tmp_path, monkeypatch):
+    """Without `finetune`, the teacher is the model as saved: a head for other labels would be
+    replaced by a fresh, untrained one (reported as the teacher's accuracy), so it is refused."""
+    forbid_building(monkeypatch)
+    names = labels(list(bert_bundle.label_names))
+    model = bert_bundle.copy_model()
+    model.config.id2label = dict(enumerate(names))
+    model.config.label2id = {n: i for i, n in enumerate(names)}
+    model.config.num_labels = len(names)
+    other = tmp_path / "other-head"
+    model.save_pretrained(str(other))
+    bert_bundle.tokenizer.save_pretrained(str(other))
+    raw = raw_recipe(other, tiny_csv, {"as-is": []})
+    del raw["teacher"]["finetune"]
+    with pytest.raises(UserError, match=f"used as saved \\(no finetune\\) but its head has {why}; expected a model"):
+        run(raw, tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
+    raw["teacher"]["finetune"] = {"epochs": 1}          # a head to train: accepted
+    from compressor.pipeline.plan import plan_recipe
+    assert plan_recipe(*parse_recipe(raw), tmp_path / "fresh")["stages"]
