@@ -50,11 +50,17 @@ def exclusive_use(out_dir: Path) -> Iterator[bool]:
 
 
 @contextlib.contextmanager
-def claimed_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> Iterator[bool]:
+def claimed_out_dir(out_dir: Path, recipe: Recipe, force: bool, *, held: bool = False) -> Iterator[bool]:
     """out_dir held by this run (`exclusive_use`: one run at a time, since a second one's claim
     would delete this one's temporaries and train the same stages twice) and claimed for
     `recipe` (`claim_out_dir`); yields whether the dir is new. A dir refused keeps nothing of
-    this run, not even the lock file."""
+    this run, not even the lock file. `held`: the caller holds the lock already (a search
+    running its finals), so it is only claimed."""
+    if held:
+        created = make_out_dir(out_dir)
+        claim_out_dir(out_dir, recipe, force)
+        yield created
+        return
     with exclusive_use(out_dir) as created:
         try:
             claim_out_dir(out_dir, recipe, force)

@@ -70,12 +70,13 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
 
 def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
                base_dir: Path = Path("."), show_progress: bool = True, force: bool = False,
-               rebenchmark: bool = False) -> dict:
-    """Run every stage of a validated recipe into out_dir and return the report."""
+               rebenchmark: bool = False, held: bool = False) -> dict:
+    """Run every stage of a validated recipe into out_dir and return the report (`held`: the
+    caller holds out_dir's lock, see `claimed_out_dir`)."""
     set_threads(None)
     prepared = prepare(recipe, steps, out_dir, base_dir)
     steps, task, presets = prepared.steps, prepared.task, prepared.presets
-    with claimed_out_dir(out_dir, recipe, force) as created:
+    with claimed_out_dir(out_dir, recipe, force, held=held) as created:
         try:
             teacher = teacher_stage(recipe, prepared.teacher_ref, prepared.teacher_path, task, out_dir,
                                     show_progress)

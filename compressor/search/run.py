@@ -14,9 +14,10 @@ Workers started with `join=True` run phase 2 only, until the lead starts the fin
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import re
+import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,7 +33,7 @@ from compressor.evaluate import label_permutation
 from compressor.passes import check_pass_family
 from compressor.passes.registry import shape_of
 from compressor.pipeline.cache import fingerprint, log as progress
-from compressor.pipeline.outdir import claim_out_dir, disk_errors
+from compressor.pipeline.outdir import claimed_out_dir, disk_errors
 from compressor.pipeline.recipe import RESERVED_NAMES, VARIANT_NAME, parse_recipe, parse_step
 from compressor.report.analysis import latency_row
 from compressor.report.render import write_human_reports
@@ -69,24 +70,27 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
     check_output(out_dir, [teacher_dir, *task_files(task)], owner_files=None)
     bundle = ModelBundle.load(teacher_dir)      # a teacher that is no classifier stops before any write
     label_permutation(tuple(bundle.label_names), data)   # nor one of another task: its plans would score chance
-    created = not out_dir.exists()
-    if not join:
-        claim_out_dir(out_dir, SimpleNamespace(name=RECIPE_NAME), force=False)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # A failed trial is counted in the report; Optuna's own warning would print its traceback.
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    try:
-        study = study_for(settings, out_dir, teacher_dir, data, target, join)
-    except UserError:
-        if created:     # a storage it cannot reach, a study of another search: nothing left behind
-            shutil.rmtree(out_dir, ignore_errors=True)
-        raise
-    runner = proxy_runner(study, bundle, teacher_dir, data, target, settings, out_dir, join, deadline, log)
-    if study.user_attrs.get("phase") != "final":
-        run_proxies(study, runner, deadline, join, log)
-    if join:
-        return {"worker": "joined", "trials": len(proxy_trials(completed(study)))}
-    return run_finals(study, runner, teacher_dir, task, profile, settings, out_dir, show_progress, deadline, log)
+    # The lead holds out_dir until its finals are written: a second lead's claim would delete
+    # this one's temporaries (joining workers share it by design, and take no lock).
+    lock = contextlib.nullcontext(not out_dir.exists()) if join else \
+        claimed_out_dir(out_dir, SimpleNamespace(name=RECIPE_NAME), force=False)
+    with lock as created:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # A failed trial is counted in the report; Optuna's own warning would print its traceback.
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        try:
+            study = study_for(settings, out_dir, teacher_dir, data, target, join)
+        except UserError:
+            if created:     # a storage it cannot reach, a study of another search: nothing left behind
+                shutil.rmtree(out_dir, ignore_errors=True)
+            raise
+        runner = proxy_runner(study, bundle, teacher_dir, data, target, settings, out_dir, join, deadline, log)
+        if study.user_attrs.get("phase") != "final":
+            run_proxies(study, runner, deadline, join, log)
+        if join:
+            return {"worker": "joined", "trials": len(proxy_trials(completed(study)))}
+        return run_finals(study, runner, teacher_dir, task, profile, settings, out_dir, show_progress, deadline,
+                          log)
 
 
 def study_for(settings: SearchSettings, out_dir: Path, teacher_dir: Path, data: TaskData, target: Profile,
@@ -164,6 +168,11 @@ def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, da
         log("search: waiting for the lead to fit the latency model")
         time.sleep(LATENCY_WAIT_S)      # user_attrs reads the storage afresh each time
     latency = LatencyModel.model_validate(study.user_attrs["latency_model"])
+    missing = [p for p in settings.precisions if p not in latency.coefficients]
+    if missing:     # a resumed study with more precisions than its model was fitted for
+        raise UserError(f"the study's latency model was fitted for {', '.join(latency.coefficients)} and has no "
+                        f"{', '.join(missing)} measurements; expected --precisions within those (as the search "
+                        "was started), or another --study-name for a new search")
     test = data.split("test").head(settings.max_eval_samples)
     shapes = [tuple(b["input_ids"].shape) for b in input_batches(bundle.tokenizer, test, settings.batch_size, "real",
                                                                  max_length=usable_length(bundle.model))]
@@ -246,7 +255,7 @@ def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task
     log(f"search: finals: {', '.join(p.name for p in plans)} ({(deadline - time.monotonic()) / 60:.1f} min left)")
     raw = finals_recipe(plans, teacher_dir, task, profile, settings, runner.depth)
     recipe, steps = parse_recipe(raw, source="the search's finals")
-    report = run_recipe(recipe, steps, out_dir, show_progress=show_progress)
+    report = run_recipe(recipe, steps, out_dir, show_progress=show_progress, held=True)   # run_search holds it
     section = search_section(report, picks, plans, study, runner, settings)
     report["search"] = section
     for model in report["models"]:

@@ -97,7 +97,40 @@ def open_study(storage: RDBStorage, name: str, identity: dict, join: bool, seed:
         raise UserError(f"study {name!r} in {storage.url} was made for another search ({', '.join(differ)} "
                         f"differ: {', '.join(f'{k} {made_for.get(k)!r} there, {identity[k]!r} now' for k in differ)}); expected the "
                         f"same teacher, task, profile, batch size, budget and floor, or another --study-name")
+    if not join:
+        retry_stopped_trials(study)
     return study
+
+
+def retry_stopped_trials(study: optuna.Study) -> None:
+    """Queue again the plan of every trial a stop cut short: one interrupted (Ctrl-C, SIGTERM:
+    `objective` marks it) and one left running by a killed process of this host (its pid is
+    gone; a killed worker elsewhere is retried by its missing heartbeat after GRACE_S). Each is
+    retried once; a plan that failed of itself is not."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(key) for t in trials for key in ("retry_of", "failed_trial")}   # ours, Optuna's
+    for trial in trials:
+        if trial.state == TrialState.RUNNING and dead_here(trial.user_attrs.get("worker")):
+            # Optuna's public API ends only the caller's own trials; this one's process is gone.
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        elif not (trial.state == TrialState.FAIL and trial.user_attrs.get("stopped")):
+            continue
+        if trial.number not in retried and trial.params:
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+
+
+def dead_here(worker: str | None) -> bool:
+    """Whether `worker` ("host:pid", WORKER) ran on this host in a process that is gone."""
+    host, _, pid = (worker or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:       # alive, another user's
+        return False
+    return False
 
 
 def sampler_for(seed: int) -> optuna.samplers.TPESampler:
@@ -168,6 +201,13 @@ class ProxyRunner:
         return metrics["accuracy"], sum(seconds[:-1]), seconds[-1]     # the last step is the training
 
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:
+        try:
+            return self.scored(trial)
+        except KeyboardInterrupt:          # Ctrl-C or SIGTERM: the next run retries this plan
+            trial.set_user_attr("stopped", True)
+            raise
+
+    def scored(self, trial: optuna.Trial) -> tuple[float, float]:
         plan = suggest_plan(trial, self.depth, self.settings.recoveries, self.settings.precisions)
         trial.set_user_attr("worker", WORKER)
         predicted = self.predicted_ms(plan)

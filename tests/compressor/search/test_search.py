@@ -176,6 +176,37 @@ def test_a_study_made_for_another_search_is_refused(searched, tiny_bert_dir, tin
     assert "made for another search" in err and "latency_budget_ms" in err
 
 
+def test_a_resumed_search_asking_for_a_precision_its_latency_model_lacks_is_refused(searched, tiny_bert_dir, tiny_csv,
+                                                                                     quick_profile, cache_dir,
+                                                                                     monkeypatch):
+    from pretrain.errors import UserError
+    out, settings, _ = searched
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
+    wider = settings.model_copy(update={"precisions": ("fp32", "int8")})
+    with pytest.raises(UserError, match="fitted for fp32 and has no int8 measurements; expected --precisions") as err:
+        run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), wider, out, threads=1,
+                   show_progress=False, log=lambda _: None)
+    assert "\n" not in str(err.value)
+
+
+def test_a_second_search_into_a_dir_in_use_is_refused_before_touching_it(searched, tiny_bert_dir, tiny_csv,
+                                                                          quick_profile, capsys):
+    """The lead holds its out_dir from its claim to its finals: a second lead's claim would
+    clear the first one's temporary exports under its feet (it crashed that way)."""
+    from compressor.pipeline.outdir import exclusive_use
+    out = searched[0]
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.name != ".lock"}
+    with exclusive_use(out):             # as a running search holds it
+        (out / ".an-export.tmp-x").mkdir()                # a temporary of the running search
+        code = main(["search", "--teacher", str(tiny_bert_dir), "--task", str(tiny_csv), "--profile",
+                     str(quick_profile), "--latency-budget-ms", "1000", "--out", str(out), "--precisions", "fp32"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "is in use by another run" in err, err
+        assert (out / ".an-export.tmp-x").is_dir()         # a claim would have cleared it
+    (out / ".an-export.tmp-x").rmdir()
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.name != ".lock" and p.exists()} == before
+
+
 @pytest.mark.parametrize("args, message", [
     (["--min-retention", "1.5"], "min_retention"),
     (["--min-retention", "0"], "min_retention"),

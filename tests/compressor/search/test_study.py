@@ -124,3 +124,34 @@ def test_a_resumed_study_does_not_propose_its_first_trials_again(tmp_path):
     started = first_draws(2)
     resumed = first_draws(2)
     assert not set(resumed) & set(started)
+
+
+def test_a_resumed_lead_retries_the_trials_a_stop_cut_short(tmp_path):
+    """A trial interrupted (Ctrl-C, SIGTERM) or left running by a process killed on this host
+    is queued again, once, with its plan; a trial that failed of itself is not."""
+    import socket
+    import subprocess
+    import sys
+
+    from optuna.trial import TrialState
+
+    from compressor.search.study import connect, open_study
+    storage = connect(f"sqlite:///{tmp_path / 'study.db'}")
+    study = open_study(storage, "s", {"task": "t"}, join=False, seed=0)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stopped, killed, failed = (study.ask({"x": FloatDistribution(0.0, 1.0)}) for _ in range(3))
+    stopped.set_user_attr("stopped", True)
+    study.tell(stopped, state=TrialState.FAIL)
+    killed.set_user_attr("worker", f"{socket.gethostname()}:{gone}")     # left RUNNING by a dead process
+    study.tell(failed, state=TrialState.FAIL)                            # its own failure: not retried
+
+    resumed = open_study(storage, "s", {"task": "t"}, join=False, seed=0)
+    trials = resumed.get_trials()
+    assert trials[killed.number].state == TrialState.FAIL
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    assert sorted(t.user_attrs["retry_of"] for t in waiting) == [stopped.number, killed.number]
+    assert {t.system_attrs["fixed_params"]["x"] for t in waiting} == \
+        {trials[stopped.number].params["x"], trials[killed.number].params["x"]}
+    again = open_study(storage, "s", {"task": "t"}, join=False, seed=0)        # once only
+    assert len([t for t in again.get_trials() if t.state == TrialState.WAITING]) == 2
