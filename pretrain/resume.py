@@ -10,6 +10,7 @@ checkpoint found on disk may be continued, before anything is loaded or trained.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,6 +27,9 @@ def check_resume(settings: dict, ckpt: Path, resume: bool, settings_file: str) -
     """A checkpoint is continued only on `resume` and only when `settings` (JSON-ready: what
     decides what the run computes) equal the ones it was written with; never silently
     restarted or mixed."""
+    if ckpt.is_dir() and all(p.name == settings_file for p in ckpt.iterdir()):
+        # Killed before its first checkpoint: only the settings were written, nothing to resume.
+        shutil.rmtree(ckpt)
     if not ckpt.exists():
         if resume:      # nothing to continue: say so, rather than look like a resumed run
             print(f"--resume: no checkpoint at {ckpt}; starting from the first step", file=sys.stderr)

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle
+from compressor.pipeline.cache import inputs_fingerprint
 from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
 from pretrain.atomic import atomic_dir, check_output, write_json
@@ -42,9 +43,9 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     except ValidationError as err:
         raise UserError(describe_validation_error(err)) from None
     model_path = check_model_ref(model_ref)
-    check_output(out, [model_path, cfg.domain_corpus,
-                       *(f for spec in (task_spec, cfg.intermediate_task, *cfg.tasks) for f in task_files(spec))],
-                 owner_files=FINETUNE_OUTPUT)
+    inputs = [model_path, cfg.domain_corpus,
+              *(f for spec in (task_spec, cfg.intermediate_task, *cfg.tasks) for f in task_files(spec))]
+    check_output(out, inputs, owner_files=FINETUNE_OUTPUT)
     processes = distributed.launched_size()
     if processes > cfg.batch_size:
         raise UserError(f"--nproc_per_node={processes} is larger than the batch size {cfg.batch_size}: "
@@ -55,7 +56,10 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
         raise UserError(f"--nproc_per_node={processes} is larger than the {train_examples} training examples; "
                         f"expected at most {train_examples}")
     out, ckpt = Path(out), checkpoint_dir(Path(out))
-    settings = {"model": str(model_path.resolve()), "task": task.spec, "config": cfg.model_dump(mode="json")}
+    # The paths' contents too: a task file or model replaced since the stop would be resumed
+    # into a mix of two runs.
+    settings = {"model": str(model_path.resolve()), "task": task.spec, "config": cfg.model_dump(mode="json"),
+                "inputs": inputs_fingerprint(inputs)}
     check_resume(settings, ckpt, resume, SETTINGS_FILE)
     place = distributed.world()
     if place.is_main:

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from compressor.bench.environment import environment
+from compressor.pipeline.cache import inputs_fingerprint
 from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
 from pretrain.atomic import atomic_dir, check_output, write_json
@@ -43,13 +44,15 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
     out = Path(out)
     check_output(out, [cfg.corpus, cfg.tokenizer, cfg.init], owner_files=("config.json", "metrics.json"))
     ckpt = checkpoint_dir(out)
-    check_resume(cfg.model_dump(mode="json"), ckpt, resume, SETTINGS_FILE)
+    # The inputs' contents too: a corpus or init model replaced since the stop is another run.
+    settings = {**cfg.model_dump(mode="json"), "inputs": inputs_fingerprint([cfg.corpus, cfg.tokenizer, cfg.init])}
+    check_resume(settings, ckpt, resume, SETTINGS_FILE)
     objective, tokenizer, model = prepare(cfg)
     set_threads(threads)
     place = distributed.world()
     if place.is_main:
         ckpt.mkdir(parents=True, exist_ok=True)
-        write_json(ckpt / SETTINGS_FILE, cfg.model_dump(mode="json"))
+        write_json(ckpt / SETTINGS_FILE, settings)
     model, metrics = run_pretraining(cfg, objective, tokenizer, model, ckpt, show_progress=show_progress,
                                      checkpoint_every=checkpoint_every, callbacks=callbacks)
     metrics["environment"] = environment()

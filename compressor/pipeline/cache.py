@@ -104,6 +104,13 @@ def file_digest(file: Path) -> str:
     return digest.hexdigest()[:20]
 
 
+def inputs_fingerprint(paths) -> dict[str, str]:
+    """Content hash of each input file or model dir that exists (a built-in name has no file):
+    what a resumed run must find unchanged, beside its settings."""
+    return {str(path): fingerprint_file(Path(path)) for path in paths
+            if path is not None and Path(path).exists()}
+
+
 def task_fingerprint(task: TaskData) -> str:
     digest = hashlib.sha256(json.dumps([task.name, task.label_names], default=str).encode())
     for split_name in sorted(task.splits):

@@ -22,6 +22,7 @@ def test_the_refusal_names_each_differing_setting_down_nested_settings(tmp_path:
     ckpt = tmp_path / "out.checkpoint"
     ckpt.mkdir()
     (ckpt / "settings.json").write_text(json.dumps({"task": "t", "config": {"batch_size": 32, "lr": 1e-3}}))
+    (ckpt / "checkpoint.pt").write_bytes(b"state")
     with pytest.raises(UserError, match=r"\(config\.batch_size differ\)"):
         check_resume({"task": "t", "config": {"batch_size": 16, "lr": 1e-3}}, ckpt, True, "settings.json")
     check_resume({"task": "t", "config": {"batch_size": 32, "lr": 1e-3}}, ckpt, True, "settings.json")

@@ -105,6 +105,33 @@ def test_an_interrupted_finetune_resumes_to_the_same_weights(tmp_path, tiny_bert
     assert resumed["accuracy"] == whole["accuracy"]
 
 
+def test_a_resume_after_the_task_file_changed_is_refused(tmp_path, tiny_bert_dir, tiny_csv):
+    """Same paths, other contents: the checkpoint would continue on other data, a mix of two runs."""
+    data = tmp_path / "task.csv"
+    data.write_text(tiny_csv.read_text())
+    settings = {"epochs": 1, "batch_size": 8, "lr": 1e-3, "max_train_samples": 48}
+    cut = tmp_path / "cut"
+    with pytest.raises(Interrupt):
+        finetune_command(str(tiny_bert_dir), {"path": str(data)}, cut, settings, show_progress=False,
+                         checkpoint_every=2, callbacks=(stop_at(3),))
+    header, *rows = data.read_text().splitlines()
+    data.write_text("\n".join([header, *reversed(rows)]) + "\n")
+    with pytest.raises(UserError, match=r"other settings \(inputs\..*task\.csv differ"):
+        finetune_command(str(tiny_bert_dir), {"path": str(data)}, cut, settings, show_progress=False, resume=True)
+    assert (checkpoint_dir(cut) / "checkpoint.pt").is_file()              # kept for the user to decide
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_no_unfinished_run(tmp_path, tiny_bert_dir, tiny_csv):
+    """kill -9 right after the settings were written: nothing to resume, so no --resume asked."""
+    out = tmp_path / "out"
+    checkpoint_dir(out).mkdir()
+    (checkpoint_dir(out) / "finetune_settings.json").write_text("{}")
+    metrics = finetune_command(str(tiny_bert_dir), {"path": str(tiny_csv)}, out,
+                               {"epochs": 1, "batch_size": 16, "max_train_samples": 32}, max_eval_samples=16,
+                               show_progress=False)
+    assert metrics["steps"] == 2 and not checkpoint_dir(out).exists()
+
+
 def test_a_run_stopped_before_its_first_checkpoint_leaves_nothing(tmp_path, tiny_bert_dir, tiny_csv):
     out = tmp_path / "out"
     with pytest.raises(Interrupt):

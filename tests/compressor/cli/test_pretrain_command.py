@@ -190,6 +190,7 @@ def test_equal_options_spelled_differently_resume_alike(corpus, tmp_path):
     ckpt.mkdir()
     first = config(corpus, "dae", objective_options=objective_options("dae", "permutation,infilling", 0.3))
     (ckpt / SETTINGS_FILE).write_text(json.dumps(first.model_dump(mode="json")))
+    (ckpt / "checkpoint.pt").write_bytes(b"state")       # a checkpoint to resume
     same = config(corpus, "dae", objective_options="infill=0.3,permute=1").model_dump(mode="json")
     check_resume(same, ckpt, resume=True, settings_file=SETTINGS_FILE)
     other = config(corpus, "dae", objective_options="infill=0.4,permute").model_dump(mode="json")
