@@ -27,14 +27,17 @@ from compressor.export.onnx import GRAPH_VERSION, ExportSettings, export_into, s
 from compressor.export.quantize import QuantizeConfig, quantize_config_from_record
 from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
 from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerprint, fingerprint_file, key_fields,
-                                      task_fingerprint)
-from compressor.pipeline.outdir import read_json
+                                      log, task_fingerprint)
+from compressor.pipeline.outdir import disk_errors, read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
 from pretrain.data import TaskData, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, finetune, with_run_defaults
 from pretrain.models import load_classifier
+from pretrain.atomic import write_json
 from pretrain.train import Checkpointing
+
+EVAL_LIMIT = "eval_limit"    # stage.json: the test-sample limit its metrics were measured with
 
 
 @dataclass(frozen=True)
@@ -78,9 +81,10 @@ def teacher_finetune(recipe: Recipe):
 
 def teacher_key(recipe: Recipe, path: Path, task: TaskData) -> str:
     finetune_cfg = teacher_finetune(recipe)
+    # Not the test-sample limit: it changes what is measured, not the weights (model_stage
+    # re-evaluates a stage whose limit differs; the exports' and benchmark's keys hold it).
     return content_key({"model": fingerprint(path), "task": task_fingerprint(task),
-                        "finetune": key_fields(finetune_cfg) if finetune_cfg else None,
-                        "eval": recipe.data.max_eval_samples})
+                        "finetune": key_fields(finetune_cfg) if finetune_cfg else None})
 
 
 def variant_key(teacher_key: str, recipe: Recipe, steps: list[Step]) -> str:
@@ -169,15 +173,26 @@ def keep_prefix(bundle: ModelBundle, path: Path, out_dir: Path) -> None:
 
 def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: TaskData, recipe: Recipe,
                 out_dir: Path) -> Stage:
-    """Reuse out_dir/name if its key matches; otherwise build, evaluate and write it."""
+    """Reuse out_dir/name if its key matches (re-evaluated if it was measured on another number
+    of test examples); otherwise build, evaluate and write it."""
+    limit = recipe.data.max_eval_samples
+
+    def scored(bundle: ModelBundle) -> dict:
+        metrics, predictions = evaluate(bundle.model, bundle.tokenizer, task.split("test").head(limit))
+        return {"metrics": metrics, "predictions": predictions.tolist(), EVAL_LIMIT: limit}
+
     def write(tmp: Path) -> dict:
         bundle = build()
-        test = task.split("test").head(recipe.data.max_eval_samples)
-        metrics, predictions = evaluate(bundle.model, bundle.tokenizer, test)
         bundle.save_into(tmp)
-        return {"metrics": metrics, "params": bundle.params, "history": list(bundle.history),
-                "predictions": predictions.tolist()}
-    return stage_of(name, out_dir / name, cached(out_dir / name, key, write))
+        return {"params": bundle.params, "history": list(bundle.history), **scored(bundle)}
+    path = out_dir / name
+    record = cached(path, key, write)
+    if record.get(EVAL_LIMIT, "unrecorded") != limit:
+        log.info("stage %s: cached; evaluating it on the recipe's test examples", name)
+        record = {**record, **scored(ModelBundle.load(path))}
+        with disk_errors(out_dir):
+            write_json(path / STAGE_FILE, record)
+    return stage_of(name, path, record)
 
 
 def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: TaskData,

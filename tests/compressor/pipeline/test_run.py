@@ -148,6 +148,20 @@ def test_rerun_reuses_every_stage(done, rerun_dir, monkeypatch):
         json.dumps(strip(report)).replace(str(done[1]), "OUT")
 
 
+def test_another_test_sample_limit_re_evaluates_without_training_again(done, rerun_dir, monkeypatch):
+    """The limit changes what is measured, not the weights: the teacher's fine-tune and every
+    variant are reused and only scored again (what changes is in the report)."""
+    raw, _, report = done
+    weights = {k: v for k, v in stamps(rerun_dir).items() if k.endswith("model.safetensors")}
+    forbid_building(monkeypatch)
+    fewer = run({**raw, "data": {**raw["data"], "max_eval_samples": 10}}, rerun_dir)
+    assert {k: v for k, v in stamps(rerun_dir).items() if k.endswith("model.safetensors")} == weights
+    assert fewer["teacher"]["eval_samples"] == 10
+    assert report["teacher"]["eval_samples"] > 10
+    again = run(raw, rerun_dir)                      # and back: the full test split once more
+    assert again["teacher"]["accuracy"] == report["teacher"]["accuracy"]
+
+
 def test_changing_one_variant_rebuilds_only_it(done, rerun_dir, monkeypatch):
     raw, _, _ = done
     changed = copy.deepcopy(raw)
