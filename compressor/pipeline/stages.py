@@ -186,6 +186,8 @@ def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: Tas
         bundle.save_into(tmp)
         return {"params": bundle.params, "history": list(bundle.history), **scored(bundle)}
     path = out_dir / name
+    if read_json(path / STAGE_FILE).get("key") not in (None, key):
+        retire_what_reads(out_dir, name)
     record = cached(path, key, write)
     if record.get(EVAL_LIMIT, "unrecorded") != limit:
         log.info("stage %s: cached; evaluating it on the recipe's test examples", name)
@@ -193,6 +195,20 @@ def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: Tas
         with disk_errors(out_dir):
             write_json(path / STAGE_FILE, record)
     return stage_of(name, path, record)
+
+
+REPORT_FILES = ("report.json", "report.md", "report.html", "pareto.png")
+
+
+def retire_what_reads(out_dir: Path, name: str) -> None:
+    """Before stage `name` is rebuilt for other settings: its exports and the run's report
+    describe the model it replaces, so they go now. A run stopped before it writes them again
+    then leaves nothing that looks current but is not (the rerun rebuilds both)."""
+    stale = [out_dir / export_dir_name(name, mode) for mode in (None, "torch-dynamic-int8")]
+    stale += [out_dir / file for file in REPORT_FILES]
+    with disk_errors(out_dir):
+        for path in stale:
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: TaskData,

@@ -179,6 +179,27 @@ def test_changing_one_variant_rebuilds_only_it(done, rerun_dir, monkeypatch):
     assert record["history"][1]["config"]["epochs"] == 2
 
 
+def test_a_rebuilt_stage_retires_its_export_and_the_report_before_it_trains(tiny_bert_dir, tiny_csv, tmp_path,
+                                                                             monkeypatch):
+    """Stopped after an edited variant was rebuilt but before its export: the old export (of
+    the replaced model) and the old report are gone, not left looking current."""
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": [], "ft": [{"finetune": {"epochs": 1}}]})
+    raw["export"] = {"onnx": True, "optimize": False}
+    out = tmp_path / "run"
+    run(raw, out)
+    assert {"ft-onnx", "same-onnx", "report.json", "report.md"} <= {p.name for p in out.iterdir()}
+    raw["variants"]["ft"][0]["finetune"]["epochs"] = 2
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pipeline_run, "export_stage", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run(raw, out)
+    names = {p.name for p in out.iterdir()}
+    assert "ft" in names and "ft-onnx" not in names and not names & set(stages.REPORT_FILES)
+    assert {"teacher-onnx", "same-onnx"} <= names               # of stages that did not change
+
+
 def test_an_interrupted_run_resumes_after_finished_stages(done, rerun_dir, monkeypatch):
     raw, _, report = done
     shutil.rmtree(rerun_dir / "two-layers")
