@@ -102,6 +102,9 @@ def export_bundle(bundle: ModelBundle, out: Path, settings: ExportSettings, task
     """Export, gate and write `out` atomically: the export record (also in export.json) and
     the shipped model's test predictions. The one entry point of the exporter; the pipeline,
     whose cached stages own their temporary dir, calls `export_into` itself."""
+    if not isinstance(task, TaskData):
+        raise UserError(f"export_bundle: task must be loaded task data, got {type(task).__name__}; expected "
+                        "pretrain.data.load_task(spec)")
     out = Path(out)
     # replaced whole: a user's dir is refused rather than emptied (the CLI checks the same)
     check_output(out, [], owner_files=(EXPORT_FILE,), flag="export path")

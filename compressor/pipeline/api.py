@@ -38,7 +38,7 @@ class Pipeline:
                  max_eval_samples: int | None = None, max_train_samples: int | None = None) -> None:
         self._raw: dict[str, Any] = {
             "name": name, "seed": seed,
-            "teacher": {"model": str(teacher), "task": task, "finetune": as_dict(finetune)},
+            "teacher": {"model": str(teacher), "task": task, "finetune": as_dict(section(finetune, "finetune"))},
             "data": {"max_eval_samples": max_eval_samples, "max_train_samples": max_train_samples},
             "variants": {}}
 
@@ -50,6 +50,8 @@ class Pipeline:
                             "expected a new name for each variant")
         steps = []
         for p in passes:
+            if isinstance(p, tuple) and len(p) != 2:
+                raise UserError(f"variant {name!r}: a step given as a tuple is (pass name, config), got {len(p)} items")
             pass_name, config = p if isinstance(p, tuple) else (pass_name_of(p), p)
             steps.append({pass_name: as_dict(config)})
         self._raw["variants"][name] = steps
@@ -57,18 +59,18 @@ class Pipeline:
 
     def export(self, settings: BaseModel | None = None, **fields: Any) -> "Pipeline":
         """ONNX export of every model (ExportSettings, or its fields as keywords)."""
-        self._raw["export"] = as_dict(settings) if settings is not None else {"onnx": True, **fields}
+        self._raw["export"] = as_dict(section(settings, "export")) if settings is not None else {"onnx": True, **fields}
         return self
 
     def benchmark(self, settings: BaseModel | None = None, **fields: Any) -> "Pipeline":
         """Measure every model on hardware profiles (BenchmarkSettings, or its fields as keywords)."""
-        self._raw["benchmark"] = as_dict(settings) if settings is not None else fields
+        self._raw["benchmark"] = as_dict(section(settings, "benchmark")) if settings is not None else fields
         return self
 
     def search(self, settings: BaseModel | None = None, **fields: Any) -> "Pipeline":
         """Search to a latency budget from the teacher (SearchSettings, or its fields as keywords),
         into OUT/search/ on the benchmark's first profile."""
-        self._raw["search"] = as_dict(settings) if settings is not None else fields
+        self._raw["search"] = as_dict(section(settings, "search")) if settings is not None else fields
         return self
 
     def to_dict(self) -> dict:
@@ -104,6 +106,19 @@ class Pipeline:
         from compressor.pipeline.plan import plan_recipe
         recipe, steps = self.validate()
         return plan_recipe(recipe, steps, Path(out_dir), force=force, rebenchmark=rebenchmark)
+
+
+def section(settings: BaseModel | dict | None, field: str) -> BaseModel | dict | None:
+    """`settings`, after checking a config object is of the type the recipe's section takes
+    (a FinetuneConfig given to `export` would otherwise pass as an empty export section)."""
+    from compressor.pipeline.recipe import Recipe, TeacherSpec
+    owner = TeacherSpec if field == "finetune" else Recipe
+    expected = next(t for t in getattr(owner.model_fields[field].annotation, "__args__", ())
+                    if isinstance(t, type) and issubclass(t, BaseModel))
+    if isinstance(settings, BaseModel) and not isinstance(settings, expected):
+        raise UserError(f"{field}: expected {expected.__name__} (or a dict of its fields), "
+                        f"got {type(settings).__name__}")
+    return settings
 
 
 def as_dict(config: BaseModel | dict | None) -> dict | None:

@@ -277,3 +277,9 @@ def test_exporting_into_a_users_dir_is_refused_and_leaves_it_untouched(tiny_bund
     with pytest.raises(UserError, match="export path .* holds files this command did not write"):
         export_bundle(tiny_bundle, target, ExportSettings(optimize=False), tiny_task)
     assert [p.name for p in target.iterdir()] == ["notes.txt"]
+
+
+def test_export_bundle_names_the_task_it_expects(tiny_bundle, tiny_task, tmp_path):
+    with pytest.raises(UserError, match="task must be loaded task data, got dict; expected pretrain.data.load_task"):
+        export_bundle(tiny_bundle, tmp_path / "out", ExportSettings(), tiny_task.spec)
+    assert not (tmp_path / "out").exists()

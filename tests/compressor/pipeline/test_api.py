@@ -95,3 +95,17 @@ def test_importing_the_api_prints_nothing_and_leaves_logging_as_it_was():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stderr == "" and done.stdout.split() == ["0", "0"]
+
+
+def test_a_settings_object_of_another_section_is_refused(tiny_bert_dir, tiny_csv):
+    from compressor.export.onnx import ExportSettings
+    from pretrain.finetune import FinetuneConfig
+    pipe = build(tiny_bert_dir, tiny_csv)
+    with pytest.raises(UserError, match="export: expected ExportSettings .*got FinetuneConfig"):
+        pipe.export(FinetuneConfig())
+    with pytest.raises(UserError, match="benchmark: expected BenchmarkSettings .*got ExportSettings"):
+        pipe.benchmark(ExportSettings())
+    with pytest.raises(UserError, match="a step given as a tuple is \\(pass name, config\\), got 3 items"):
+        pipe.variant("odd", ("drop-layers", {"keep": [0]}, 1))
+    pipe.export(ExportSettings(optimize=False))              # its own type is taken
+    assert pipe.to_dict()["export"] == {"optimize": False}
