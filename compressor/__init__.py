@@ -1,8 +1,5 @@
 """Compression and deployment optimizer for pretrained NLP encoders."""
 
-import contextlib
-import logging
-
 __version__ = "0.5.0"
 
 __all__ = ["Pipeline", "__version__"]
@@ -25,14 +22,6 @@ def __getattr__(name: str):
 IMPORT_CHATTER = ("torchao", "torch.utils._pytree")
 
 
-@contextlib.contextmanager
 def import_chatter_muted():
-    loggers = [logging.getLogger(name) for name in IMPORT_CHATTER]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+    from compressor.export.quiet import muted     # a light module: logging only
+    return muted(IMPORT_CHATTER)

@@ -17,10 +17,17 @@ NOISY_LOGGERS = ("", "onnxruntime", "onnxruntime.transformers", "fusion", "onnx_
 
 @contextlib.contextmanager
 def quiet_logs() -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
     # ORT's transformer tools create module-level loggers named after their modules.
-    loggers += [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
-                if name.startswith(("onnxruntime", "fusion_", "onnx_model"))]
+    named = [name for name in list(logging.root.manager.loggerDict)
+             if name.startswith(("onnxruntime", "fusion_", "onnx_model"))]
+    with muted((*NOISY_LOGGERS, *named)):
+        yield
+
+
+@contextlib.contextmanager
+def muted(names) -> Iterator[None]:
+    """The named loggers at ERROR within the block, their own levels back after it."""
+    loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
