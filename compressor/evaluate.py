@@ -108,8 +108,10 @@ def onnx_logits_fn(onnx_file: Path, batch_size: int = 64) -> Callable[[Encoded],
 def label_permutation(model_labels: tuple[str, ...], task: TaskData) -> np.ndarray:
     """Index map from model class ids to task class ids; error when the label sets differ."""
     if set(model_labels) != set(task.label_names):
-        missing = sorted(set(task.label_names) - set(model_labels))[:3]
-        raise UserError(f"model labels do not match task {task.name!r}: the model lacks {missing}; "
+        lacks = sorted(set(task.label_names) - set(model_labels))[:3]
+        extra = sorted(set(model_labels) - set(task.label_names))[:3]
+        why = f"the model lacks {lacks}" if lacks else f"the task lacks the model's {extra}"
+        raise UserError(f"model labels do not match task {task.name!r}: {why}; "
                         "expected a model fine-tuned on this task")
     index = {name: i for i, name in enumerate(task.label_names)}
     return np.array([index[name] for name in model_labels])

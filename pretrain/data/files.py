@@ -10,12 +10,14 @@ import csv
 import io
 import json
 import math
+import sys
 from pathlib import Path
 
 from pretrain.data import SPLITS, Split, TaskData, seeded_order, split_counts
 from pretrain.errors import UserError
 
 ALLOWED_KEYS = ("path", "text", "label", "text_pair", "validation", "test", "split")
+PAIR_COLUMN = "text_pair"
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
 EXTENSIONS = (".csv", ".tsv", ".jsonl", ".json")
 
@@ -25,15 +27,21 @@ Row = tuple[str, str, str | None]   # (text, label, text_pair)
 def file_task(spec: dict, seed: int = 0) -> TaskData:
     """A TaskData from {path, text?, label?, text_pair?, validation?, test?, split?}."""
     _check_keys(spec)
-    columns = (spec.get("text", "text"), spec.get("label", "label"), spec.get("text_pair"))
     fractions = _fractions(spec.get("split"))
     train_path = Path(spec["path"])
-    rows = {"train": _read_rows(train_path, columns)}
+    records = _read_records(train_path)
+    # A `text_pair` column is read as the pair without being named (the README's file layout).
+    pair = spec.get("text_pair") or (PAIR_COLUMN if PAIR_COLUMN in records[0][1] else None)
+    columns = (spec.get("text", "text"), spec.get("label", "label"), pair)
+    rows = {"train": _rows(records, columns, train_path)}
     for name in ("validation", "test"):
         if spec.get(name) is not None:
-            rows[name] = _read_rows(Path(spec[name]), columns)
+            rows[name] = _rows(_read_records(Path(spec[name])), columns, Path(spec[name]))
     _split_missing(rows, fractions, seed, train_path)
     label_names = tuple(sorted({label for _, label, _ in rows["train"]}))
+    if len(label_names) < 2:
+        raise UserError(f"{train_path}: the train split has one label only ({label_names[0]!r}); "
+                        "a classifier needs at least 2")
     for name in ("validation", "test"):
         _check_labels_seen(rows[name], label_names, name, spec.get(name) or train_path)
     index = {label: i for i, label in enumerate(label_names)}
@@ -92,7 +100,8 @@ def _check_labels_seen(rows: list, label_names: tuple[str, ...], split: str, pat
     if unseen:
         shown = ", ".join(repr(label) for label in unseen[:3])
         more = f" and {len(unseen) - 3} more" if len(unseen) > 3 else ""
-        raise UserError(f"{path}: label(s) {shown}{more} in the {split} split never occur in train")
+        raise UserError(f"{path}: label(s) {shown}{more} in the {split} split never occur in train; expected "
+                        "rows enough of each label for every split (or files of their own for validation and test)")
 
 
 def _to_split(rows: list, index: dict[str, int], has_pair: bool, seed: int) -> Split:
@@ -102,8 +111,13 @@ def _to_split(rows: list, index: dict[str, int], has_pair: bool, seed: int) -> S
     return Split([text for text, _, _ in rows], [index[label] for _, label, _ in rows], pairs)
 
 
-def _read_rows(path: Path, columns: tuple) -> list[Row]:
+def _rows(records: list[tuple[int, dict]], columns: tuple, path: Path) -> list[Row]:
     """(text, label, text_pair) for every data row of a file, validated."""
+    return [_row(record, line, columns, path) for line, record in records]
+
+
+def _read_records(path: Path) -> list[tuple[int, dict]]:
+    """(line, {column: value}) for every data row of a file; at least one."""
     suffix = path.suffix.lower()
     if suffix not in EXTENSIONS:
         raise UserError(f"{path}: unsupported file type {suffix or '(none)'!r}; "
@@ -114,30 +128,49 @@ def _read_rows(path: Path, columns: tuple) -> list[Row]:
     try:
         content = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (undecodable byte at offset {e.start}); "
+        line = raw[:e.start].count(b"\n") + 1
+        raise UserError(f"{path}: line {line}: not UTF-8 text (undecodable byte at offset {e.start}); "
                         "save the file as UTF-8") from None
     records = _json_records(content, path) if suffix in (".jsonl", ".json") else \
         _table_records(content, path, "\t" if suffix == ".tsv" else ",")
-    rows = [_row(record, line, columns, path) for line, record in records]
-    if not rows:
+    if not records:
         raise UserError(f"{path}: empty file (no data rows)")
-    return rows
+    return records
 
 
 def _table_records(content: str, path: Path, delimiter: str) -> list[tuple[int, dict]]:
     # TSV is read without quote handling (as GLUE-style files are written): with it, one stray
     # '"' at the start of a text would silently swallow the lines after it.
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    csv.field_size_limit(sys.maxsize)      # a long text is a valid row (encoding truncates it)
     reader = csv.DictReader(io.StringIO(content, newline=""), delimiter=delimiter, quoting=quoting)
+    header = reader.fieldnames or []
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise UserError(f"{path}: line 1: column(s) {', '.join(map(repr, twice))} named twice in the header; "
+                        "expected each column once")
+    records, start = [], 2
     try:
-        return [(reader.line_num, record) for record in reader]
+        for record in reader:
+            # A row is reported at its first line: an unclosed quote makes it run on.
+            records.append((start, record))
+            if None in record:          # more fields than the header names: a separator inside a text
+                raise UserError(f"{path}: line {start}: {len(header) + len(record[None])} fields, expected "
+                                f"{len(header)} ({', '.join(header)}); {SEPARATOR_HINT[delimiter]}")
+            start = reader.line_num + 1
     except csv.Error as e:
-        raise UserError(f"{path}: line {reader.line_num}: malformed {delimiter!r}-separated row ({e})") from None
+        raise UserError(f"{path}: line {start}: malformed {delimiter!r}-separated row ({e})") from None
+    return records
+
+
+SEPARATOR_HINT = {",": "quote a text that holds a comma (\"like, this\")",
+                  "\t": "a TSV is read without quoting (GLUE's layout), so a text may not hold a tab"}
 
 
 def _json_records(content: str, path: Path) -> list[tuple[int, dict]]:
     records = []
-    for line_number, line in enumerate(content.splitlines(), start=1):
+    # Lines end at \n only: str.splitlines would also break at U+2028 or U+0085 inside a string.
+    for line_number, line in enumerate(content.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -162,7 +195,7 @@ def _row(record: dict, line: int, columns: tuple, path: Path) -> Row:
 
 def _field(record: dict, column: str, line: int, path: Path) -> str:
     if column not in record:
-        found = ", ".join(str(k) for k in record if k is not None)
+        found = ", ".join(repr(k) for k in record if k is not None)
         # A one-column header holding tabs: a tab-separated file under a .csv name.
         hint = "; the header holds tabs: name a tab-separated file .tsv" \
             if path.suffix.lower() == ".csv" and any("\t" in str(k) for k in record) else ""
@@ -170,6 +203,9 @@ def _field(record: dict, column: str, line: int, path: Path) -> str:
     value = record[column]
     # JSON numbers and booleans are fine as labels; csv gives None for a short row. 1 and 1.0
     # are one number in JSON, so one label ("1").
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{path}: line {line}: column {column!r} is {value}; expected a value (a missing one "
+                        "is no example)")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, (int, float)):
@@ -178,5 +214,7 @@ def _field(record: dict, column: str, line: int, path: Path) -> str:
         raise UserError(f"{path}: line {line}: column {column!r} must be a string, "
                         f"got {type(value).__name__}")
     if value is None or not value.strip():
-        raise UserError(f"{path}: line {line}: empty {column!r}")
+        quoted = path.suffix.lower() == ".tsv" and any(str(v).startswith('"') for v in record.values() if v)
+        hint = "; a TSV is read without quoting (GLUE's layout): write it unquoted, or as .csv" if quoted else ""
+        raise UserError(f"{path}: line {line}: empty {column!r}{hint}")
     return value

@@ -177,7 +177,7 @@ def test_not_utf8_gives_byte_offset(tmp_path):
     path = tmp_path / "latin.csv"
     path.write_bytes("text,label\ncaf\xe9,pos\n".encode("latin-1"))
     message = _error({"path": str(path)})
-    assert str(path) in message and "UTF-8" in message and "offset 14" in message
+    assert str(path) in message and "UTF-8" in message and "line 2" in message and "offset 14" in message
 
 
 def test_missing_column_names_it_and_lists_found(tmp_path):
@@ -198,7 +198,7 @@ def test_a_tab_separated_file_named_csv_gets_a_hint(tmp_path):
 def test_missing_pair_column_in_jsonl(tmp_path):
     path = _jsonl(tmp_path / "d.jsonl", [{"text": "a", "label": 1}])
     message = _error({"path": str(path), "text_pair": "hypothesis"})
-    assert "'hypothesis'" in message and "text, label" in message
+    assert "'hypothesis'" in message and "'text', 'label'" in message
 
 
 def test_empty_text_gives_line_number(tmp_path):
@@ -276,3 +276,58 @@ def test_load_task_rejects_unknown_names_and_types():
         load_task("glue-sst2")
     with pytest.raises(UserError, match="list"):
         load_task(["a.csv"])
+
+
+# --- rows that would be misread without a check ---
+
+def test_a_row_with_more_fields_than_the_header_is_refused(tmp_path):
+    path = _csv(tmp_path / "d.csv", ["fine,pos", "hello, world,pos", *_many(10)])
+    message = _error({"path": str(path)})
+    assert f"{path}: line 3: 3 fields, expected 2 (text, label); quote a text that holds a comma" in message
+    tsv = tmp_path / "d.tsv"
+    tsv.write_text("text\tlabel\n\"tab\tinside\"\tpos\n", encoding="utf-8")
+    assert "a TSV is read without quoting" in _error({"path": str(tsv)})
+
+
+def test_a_quoted_row_that_runs_on_is_reported_where_it_starts(tmp_path):
+    path = _csv(tmp_path / "d.csv", ['"unclosed,pos', *_many(20)])
+    assert f"{path}: line 2:" in _error({"path": str(path)})
+
+
+def test_a_long_text_is_a_valid_row(tmp_path):
+    path = _csv(tmp_path / "d.csv", ["w" * 200_000 + ",pos", *_many(20)])
+    assert max(len(t) for t in _all_texts(load_task({"path": str(path)}))) == 200_000
+
+
+def test_a_column_named_twice_is_refused(tmp_path):
+    path = _csv(tmp_path / "d.csv", ["a,pos,neg"], header="text,label,label")
+    assert "column(s) 'label' named twice" in _error({"path": str(path)})
+
+
+def test_json_lines_break_at_newlines_only(tmp_path):
+    path = tmp_path / "d.jsonl"
+    rows = [{"text": "first line\u2028second\x85third", "label": "pos"}] + \
+        [{"text": f"s {i}", "label": ("pos", "neg")[i % 2]} for i in range(20)]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert "first line\u2028second\x85third" in _all_texts(load_task({"path": str(path)}))
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity"])
+def test_a_json_nan_is_no_value(tmp_path, value):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "fine", "label": "pos"}\n{"text": "x", "label": %s}\n' % value, encoding="utf-8")
+    assert f"line 2: column 'label' is {'nan' if value == 'NaN' else 'inf'}; expected a value" in \
+        _error({"path": str(path)})
+
+
+def test_one_label_is_no_classification_task(tmp_path):
+    path = _csv(tmp_path / "d.csv", [f"s {i},pos" for i in range(30)])
+    assert "the train split has one label only ('pos'); a classifier needs at least 2" in _error({"path": str(path)})
+
+
+def test_a_text_pair_column_is_read_without_being_named(tmp_path):
+    path = _csv(tmp_path / "d.csv", [f"premise {i},hypothesis {i},{('yes', 'no')[i % 2]}" for i in range(20)],
+                header="text,text_pair,label")
+    task = load_task({"path": str(path)})
+    assert task.split("train").text_pairs is not None
+    assert all(p.startswith("hypothesis") for p in task.split("train").text_pairs)
