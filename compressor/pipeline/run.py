@@ -138,6 +138,15 @@ def recipe_search(recipe: Recipe, teacher: Stage, base_dir: Path, out_dir: Path,
     return {"dir": SEARCH_DIR, **{k: result[k] for k in ("outcome", "chosen", "best_effort", "recipe_file")}}
 
 
+def check_extra_tasks(config) -> None:
+    """The other tasks a training step reads (multi-task, intermediate), loaded now: a missing
+    file or column stops the run before the teacher trains, not when the step runs. A domain
+    corpus is checked for existence with the other inputs (check_output)."""
+    for spec in (getattr(config, "intermediate_task", None), *getattr(config, "tasks", ())):
+        if spec is not None:
+            load_task(spec, seed=getattr(config, "seed", 0))
+
+
 def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: TaskData, exports: bool) -> None:
     """Refuse, before any stage runs, a step that cannot fit the model it will get: its family
     and tokenizer, its layer indices, head counts, widths and labels (the shape followed from
@@ -154,5 +163,6 @@ def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: Task
                     check_pass_tokenizer(step.name, step.config, tokenizer())
                 if exports and step.name == "quantize":
                     calibration_rows(step.config, task)
+                check_extra_tasks(step.config)
             except UserError as err:
                 raise UserError(f"variants.{name}[{i}]: {err}") from None

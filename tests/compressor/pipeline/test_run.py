@@ -582,3 +582,17 @@ def test_a_teacher_used_as_saved_must_have_the_tasks_head(labels, why, bert_bund
     raw["teacher"]["finetune"] = {"epochs": 1}          # a head to train: accepted
     from compressor.pipeline.plan import plan_recipe
     assert plan_recipe(*parse_recipe(raw), tmp_path / "fresh")["stages"]
+
+
+def test_a_steps_extra_task_file_is_checked_before_the_teacher_trains(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
+    forbid_building(monkeypatch)
+    bad = tmp_path / "sentiment.csv"
+    bad.write_text("text,sentiment\nfine,pos\n")
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"finetune": {"tasks": [{"path": str(bad)}]}}]})
+    with pytest.raises(UserError, match=r"variants\.v\[0\]: .*sentiment\.csv: line 2: no column 'label'"):
+        run(raw, tmp_path / "fresh")
+    missing = {"intermediate_task": {"path": str(tmp_path / "no.csv")}}
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"finetune": missing}]})
+    with pytest.raises(UserError, match=r"variants\.v\[0\]: .*no\.csv: data file not found"):
+        run(raw, tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
