@@ -36,6 +36,9 @@ class ModelBundle:
     # Settings that act at deployment, not on the torch weights: {"quantize": {...}} asks the
     # exporter for that precision (ONNX quantization modes take effect at export).
     deploy: dict[str, Any] = field(default_factory=dict)
+    # The seed the task's splits were drawn with when the model was trained (its test split is
+    # the one evaluate, export and bench then score by default); None where not known.
+    task_seed: int | None = None
 
     @property
     def label_names(self) -> tuple[str, ...]:
@@ -80,7 +83,7 @@ class ModelBundle:
 
     def write_provenance(self, directory: Path) -> None:
         """compressor.json: the task, labels, pass history and deploy settings."""
-        provenance = {"task": self.task, "label_names": list(self.label_names),
+        provenance = {"task": self.task, "task_seed": self.task_seed, "label_names": list(self.label_names),
                       "history": list(self.history), "deploy": dict(self.deploy),
                       "compressor_version": __version__}
         (Path(directory) / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
@@ -94,7 +97,8 @@ class ModelBundle:
         model, tokenizer = load_saved_classifier(path)
         provenance = read_provenance(path)
         return cls(model=model, tokenizer=tokenizer, task=provenance.get("task"),
-                   history=tuple(provenance.get("history", ())), deploy=dict(provenance.get("deploy") or {}))
+                   history=tuple(provenance.get("history", ())), deploy=dict(provenance.get("deploy") or {}),
+                   task_seed=provenance.get("task_seed"))
 
 
 def read_provenance(path: Path) -> dict:

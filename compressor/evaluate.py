@@ -31,6 +31,7 @@ class Predictor:
     task: object                                # task spec recorded at save time, if any
     max_length: int = MAX_LENGTH                # tokens per example, within the model's positions
     positions: int = MAX_LENGTH                 # the longest sequence the model can run (model_positions)
+    task_seed: int | None = None                # the seed `task`'s splits were drawn with, if recorded
 
 
 def load_predictor(path: str | Path) -> Predictor:
@@ -43,18 +44,29 @@ def load_predictor(path: str | Path) -> Predictor:
         model = load_int8_model(path)
         return Predictor("torch-int8", config_labels(path), load_tokenizer(path),
                          lambda data: predict_logits(model, data), read_provenance(path).get("task"),
-                         usable_length(model.config), model_positions(model.config))
+                         usable_length(model.config), model_positions(model.config),
+                         read_provenance(path).get("task_seed"))
     onnx_file = path if path.suffix == ".onnx" else find_onnx(path)
     model_dir = onnx_file.parent if onnx_file else path
-    task = read_provenance(model_dir).get("task")
+    provenance = read_provenance(model_dir)
+    task, seed = provenance.get("task"), provenance.get("task_seed")
     if onnx_file is None:
         model, tokenizer = load_saved_classifier(model_dir)
         labels = tuple(model.config.id2label[i] for i in sorted(model.config.id2label))
         return Predictor("torch", labels, tokenizer, lambda data: predict_logits(model, data), task,
-                         usable_length(model), model_positions(model))
+                         usable_length(model), model_positions(model), seed)
     return Predictor("onnx", config_labels(model_dir), load_tokenizer(model_dir),
                      onnx_logits_fn(onnx_file), task, usable_length(saved_config(model_dir)),
-                     model_positions(saved_config(model_dir)))
+                     model_positions(saved_config(model_dir)), seed)
+
+
+def split_seed(given: int | None, recorded: int | None, task_from_record: bool) -> int:
+    """The seed to draw a task's splits with: the one asked for; else, for the task recorded
+    with a model, the seed recorded beside it (so its test split is the one it was scored on,
+    not rows it trained on); else 0."""
+    if given is not None:
+        return given
+    return recorded if task_from_record and recorded is not None else 0
 
 
 def find_onnx(directory: Path) -> Path | None:
@@ -118,8 +130,9 @@ def label_permutation(model_labels: tuple[str, ...], task: TaskData) -> np.ndarr
 
 
 def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
-                  max_samples: int | None = None, reference: str | None = None, seed: int = 0) -> dict:
+                  max_samples: int | None = None, reference: str | None = None, seed: int | None = None) -> dict:
     predictor = load_predictor(model)
+    seed = split_seed(seed, predictor.task_seed, task_spec is None)
     task_spec = task_spec if task_spec is not None else predictor.task
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")

@@ -11,7 +11,7 @@ from compressor.bench.measure import measure_models
 from compressor.bench.profiles import Profile, load_profile, unavailable_reason
 from compressor.bench.runners import Deployable
 from compressor.bundle import weights_size
-from compressor.evaluate import Predictor, find_onnx, load_predictor, predict_classes
+from compressor.evaluate import Predictor, find_onnx, load_predictor, predict_classes, split_seed
 from compressor.export.onnx import read_export_record
 from pretrain.atomic import check_output, write_json
 from pretrain.data import load_task, task_files
@@ -38,12 +38,13 @@ def model_size(model: Deployable) -> int:
 def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | None = None,
                   sequence_lengths: list | None = None, iterations: int | None = None,
                   task_spec: str | dict | None = None, max_eval_samples: int | None = None,
-                  seed: int = 0, out: Path | None = None) -> dict:
+                  seed: int | None = None, out: Path | None = None) -> dict:
     """Measure the model; the result is also written to `out` (a JSON file) when given."""
     overrides = {k: v for k, v in (("batch_sizes", batch_sizes), ("sequence_lengths", sequence_lengths),
                                      ("iterations", iterations)) if v}
     profile = load_profile(profile_ref).model_copy(update=overrides)
     predictor = load_predictor(model_ref)          # validates the model before any timing
+    seed = split_seed(seed, predictor.task_seed, task_spec is None)
     spec = task_spec if task_spec is not None else predictor.task
     if out is not None:
         check_output(out, [model_ref, *task_files(spec)], owner_files=None)

@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", default="test", choices=["train", "validation", "test"])
     ev.add_argument("--reference", help="another model: report the fraction of agreeing predictions")
     ev.add_argument("--max-samples", type=positive_int)
-    ev.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
+    ev.add_argument("--seed", type=int, default=None,
+                    help="the seed the task's splits were drawn with (default: the one recorded with the model's "
+                         "task, else 0)")
     ev.set_defaults(handler=cmd_evaluate)
 
     ex = sub.add_parser("export", help="export an HF model dir to a gated ONNX model dir")
@@ -169,7 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                     **from_config(ExportSettings, "parity_tolerance", "max |logit diff| vs PyTorch"))
     ex.add_argument("--accuracy-tolerance", type=float,
                     **from_config(ExportSettings, "accuracy_tolerance", "max accuracy drop when quantized"))
-    ex.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
+    ex.add_argument("--seed", type=int, default=None,
+                    help="the seed the task's splits were drawn with (default: the one recorded with the model's "
+                         "task, else 0)")
     ex.set_defaults(handler=cmd_export)
 
     run = sub.add_parser("run", help="run a recipe: teacher, variants, report.json")
@@ -192,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--iterations", type=positive_int, help="timed iterations (default: the profile's)")
     be.add_argument("--task", help="default: the task recorded with the model")
     be.add_argument("--max-eval-samples", type=positive_int, help="test examples for accuracy and batches")
-    be.add_argument("--seed", type=int, default=0, help="the seed the task's splits were drawn with")
+    be.add_argument("--seed", type=int, default=None,
+                    help="the seed the task's splits were drawn with (default: the one recorded with the model's "
+                         "task, else 0)")
     be.add_argument("--out", type=Path, help="also write the result JSON to this file")
     be.set_defaults(handler=cmd_bench)
     add_search_command(sub)

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from compressor.bundle import ModelBundle
-from compressor.evaluate import find_onnx
+from compressor.evaluate import find_onnx, split_seed
 from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
 from pretrain.atomic import check_output
@@ -21,7 +21,7 @@ FLAGS = {"mode": "--quantize"}     # config fields whose flag is not --<field>
 
 def export_command(model: Path, out: Path, task_spec: str | dict | None, settings: dict,
                    quantize: str | None, quantize_options: dict, max_eval_samples: int | None = None,
-                   seed: int = 0) -> dict:
+                   seed: int | None = None) -> dict:
     """Validate everything, then export; return the export record."""
     export_settings = validated(ExportSettings, settings)
     if export_settings.skip_layernorm != "auto" and not export_settings.optimize:
@@ -30,12 +30,13 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
     quantize_cfg = quantize_config(quantize, quantize_options)
     check_source(model)
     bundle = ModelBundle.load(model)
+    seed = split_seed(seed, bundle.task_seed, task_spec is None)
     task_spec = task_spec if task_spec is not None else bundle.task
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")
     check_output(out, [model, *task_files(task_spec)], owner_files=(EXPORT_FILE,))
     task = load_task(task_spec, seed=seed)
-    bundle = bundle.replace(task=task.spec)   # the export records the task it was gated on
+    bundle = bundle.replace(task=task.spec, task_seed=seed)   # the export records the task it was gated on
     if quantize is not None:   # the flag wins over what a `quantize` pass recorded
         deploy = {k: v for k, v in bundle.deploy.items() if k != "quantize"}
         if quantize_cfg is not None:

@@ -93,7 +93,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
                "last_layer_skipped": result.last_layer_skipped,
                "processes": place.size,
                "model": model_ref, "config": cfg.model_dump(mode="json"), "environment": environment()}
-    bundle = ModelBundle(model=model, tokenizer=tokenizer, task=task.spec,
+    bundle = ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=cfg.seed,
                          history=({"pass": "finetune", "config": cfg.model_dump(mode="json")},))
     with atomic_dir(out) as tmp:
         bundle.save_into(tmp)

@@ -65,7 +65,7 @@ def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir:
             # checkpoint (same key, same work dir), not from the first step.
             finetune(model, tokenizer, task, finetune_cfg, desc="teacher finetune", show_progress=show_progress,
                      checkpoint=Checkpointing(directory=out_dir / WORK_DIR / key))
-        return ModelBundle(model=model, tokenizer=tokenizer, task=task.spec)
+        return ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=recipe.seed)
     stage = model_stage("teacher", key, build, task, recipe, out_dir)
     remove_work_dirs(out_dir, [key])
     return stage

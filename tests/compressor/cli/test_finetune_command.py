@@ -149,3 +149,17 @@ def test_threads_sets_torchs_threads_and_is_recorded(tmp_path, tiny_bert_dir, ti
         assert metrics["environment"]["torch_threads"] == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_evaluate_scores_the_test_split_the_model_was_trained_beside(tmp_path, tiny_bert_dir, tiny_csv):
+    """A model fine-tuned with --seed 1 records that seed with its task: evaluate (and export,
+    bench) draw the same splits by default, so they score its test rows, not rows it trained on."""
+    from compressor.evaluate import evaluate_path
+    metrics = finetune_command(str(tiny_bert_dir), {"path": str(tiny_csv)}, tmp_path / "s1",
+                               {"epochs": 1, "batch_size": 16, "max_train_samples": 32, "seed": 1},
+                               show_progress=False)
+    assert json.loads((tmp_path / "s1" / "compressor.json").read_text())["task_seed"] == 1
+    again = evaluate_path(str(tmp_path / "s1"), None)
+    assert (again["accuracy"], again["samples"]) == (metrics["accuracy"], metrics["samples"])
+    seed0 = evaluate_path(str(tmp_path / "s1"), None, seed=0)       # asked for: another draw
+    assert seed0["samples"] == again["samples"]
