@@ -54,7 +54,7 @@ def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split, l
     {"profiles": [...measured], "skipped": [...], "measurements": [...], "rankings": [...],
     "timings": [...every timed call], "environment": ...}. Inputs are cut at `max_length`
     tokens (the teacher's `usable_length`: every variant has its positions)."""
-    measured, skipped, rows, rankings, calls = [], [], [], [], []
+    measured, skipped, rows, rankings, calls, timed = [], [], [], [], [], []
     for profile in settings.profile_objects():
         reason = unavailable_reason(profile)
         if reason is not None:
@@ -67,8 +67,16 @@ def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split, l
         rankings += result.rankings
         calls += result.calls
         measured.append(profile.model_dump(mode="json"))
+        timed.append(profile)
     return {"harness_version": HARNESS_VERSION, "profiles": measured, "skipped": skipped, "measurements": rows,
-            "rankings": rankings, "timings": calls, "environment": environment()}
+            "rankings": rankings, "timings": calls, "environment": measuring_environment(timed)}
+
+
+def measuring_environment(profiles: list[Profile]) -> dict:
+    """environment(), with the threads each profile was timed at in place of the process's own
+    torch setting (the harness sets the profile's count for its measurements only)."""
+    env = {k: v for k, v in environment().items() if k != "torch_threads"}
+    return {**env, "threads": {p.name: p.thread_count() for p in profiles}}
 
 
 def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: Split, *,
@@ -119,13 +127,17 @@ def peak_rss_mb(model: Deployable, profile: Profile, batch_sets: list[list[Feed]
 
     The child loads the model once; before each set it resets the kernel's high-water mark
     (so each reading is the peak while serving that batch size, model included) and runs
-    `calls` batches. Readings are None if the child fails.
+    `calls` batches. The mark resets only to what the process holds now, arenas a larger set
+    left included, so the sets run smallest first: each reading is then the one a process
+    serving that set alone would show, whatever order the profile lists them in. Readings
+    (in `batch_sets`' order) are None if the child fails.
     """
+    order = sorted(range(len(batch_sets)), key=lambda n: max(b["input_ids"].size for b in batch_sets[n]))
     with tempfile.TemporaryDirectory(prefix="compressor-mem-") as tmp:
         inputs = []
-        for n, batches in enumerate(batch_sets):
+        for n in order:
             inputs.append(str(Path(tmp) / f"set{n}.npz"))
-            np.savez(inputs[-1], **{f"{i}:{k}": v for i, b in enumerate(batches) for k, v in b.items()})
+            np.savez(inputs[-1], **{f"{i}:{k}": v for i, b in enumerate(batch_sets[n]) for k, v in b.items()})
         job = {"kind": model.kind, "path": str(model.path), "inputs": inputs, "calls": calls,
                "threads": profile.thread_count(), "provider": profile.provider, "device": profile.device,
                "graph_optimization": profile.graph_optimization}
@@ -133,6 +145,7 @@ def peak_rss_mb(model: Deployable, profile: Profile, batch_sets: list[list[Feed]
             done = subprocess.run([sys.executable, "-m", "compressor.bench.memory_probe", json.dumps(job)],
                                   capture_output=True, text=True, timeout=900)
             readings = json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_mb"]
-            return [float(r) for r in readings]
+            by_set = dict(zip(order, (float(r) for r in readings), strict=True))
+            return [by_set[n] for n in range(len(batch_sets))]
         except (subprocess.SubprocessError, ValueError, IndexError, KeyError, TypeError):
             return [None] * len(batch_sets)

@@ -44,7 +44,7 @@ class Profile(BaseModel):
     description: str = ""
     provider: str = "CPUExecutionProvider"                 # ONNX Runtime execution provider
     device: Literal["cpu", "cuda"] = "cpu"                 # where PyTorch models run
-    threads: int | Literal["cores"] = "cores"              # intra-op threads (ORT and torch)
+    threads: int | Literal["cores"] = "cores"              # intra-op threads (ORT and torch), >= 1
     graph_optimization: Literal["disabled", "basic", "extended", "all"] = "all"
     batch_sizes: list[int] = Field(default=[1, 8], min_length=1)
     sequence_lengths: list[int | Literal["real"]] = Field(default=["real"], min_length=1)
@@ -56,19 +56,34 @@ class Profile(BaseModel):
     # target; None: the preset for the CPU it runs on (compressor/bench/baselines.py).
     optimum_preset: Literal["arm64", "avx2", "avx512", "avx512_vnni"] | None = None
 
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _positive_threads(cls, threads: object) -> object:
+        if isinstance(threads, bool):        # YAML's `true` would pass as 1
+            raise ValueError(f"threads must be a count >= 1 or 'cores', not {threads}")
+        if isinstance(threads, int) and threads < 1:
+            raise ValueError(f"threads must be >= 1 or 'cores' (got {threads})")
+        return threads
+
     @field_validator("batch_sizes")
     @classmethod
     def _positive_batches(cls, sizes: list[int]) -> list[int]:
-        if any(b < 1 for b in sizes):
-            raise ValueError(f"batch sizes must be >= 1 (got {sizes})")
-        return sizes
+        return check_batch_sizes(sizes)
 
     @field_validator("sequence_lengths")
     @classmethod
     def _positive_lengths(cls, lengths: list) -> list:
-        if any(isinstance(n, int) and n < 2 for n in lengths):
-            raise ValueError(f"fixed sequence lengths must be >= 2 (got {lengths})")
-        return lengths
+        return check_sequence_lengths(lengths)
+
+    @field_validator("provider")
+    @classmethod
+    def _known_provider(cls, provider: str) -> str:
+        import onnxruntime as ort      # every provider ORT has a name for, built in here or not
+        if provider not in ort.get_all_providers():
+            raise ValueError(f"{provider!r} is no ONNX Runtime execution provider; expected one of "
+                             f"{', '.join(ort.get_available_providers())} (on this machine) or another "
+                             "name onnxruntime.get_all_providers() lists")
+        return provider
 
     def thread_count(self) -> int:
         if self.threads == "cores":
@@ -77,6 +92,30 @@ class Profile(BaseModel):
 
     def suits(self, precision: str) -> bool:
         return precision_family(precision) in self.precisions
+
+
+def check_batch_sizes(sizes: list[int]) -> list[int]:
+    """Shared by profiles and a recipe's `benchmark:` overrides."""
+    if not sizes or any(b < 1 for b in sizes) or len(set(sizes)) != len(sizes):
+        raise ValueError(f"batch sizes must be distinct integers >= 1, at least one (got {sizes})")
+    return sizes
+
+
+def check_sequence_lengths(lengths: list) -> list:
+    """Fixed lengths hold [CLS] and [SEP] at least; each measured once."""
+    if not lengths or any(isinstance(n, int) and n < 2 for n in lengths):
+        raise ValueError(f"sequence lengths must be 'real' or fixed lengths >= 2, at least one (got {lengths})")
+    if len(set(map(str, lengths))) != len(lengths):
+        raise ValueError(f"sequence lengths must be distinct (got {lengths})")
+    return lengths
+
+
+def with_overrides(profile: Profile, overrides: dict) -> Profile:
+    """The profile with batch sizes, lengths or iterations replaced, validated as the file is."""
+    try:
+        return Profile.model_validate({**profile.model_dump(), **overrides})
+    except ValidationError as err:
+        raise UserError(describe_profile_error(err)) from None
 
 
 def ort_session_options(threads: int, graph_optimization: str, stop_spinning: bool = True):

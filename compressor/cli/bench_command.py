@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from compressor.bench.environment import environment
-from compressor.bench.measure import measure_models
-from compressor.bench.profiles import Profile, load_profile, unavailable_reason
+from compressor.bench.measure import measure_models, measuring_environment
+from compressor.bench.profiles import Profile, load_profile, unavailable_reason, with_overrides
 from compressor.bench.runners import Deployable
 from compressor.bundle import weights_size
 from compressor.evaluate import Predictor, find_onnx, load_predictor, predict_classes, split_seed
@@ -23,10 +23,30 @@ def deployable_at(path: Path) -> Deployable:
     """What a path holds: an ONNX file, an export dir, or an HF model dir."""
     onnx_file = path if path.suffix == ".onnx" else find_onnx(path)
     if onnx_file is not None:
-        precision = read_export_record(onnx_file.parent).get("precision", "fp32")
+        precision = read_export_record(onnx_file.parent).get("precision") or graph_precision(onnx_file)
         return Deployable(path.name, "onnx", onnx_file, precision)
     precision = read_export_record(path).get("precision", "fp32")   # torch-dynamic-int8 dirs have one
     return Deployable(path.name, "torch", path, precision)
+
+
+# Operators that only a quantized graph holds (ORT's quantizers write them), by precision.
+QUANTIZED_OPS = (("int4", ("MatMulNBits",)),
+                 ("int8", ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QAttention",
+                           "QLinearMatMul", "QuantizeLinear", "DynamicQuantizeLSTM", "QGemm")))
+
+
+def graph_precision(onnx_file: Path) -> str:
+    """The precision a graph without this tool's export record computes in, from its operators
+    and initializers (another tool's export, Optimum's int8 among them)."""
+    import onnx
+    graph = onnx.load(str(onnx_file), load_external_data=False).graph
+    ops = {node.op_type for node in graph.node}
+    for precision, markers in QUANTIZED_OPS:
+        if ops & set(markers):
+            return precision
+    if any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer):
+        return "fp16"
+    return "fp32"
 
 
 def model_size(model: Deployable) -> int:
@@ -42,7 +62,7 @@ def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | 
     """Measure the model; the result is also written to `out` (a JSON file) when given."""
     overrides = {k: v for k, v in (("batch_sizes", batch_sizes), ("sequence_lengths", sequence_lengths),
                                      ("iterations", iterations)) if v}
-    profile = load_profile(profile_ref).model_copy(update=overrides)
+    profile = with_overrides(load_profile(profile_ref), overrides)   # validated as a profile file is
     predictor = load_predictor(model_ref)          # validates the model before any timing
     seed = split_seed(seed, predictor.task_seed, task_spec is None)
     spec = task_spec if task_spec is not None else predictor.task
@@ -61,10 +81,15 @@ def bench_result(model_ref: str, profile: Profile, predictor: Predictor, spec: s
     """Accuracy on the test split, size and latency of the model on the profile (or why skipped)."""
     model = deployable_at(Path(model_ref))
     result = {"model": str(model_ref), "profile": profile.model_dump(mode="json"), "kind": model.kind,
-              "precision": model.precision, "size_bytes": model_size(model), "environment": environment()}
+              "precision": model.precision, "size_bytes": model_size(model),
+              "environment": measuring_environment([profile])}
     reason = unavailable_reason(profile)
     if reason is not None:
         return {**result, "skipped": reason}
+    if not profile.suits(model.precision):       # measured all the same, as the report does
+        result["warning"] = (f"profile {profile.name} suits {', '.join(profile.precisions)}, not "
+                             f"{model.precision}: the latency says little about a deployment there")
+        print(f"warning: {result['warning']}", file=sys.stderr)
     if spec is None:
         raise UserError(f"no --task given and {model_ref} records no task; pass --task")
     task = load_task(spec, seed=seed)

@@ -20,9 +20,10 @@ from compressor.bench.runners import Deployable
 from compressor.bench.timing import HARNESS_VERSION
 from compressor.bundle import ModelBundle, weights_size
 from compressor.export.onnx import ONNX_FILE
-from compressor.pipeline.cache import cached, content_key, fingerprint_file, key_fields, log
+from compressor.pipeline.cache import STAGE_FILE, cached, content_key, fingerprint_file, key_fields, log
 from compressor.pipeline.recipe import BASELINES_DIR, BENCHMARK_DIR, Recipe
-from compressor.pipeline.stages import Stage, test_predictions
+from compressor.pipeline.outdir import read_json
+from compressor.pipeline.stages import Stage, retire_reports, test_predictions
 from pretrain.atomic import write_json
 from pretrain.batching import model_positions, usable_length
 from pretrain.data import TaskData
@@ -132,6 +133,10 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
                                  positions=model_positions(teacher_bundle.model))
         write_json(tmp / "benchmark.json", results)
         return results
+    if read_json(path / STAGE_FILE).get("key") not in (None, key):
+        # Other settings or models: the report holds measurements of what the recipe no longer
+        # asks for. (--rebenchmark of the same ones keeps it until the new one is written.)
+        retire_reports(out_dir)
     record = cached(path, key, write, force=rebenchmark)
     return {k: v for k, v in record.items() if k != "key"}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from compressor.bench.baselines import BASELINES
 from compressor.export.onnx import ExportSettings
@@ -81,17 +81,32 @@ class BenchmarkSettings(Strict):
     @field_validator("batch_sizes")
     @classmethod
     def _positive(cls, sizes: list[int] | None) -> list[int] | None:
-        if sizes is not None and (not sizes or min(sizes) < 1):
-            raise ValueError(f"batch sizes must be a non-empty list of integers >= 1 (got {sizes})")
-        return sizes
+        from compressor.bench.profiles import check_batch_sizes
+        return sizes if sizes is None else check_batch_sizes(sizes)
+
+    @field_validator("sequence_lengths")
+    @classmethod
+    def _lengths(cls, lengths: list | None) -> list | None:
+        from compressor.bench.profiles import check_sequence_lengths
+        return lengths if lengths is None else check_sequence_lengths(lengths)
+
+    @model_validator(mode="after")
+    def _distinct_profiles(self) -> "BenchmarkSettings":
+        from compressor.bench.profiles import load_profile
+        names = [load_profile(ref).name for ref in self.profiles]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"profiles named {', '.join(map(repr, twice))} more than once: their rows could not be "
+                             "told apart; expected one profile per name (rename a copied profile's `name`)")
+        return self
 
     def profile_objects(self) -> list:
         """The profiles with this section's overrides applied."""
-        from compressor.bench.profiles import load_profile
+        from compressor.bench.profiles import load_profile, with_overrides
         overrides = {k: v for k, v in (("batch_sizes", self.batch_sizes),
                                          ("sequence_lengths", self.sequence_lengths),
                                          ("iterations", self.iterations)) if v is not None}
-        return [load_profile(ref).model_copy(update=overrides) for ref in self.profiles]
+        return [with_overrides(load_profile(ref), overrides) for ref in self.profiles]
 
     def resolved_profiles(self) -> list[dict]:
         return [p.model_dump(mode="json") for p in self.profile_objects()]

@@ -204,11 +204,17 @@ def retire_what_reads(out_dir: Path, name: str) -> None:
     """Before stage `name` is rebuilt for other settings: its exports and the run's report
     describe the model it replaces, so they go now. A run stopped before it writes them again
     then leaves nothing that looks current but is not (the rerun rebuilds both)."""
-    stale = [out_dir / export_dir_name(name, mode) for mode in (None, "torch-dynamic-int8")]
-    stale += [out_dir / file for file in REPORT_FILES]
     with disk_errors(out_dir):
-        for path in stale:
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        for mode in (None, "torch-dynamic-int8"):
+            shutil.rmtree(out_dir / export_dir_name(name, mode), ignore_errors=True)
+    retire_reports(out_dir)
+
+
+def retire_reports(out_dir: Path) -> None:
+    """The run's report files go before a stage they describe is rebuilt (see retire_what_reads)."""
+    with disk_errors(out_dir):
+        for file in REPORT_FILES:
+            (out_dir / file).unlink(missing_ok=True)
 
 
 def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: TaskData,

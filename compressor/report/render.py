@@ -219,8 +219,15 @@ def environment_lines(env: dict) -> list[str]:
     return [f"date: {env.get('date')}",
             f"CPU: {cpu.get('model')} ({cpu.get('cores')} cores, {cpu.get('machine')}; "
             f"flags: {', '.join(cpu.get('flags', [])) or 'none of interest'})",
-            f"threads: torch {env.get('torch_threads')}; Python {env.get('python')}; {env.get('platform')}",
+            f"threads: {threads_line(env)}; Python {env.get('python')}; {env.get('platform')}",
             f"packages: {packages}"]
+
+
+def threads_line(env: dict) -> str:
+    """The threads each profile was timed at (reports before that record: torch's setting)."""
+    if "threads" in env:
+        return ", ".join(f"{name} {count}" for name, count in env["threads"].items()) or "none timed"
+    return f"torch {env.get('torch_threads')}"
 
 
 def sections(report: dict) -> list[tuple[str, str, object]]:

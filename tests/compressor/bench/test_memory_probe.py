@@ -43,3 +43,27 @@ def test_an_onnx_probe_never_imports_torch(bert_bundle, tmp_path):
             f"m.onnx_model({job_for(tmp_path / ONNX_FILE, 'onnx')!r}); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_sets_run_smallest_first_and_readings_come_back_in_the_profiles_order(monkeypatch):
+    """The high-water mark resets only to what the process holds: a larger batch run first
+    would show in a smaller one's reading. The child gets the sets smallest first."""
+    import json
+
+    import numpy as np
+
+    from compressor.bench import measure
+    from compressor.bench.profiles import load_profile
+    from compressor.bench.runners import Deployable
+    seen = {}
+
+    def child(args, **kwargs):
+        job = json.loads(args[-1])
+        seen["sizes"] = [int(np.load(path)["0:input_ids"].size) for path in job["inputs"]]
+        readings = [float(size) for size in seen["sizes"]]        # a reading that names its set
+        return subprocess.CompletedProcess(args, 0, stdout=json.dumps({"peak_rss_mb": readings}), stderr="")
+    monkeypatch.setattr(measure.subprocess, "run", child)
+    sets = [[{"input_ids": np.zeros((n, 16), dtype=np.int64)}] for n in (32, 1, 8)]
+    model = Deployable("m", "onnx", "unused.onnx", "fp32")
+    assert measure.peak_rss_mb(model, load_profile("cpu"), sets) == [512.0, 16.0, 128.0]
+    assert seen["sizes"] == [16, 128, 512]

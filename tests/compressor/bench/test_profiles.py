@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from compressor.bench import profiles
 from compressor.bench.profiles import load_profile, ort_session_options, unavailable_reason
+from pretrain.errors import UserError
 
 
 def test_the_cpu_profile_runs_here():
@@ -42,3 +44,58 @@ def test_a_gpu_with_cpu_builds_of_the_packages_says_what_to_install(monkeypatch)
     monkeypatch.setattr(profiles, "nvidia_gpu_present", lambda: True)
     reason = unavailable_reason(load_profile("gpu-tensorrt-int8"))
     assert "GPU is present" in reason and "CPU build" in reason and "onnxruntime-gpu" in reason
+
+
+def profile_file(tmp_path, **changes):
+    import yaml
+    raw = yaml.safe_load((profiles.PROFILE_DIR / "cpu.yaml").read_text())
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({**raw, **changes}))
+    return str(path)
+
+
+@pytest.mark.parametrize("changes, why", [
+    ({"threads": 0}, "threads must be >= 1"),
+    ({"threads": -1}, "threads must be >= 1"),
+    ({"threads": True}, "threads"),
+    ({"provider": "CPUExecutionprovider"}, "'CPUExecutionprovider' is no ONNX Runtime execution provider"),
+    ({"sequence_lengths": []}, "at least 1 item"),
+    ({"sequence_lengths": [16, 16]}, "distinct"),
+    ({"batch_sizes": [8, 8]}, "distinct"),
+])
+def test_a_profile_that_could_not_measure_is_refused_in_one_line(tmp_path, changes, why):
+    with pytest.raises(UserError, match=why) as err:
+        load_profile(profile_file(tmp_path, **changes))
+    assert "\n" not in str(err.value)
+
+
+def test_overrides_are_validated_as_the_profile_file_is():
+    with pytest.raises(UserError, match="fixed lengths >= 2"):
+        profiles.with_overrides(load_profile("cpu"), {"sequence_lengths": [1]})
+    assert profiles.with_overrides(load_profile("cpu"), {"batch_sizes": [2]}).batch_sizes == [2]
+
+
+def test_the_measuring_environment_records_each_profiles_threads():
+    from compressor.bench.measure import measuring_environment
+    env = measuring_environment([load_profile("cpu-1thread")])
+    assert env["threads"] == {"cpu-1thread": 1} and "torch_threads" not in env
+
+
+def test_a_graph_without_an_export_record_gets_the_precision_of_its_operators(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from compressor.cli.bench_command import graph_precision
+
+    def graph(op: str, dtype=TensorProto.FLOAT):
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])]
+        node = helper.make_node(op, ["x"], ["y"])
+        init = [helper.make_tensor("w", dtype, [1], [1.0])]
+        model = helper.make_model(helper.make_graph([node], "g", inputs, [], init))
+        path = tmp_path / f"{op}-{dtype}.onnx"
+        onnx.save(model, str(path))
+        return path
+    assert graph_precision(graph("MatMulInteger")) == "int8"          # Optimum's dynamic int8, e.g.
+    assert graph_precision(graph("MatMulNBits")) == "int4"
+    assert graph_precision(graph("Relu", TensorProto.FLOAT16)) == "fp16"
+    assert graph_precision(graph("Relu")) == "fp32"

@@ -206,3 +206,17 @@ def test_cache_keys_leave_out_a_rate_at_its_strategy_default():
     assert "lr" not in key_fields(QATConfig(epochs=1)) and "lr" not in key_fields(QATConfig(lr=2e-5))
     assert key_fields(QATConfig(lr=1e-4))["lr"] == 1e-4
     assert key_fields(FinetuneConfig(strategy="frozen"))["strategy"] == "frozen"
+
+
+@pytest.mark.parametrize("benchmark, why", [
+    ({"sequence_lengths": [0]}, "fixed lengths >= 2"),
+    ({"sequence_lengths": []}, "at least one"),
+    ({"batch_sizes": [1, 1]}, "distinct"),
+    ({"profiles": ["cpu", "cpu"]}, "profiles named 'cpu' more than once"),
+])
+def test_a_benchmark_section_that_could_not_measure_is_refused(benchmark, why):
+    from pydantic import ValidationError
+
+    from compressor.pipeline.recipe import BenchmarkSettings
+    with pytest.raises(ValidationError, match=why):
+        BenchmarkSettings.model_validate(benchmark)
