@@ -47,7 +47,7 @@ class PretrainConfig(BaseModel):
     tokenizer: str = "minilm"
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(5e-4, gt=0)
+    lr: float = Field(5e-4, gt=0, allow_inf_nan=False)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
     max_length: int = Field(128, ge=8)

@@ -64,7 +64,7 @@ class EmbeddingConfig(BaseModel):
     subsample: float = Field(1e-4, gt=0)      # word2vec's t
     steps: int = Field(3000, ge=1)
     batch_size: int = Field(4096, ge=1)       # (centre, context) pairs per step
-    lr: float = Field(0.1, gt=0)              # SGD step per pair (word2vec: 0.025, see the module doc)
+    lr: float = Field(0.1, gt=0, allow_inf_nan=False)   # SGD step per pair (word2vec: 0.025, see the module doc)
     # "adam": the loop's SparseAdam (centre) + AdamW (context) at lr, kept for comparison.
     optimizer: Literal["sgd", "adam"] = "sgd"
     seed: int = 0
@@ -251,8 +251,9 @@ def geometry(words: list[str], matrix: np.ndarray, top: int = 2000, seed: int = 
     pairs = rng.choice(n, size=(max(len(related), 1) * 50, 2)) if n > 1 else np.zeros((0, 2), dtype=int)
     random = [float(cos[i, j]) for i, j in pairs if i != j]
     return {"mean_pairwise_cosine": float((cos.sum() - n) / max(n * (n - 1), 1)),
-            "related_pairs": len(related), "related_pairs_cosine": float(np.mean(related)) if related else float("nan"),
-            "random_pairs_cosine": float(np.mean(random)) if random else float("nan")}
+            # null, not NaN, where there are no pairs: metrics.json stays strict JSON
+            "related_pairs": len(related), "related_pairs_cosine": float(np.mean(related)) if related else None,
+            "random_pairs_cosine": float(np.mean(random)) if random else None}
 
 
 def save_embeddings(directory: Path, vocab: list[tuple[str, int]], matrix: np.ndarray) -> None:

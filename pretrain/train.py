@@ -66,7 +66,7 @@ class TrainConfig(BaseModel):
 
     epochs: float = Field(1.0, gt=0)
     batch_size: int = Field(32, ge=1)         # the global batch, split over DDP processes
-    lr: float = Field(1e-4, gt=0)
+    lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
     max_grad_norm: float | None = Field(1.0, gt=0)
@@ -233,6 +233,9 @@ def train(model: nn.Module, data: Encoded | BatchSource, cfg: TrainConfig, loss_
             for step in range(progress.step, source.steps):
                 batch = source.batch(step)
                 loss = step_loss(batch)          # forward + backward (+ DDP all-reduce)
+                if not math.isfinite(loss):      # diverged: what followed would be NaN weights, saved as a result
+                    raise UserError(f"{desc}: the loss is {loss} at step {step + 1} of {source.steps}: training "
+                                    f"diverged; expected a smaller learning rate than {cfg.lr:g}")
                 clip_dense_gradients(model, cfg.max_grad_norm)
                 lr = schedules[0].get_last_lr()[0]
                 for opt, sched in zip(optimizers, schedules):

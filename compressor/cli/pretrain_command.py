@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from compressor.bench.environment import environment
+from compressor.bundle import PROVENANCE_FILE
 from compressor.pipeline.cache import inputs_fingerprint
 from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
@@ -43,6 +44,9 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
     """Pretrain and write `out` (HF model dir + metrics.json); checkpoints in `<out>.checkpoint`."""
     out = Path(out)
     check_output(out, [cfg.corpus, cfg.tokenizer, cfg.init], owner_files=("config.json", "metrics.json"))
+    if (out / PROVENANCE_FILE).is_file():    # config.json and metrics.json: a fine-tuned model has both too
+        raise UserError(f"--out {out} holds a model `compressor finetune` or `run` wrote ({PROVENANCE_FILE}); "
+                        "pretrain replaces only its own earlier output: choose another --out")
     ckpt = checkpoint_dir(out)
     # The inputs' contents too: a corpus or init model replaced since the stop is another run.
     settings = {**cfg.model_dump(mode="json"), "inputs": inputs_fingerprint([cfg.corpus, cfg.tokenizer, cfg.init])}

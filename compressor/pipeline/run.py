@@ -138,6 +138,14 @@ def recipe_search(recipe: Recipe, teacher: Stage, base_dir: Path, out_dir: Path,
     return {"dir": SEARCH_DIR, **{k: result[k] for k in ("outcome", "chosen", "best_effort", "recipe_file")}}
 
 
+def check_inputs_exist(step: Step) -> None:
+    """Files and dirs a step names (an embeddings dir, a masked LM, a teacher): present now,
+    or the run would stop when the step runs (or its cache key is computed)."""
+    for path in config_inputs(step.config):
+        if str(path) not in BUNDLED_MODELS and not Path(path).exists():
+            raise UserError(f"{step.name}: {path} not found; expected an existing file or dir")
+
+
 def check_extra_tasks(config) -> None:
     """The other tasks a training step reads (multi-task, intermediate), loaded now: a missing
     file or column stops the run before the teacher trains, not when the step runs. A domain
@@ -164,5 +172,6 @@ def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: Task
                 if exports and step.name == "quantize":
                     calibration_rows(step.config, task)
                 check_extra_tasks(step.config)
+                check_inputs_exist(step)
             except UserError as err:
                 raise UserError(f"variants.{name}[{i}]: {err}") from None

@@ -373,3 +373,18 @@ def test_an_aux_module_that_is_part_of_the_model_is_refused(make_tiny_bert, toy4
     with pytest.raises(ValueError, match="shares parameters"):
         train(model, toy48, resume_cfg(epochs=0.25), show_progress=False, aux_modules=[model.classifier])
     assert model.classifier.weight.requires_grad
+
+
+def test_a_diverged_run_stops_with_one_line_instead_of_saving_nan_weights(make_tiny_bert, toy):
+    from pretrain.errors import UserError
+    model = make_tiny_bert()
+    diverging = lambda m, batch: m(**batch).loss * float("nan")     # noqa: E731
+    with pytest.raises(UserError, match="the loss is nan at step 1 of 4: training diverged; expected a smaller"):
+        train(model, toy, cfg(), loss_fn=diverging, show_progress=False)
+
+
+@pytest.mark.parametrize("lr", [float("inf"), float("nan")])
+def test_a_learning_rate_that_is_no_number_is_refused(lr):
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError):
+        cfg(lr=lr)

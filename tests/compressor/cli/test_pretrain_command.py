@@ -238,3 +238,15 @@ def test_deliverable_reloads_as_a_classifier_with_every_trained_weight(corpus, t
     with torch.no_grad():
         torch.testing.assert_close(model.base_model.eval()(**batch).last_hidden_state,
                                    trained.eval()(**batch).last_hidden_state, rtol=0, atol=0)
+
+
+def test_pretrain_never_replaces_a_fine_tuned_model(corpus, tmp_path, capsys):
+    """A finetune output also holds config.json and metrics.json; its compressor.json marks it."""
+    out = tmp_path / "my-classifier"
+    out.mkdir()
+    for name in ("config.json", "metrics.json", "compressor.json"):
+        (out / name).write_text("{}")
+    code, err = cli(capsys, "pretrain", "--objective", "mlm", "--corpus", corpus, "--size", "tiny", "--steps", "2",
+                    "--out", str(out))
+    assert code == 2 and "holds a model `compressor finetune` or `run` wrote" in err
+    assert sorted(p.name for p in out.iterdir()) == ["compressor.json", "config.json", "metrics.json"]

@@ -596,3 +596,12 @@ def test_a_steps_extra_task_file_is_checked_before_the_teacher_trains(tiny_bert_
     with pytest.raises(UserError, match=r"variants\.v\[0\]: .*no\.csv: data file not found"):
         run(raw, tmp_path / "fresh")
     assert not (tmp_path / "fresh").exists()
+
+
+def test_a_dir_a_step_names_must_exist_before_anything_runs(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
+    forbid_building(monkeypatch)
+    missing = str(tmp_path / "no-embeddings")
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"distill-structure": {"kind": "cnn", "embeddings": missing}}]})
+    with pytest.raises(UserError, match=rf"variants\.v\[0\]: distill-structure: {missing} not found"):
+        run(raw, tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
