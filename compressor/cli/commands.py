@@ -298,7 +298,8 @@ def add_pretraining_commands(sub) -> None:
     pt.add_argument("--steps", type=positive_int, required=True)
     pt.add_argument("--out", required=True, type=Path)
     pt.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")
-    pt.add_argument("--tokenizer", default="minilm", help="a tokenizer dir (compressor tokenizer) or 'minilm'")
+    pt.add_argument("--tokenizer", default=None,
+                    help="a tokenizer dir (compressor tokenizer) or 'minilm' (default: --init's own, else 'minilm')")
     pt.add_argument("--init", help="mlm, mlm-wwm: continue from this BERT model ('minilm' or an HF dir; its "
                                    "tokenizer) instead of a fresh --size model; a missing MLM head starts fresh")
     pt.add_argument("--batch-size", type=positive_int, default=32)
@@ -353,7 +354,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     from pretrain.pretraining import make_config, objective_options
     options = objective_options(args.objective, args.dae_noise, args.mask_ratio, tuple(args.objective_option))
     cfg = make_config(objective=args.objective, objective_options=options, corpus=args.corpus, size=args.size,
-                      tokenizer=args.tokenizer, init=args.init,
+                      tokenizer=args.tokenizer or args.init or "minilm", init=args.init,
                       steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
                       max_length=args.max_length,
                       seed=args.seed, buffer_size=args.buffer_size)

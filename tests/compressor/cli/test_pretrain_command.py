@@ -250,3 +250,19 @@ def test_pretrain_never_replaces_a_fine_tuned_model(corpus, tmp_path, capsys):
                     "--out", str(out))
     assert code == 2 and "holds a model `compressor finetune` or `run` wrote" in err
     assert sorted(p.name for p in out.iterdir()) == ["compressor.json", "config.json", "metrics.json"]
+
+
+def test_init_without_tokenizer_reads_the_init_models_own(corpus, tmp_path, capsys):
+    """--init DIR continues that model with its own tokenizer (its embedding rows are its ids),
+    not the default 'minilm', which another vocabulary would refuse."""
+    tok, first = tmp_path / "tok", tmp_path / "first"
+    code, err = cli(capsys, "tokenizer", "--corpus", corpus, "--kind", "wordpiece", "--vocab-size", "300",
+                    "--out", str(tok))
+    assert code == 0, err
+    code, err = cli(capsys, "pretrain", "--objective", "mlm", "--corpus", corpus, "--size", "tiny", "--steps", "2",
+                    "--batch-size", "4", "--max-length", "32", "--tokenizer", str(tok), "--out", str(first))
+    assert code == 0, err
+    code, err = cli(capsys, "pretrain", "--objective", "mlm", "--corpus", corpus, "--init", str(first), "--steps", "2",
+                    "--batch-size", "4", "--max-length", "32", "--out", str(tmp_path / "again"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "again" / "metrics.json").read_text())["config"]["tokenizer"] == str(first)
