@@ -80,7 +80,7 @@ class Profile(BaseModel):
     def _known_provider(cls, provider: str) -> str:
         import onnxruntime as ort      # every provider ORT has a name for, built in here or not
         if provider not in ort.get_all_providers():
-            raise ValueError(f"{provider!r} is no ONNX Runtime execution provider; expected one of "
+            raise ValueError(f"no ONNX Runtime execution provider has that name; expected one of "
                              f"{', '.join(ort.get_available_providers())} (on this machine) or another "
                              "name onnxruntime.get_all_providers() lists")
         return provider

@@ -35,7 +35,7 @@ def test_a_recipe_naming_a_variant_twice_is_refused(tmp_path):
 
 def test_a_profile_with_a_field_twice_is_refused(tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text("provider: cpu\nthreads: 2\nthreads: 4\n")
+    path.write_text("provider: CPUExecutionProvider\nthreads: 2\nthreads: 4\n")
     with pytest.raises(UserError, match="duplicate key 'threads'"):
         load_profile(str(path))
 
@@ -60,6 +60,6 @@ def test_a_misspelt_recipe_field_gets_the_nearest_name(tmp_path, body, message):
 
 def test_a_misspelt_profile_field_gets_the_nearest_name(tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text("provider: cpu\nthread: 2\n")
+    path.write_text("provider: CPUExecutionProvider\nthread: 2\n")
     with pytest.raises(UserError, match=r"thread: Extra inputs are not permitted \(got 2\); did you mean 'threads'\?"):
         load_profile(str(path))
