@@ -24,6 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoConfig, BertForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from pretrain.data import check_utf8
 from pretrain.data.stream import ChunkStream
 from pretrain.errors import UserError, validation_message
 from pretrain.models import count_params, load_tokenizer, resolve_model_path
@@ -139,6 +140,8 @@ def prepare(cfg: PretrainConfig) -> tuple[Objective, PreTrainedTokenizerBase, Pr
     objective or a tokenizer it cannot use fails here.
     """
     objective = get_objective(cfg.objective, cfg.objective_options)
+    if Path(cfg.corpus).is_file():
+        check_utf8(Path(cfg.corpus))      # the whole file, before the first checkpoint
     tokenizer = load_pretrain_tokenizer(cfg.tokenizer)
     model = build_model(objective, tokenizer, cfg)
     probe = ChunkStream(cfg.corpus, tokenizer, cfg.max_length, buffer_size=1, seed=cfg.seed, min_tokens=2)

@@ -98,6 +98,8 @@ def structure_shape(cfg: "DistillStructure", known: Known) -> Shape:
     later steps. Learning from the teacher needs its vocabulary."""
     if cfg.alpha < 1:
         check_teacher_fits("distill-structure", known.teacher, known.model)
+    if cfg.embeddings not in ("teacher", "random") and Path(cfg.embeddings).is_dir():
+        check_embedding_width(Path(cfg.embeddings), cfg.embedding_dim)   # a missing dir: run.py says so
     return Shape(family="bilm" if cfg.kind == "bilstm" else "textcnn", labels=known.model.labels,
                  vocab=known.model.vocab)
 
@@ -176,6 +178,20 @@ def principal_projection(weight: torch.Tensor, dim: int) -> torch.Tensor:
     return centered @ directions[:dim].T                                  # [V, H] @ [H, dim]
 
 
+def check_embedding_width(directory: Path, dim: int, matrix: np.ndarray | None = None) -> None:
+    """The embeddings dir's vectors have `embedding_dim` components (read without loading them)."""
+    if matrix is None:
+        try:
+            matrix = np.load(directory / "embeddings.npy", mmap_mode="r")
+        except (OSError, ValueError) as err:
+            raise UserError(f"distill-structure: {directory} is not an embeddings dir (embeddings.npy + vocab.txt): "
+                            f"{err}") from None
+    if matrix.ndim != 2 or matrix.shape[1] != dim:
+        width = matrix.shape[1] if matrix.ndim == 2 else "?"
+        raise UserError(f"distill-structure: the embeddings in {directory} are {width}-dimensional; "
+                        f"expected embedding_dim: {width}")
+
+
 def static_table(directory: Path, tokenizer: PreTrainedTokenizerBase, rows: int, dim: int,
                  seed: int) -> torch.Tensor:
     """word2vec vectors for the tokens that are whole words of the embeddings' vocabulary.
@@ -187,9 +203,7 @@ def static_table(directory: Path, tokenizer: PreTrainedTokenizerBase, rows: int,
         raise UserError(f"distill-structure: embeddings {str(directory)!r} is neither 'teacher', 'random' "
                         "nor a dir written by `compressor embeddings`")
     words, matrix = load_embeddings(directory)
-    if matrix.shape[1] != dim:
-        raise UserError(f"distill-structure: the embeddings in {directory} are {matrix.shape[1]}-dimensional; "
-                        f"expected embedding_dim: {matrix.shape[1]}")
+    check_embedding_width(directory, dim, matrix)
     generator = np.random.default_rng(seed)
     table = generator.normal(0.0, float(matrix.std()), size=(rows, dim)).astype(np.float32)
     index = {word: i for i, word in enumerate(words)}

@@ -144,6 +144,27 @@ def load_corpus(name_or_path: str, *, wordnet_dir: str | None = None) -> Iterato
     return _text_file_documents(path)
 
 
+def check_utf8(path: Path, chunk: int = 1 << 20) -> None:
+    """Refuse (UserError, naming the line) a corpus file with a byte that is not UTF-8, by
+    reading it through once: a stream reaches such a byte only when training gets there, after
+    its checkpoints are written (or never, in a short run)."""
+    import codecs
+    decoder, lines = codecs.getincrementaldecoder("utf-8")(), 0
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as e:
+                line = lines + block[:max(e.start, 0)].count(b"\n") + 1
+                raise UserError(f"{path}: line {line}: corpus file is not UTF-8 text ({e.reason}); "
+                                "save it as UTF-8") from None
+            lines += block.count(b"\n")
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: ends inside a character: corpus file is not UTF-8 text ({e.reason})") from None
+
+
 def _text_file_documents(path: Path) -> Iterator[list[str]]:
     doc: list[str] = []
     try:

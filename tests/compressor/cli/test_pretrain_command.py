@@ -266,3 +266,15 @@ def test_init_without_tokenizer_reads_the_init_models_own(corpus, tmp_path, caps
                     "--batch-size", "4", "--max-length", "32", "--out", str(tmp_path / "again"))
     assert code == 0, err
     assert json.loads((tmp_path / "again" / "metrics.json").read_text())["config"]["tokenizer"] == str(first)
+
+
+def test_a_bad_byte_late_in_the_corpus_is_refused_before_anything_is_written(corpus, tmp_path, capsys):
+    """The stream would reach it only when training got there (after checkpoints), or never."""
+    late = tmp_path / "late.txt"
+    text = Path(corpus).read_text(encoding="utf-8")
+    late.write_bytes(text.encode("utf-8") + b"\n\nbad \xff byte\n")
+    line = text.count("\n") + 3
+    code, err = cli(capsys, "pretrain", "--objective", "mlm", "--corpus", str(late), "--size", "tiny", "--steps", "2",
+                    "--batch-size", "4", "--max-length", "32", "--out", str(tmp_path / "p"))
+    assert code == 2 and f"late.txt: line {line}: corpus file is not UTF-8 text" in err
+    assert not (tmp_path / "p").exists() and not checkpoint_dir(tmp_path / "p").exists()

@@ -146,6 +146,22 @@ def test_static_embeddings_fill_whole_word_tokens(bert_bundle, tmp_path):
         initial_embeddings(bert_bundle.model, bert_bundle.tokenizer, config(embeddings=str(tmp_path / "nope")))
 
 
+def test_embeddings_of_another_width_are_refused_before_anything_runs(tiny_bert_dir, tiny_csv, tmp_path):
+    from compressor import Pipeline
+    (tmp_path / "emb").mkdir()
+    save_embeddings(tmp_path / "emb", [("dog", 5), ("walked", 3)], np.zeros((2, 16), dtype=np.float32))
+    pipe = Pipeline("emb", teacher=str(tiny_bert_dir), task={"path": str(tiny_csv)}).variant(
+        "v", config(embeddings=str(tmp_path / "emb"), embedding_dim=8, hidden_size=12))
+    with pytest.raises(UserError, match=r"variants\.v\[0\]: distill-structure: the embeddings in .* are "
+                                        r"16-dimensional; expected embedding_dim: 16"):
+        pipe.plan(tmp_path / "out")
+    (tmp_path / "model").mkdir()                                    # a dir that holds no embeddings
+    pipe = Pipeline("emb", teacher=str(tiny_bert_dir), task={"path": str(tiny_csv)}).variant(
+        "v", config(embeddings=str(tmp_path / "model")))
+    with pytest.raises(UserError, match="is not an embeddings dir"):
+        pipe.plan(tmp_path / "out")
+
+
 def test_a_teacher_of_other_labels_is_refused_before_training(bert_bundle, tiny_task, monkeypatch):
     other = bert_bundle.model.config.__class__.from_dict(bert_bundle.model.config.to_dict())
     other.id2label = {i: f"x{i}" for i in range(other.num_labels)}
