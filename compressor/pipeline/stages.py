@@ -30,11 +30,11 @@ from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerpr
                                       log, task_fingerprint)
 from compressor.pipeline.outdir import disk_errors, read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
+from pretrain.atomic import write_json
 from pretrain.data import TaskData, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, finetune, with_run_defaults
 from pretrain.models import load_classifier
-from pretrain.atomic import write_json
 from pretrain.train import Checkpointing
 
 EVAL_LIMIT = "eval_limit"    # stage.json: the test-sample limit its metrics were measured with

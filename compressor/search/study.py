@@ -125,11 +125,11 @@ def dead_here(worker: str | None) -> bool:
     if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(int(pid), 0)      # PermissionError would mean alive, another user's
     except ProcessLookupError:
         return True
-    except PermissionError:       # alive, another user's
-        return False
+    except PermissionError:
+        pass
     return False
 
 
