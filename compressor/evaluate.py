@@ -13,7 +13,7 @@ from transformers import AutoConfig, PretrainedConfig
 from compressor.bundle import read_provenance
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
 from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, model_positions, usable_length
-from pretrain.data import TaskData, load_task
+from pretrain.data import TaskData, absolute_paths, load_task
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
 from pretrain.metrics import agreement, classification_metrics
@@ -60,13 +60,23 @@ def load_predictor(path: str | Path) -> Predictor:
                      model_positions(saved_config(model_dir)), seed)
 
 
-def split_seed(given: int | None, recorded: int | None, task_from_record: bool) -> int:
+def split_seed(given: int | None, recorded: int | None, task_given: str | dict | None,
+               task_recorded: str | dict | None) -> int:
     """The seed to draw a task's splits with: the one asked for; else, for the task recorded
-    with a model, the seed recorded beside it (so its test split is the one it was scored on,
-    not rows it trained on); else 0."""
+    with a model (left out, or named again), the seed recorded beside it (so its test split is
+    the one it was scored on, not rows it trained on); else 0."""
     if given is not None:
         return given
-    return recorded if task_from_record and recorded is not None else 0
+    same_task = task_given is None or same_task_spec(task_given, task_recorded)
+    return recorded if same_task and recorded is not None else 0
+
+
+def same_task_spec(a: str | dict | None, b: str | dict | None) -> bool:
+    """Whether two task specs name the same task: a built-in name, or the same data files
+    (paths compared resolved: a model records them absolute) with the same other settings."""
+    def normal(spec):
+        return absolute_paths(spec) if isinstance(spec, dict) else spec
+    return normal(a) == normal(b)
 
 
 def find_onnx(directory: Path) -> Path | None:
@@ -132,7 +142,7 @@ def label_permutation(model_labels: tuple[str, ...], task: TaskData) -> np.ndarr
 def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
                   max_samples: int | None = None, reference: str | None = None, seed: int | None = None) -> dict:
     predictor = load_predictor(model)
-    seed = split_seed(seed, predictor.task_seed, task_spec is None)
+    seed = split_seed(seed, predictor.task_seed, task_spec, predictor.task)
     task_spec = task_spec if task_spec is not None else predictor.task
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")

@@ -39,7 +39,7 @@ CONTINUABLE = ("mlm", "mlm-wwm")     # objectives whose model is a plain BertFor
 class PretrainConfig(BaseModel):
     """Everything that decides what a pretraining run computes (a resume must match it)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     objective: str
     objective_options: str = ""              # canonical options string (dae: its noise functions)
@@ -48,11 +48,11 @@ class PretrainConfig(BaseModel):
     tokenizer: str = "minilm"
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(32, ge=1)
-    lr: float = Field(5e-4, gt=0, allow_inf_nan=False)
+    lr: float = Field(5e-4, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
     max_length: int = Field(128, ge=8)
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     buffer_size: int = Field(10_000, ge=1)   # chunks held by the shuffle buffer
     # Continued pretraining (mlm, mlm-wwm): start from this BERT model's weights ('minilm' or an
     # HF dir) instead of a fresh `size` model; its MLM head is trained (drawn fresh if it has none).

@@ -54,7 +54,7 @@ RELATED_PAIRS = (("red", "yellow"), ("white", "black"), ("two", "three"), ("plan
 
 
 class EmbeddingConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     dim: int = Field(100, ge=2)
     window: int = Field(5, ge=1)
@@ -64,10 +64,10 @@ class EmbeddingConfig(BaseModel):
     subsample: float = Field(1e-4, gt=0)      # word2vec's t
     steps: int = Field(3000, ge=1)
     batch_size: int = Field(4096, ge=1)       # (centre, context) pairs per step
-    lr: float = Field(0.1, gt=0, allow_inf_nan=False)   # SGD step per pair (word2vec: 0.025, see the module doc)
+    lr: float = Field(0.1, gt=0)   # SGD step per pair (word2vec: 0.025, see the module doc)
     # "adam": the loop's SparseAdam (centre) + AdamW (context) at lr, kept for comparison.
     optimizer: Literal["sgd", "adam"] = "sgd"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
 
 
 # -- words --------------------------------------------------------------------------------

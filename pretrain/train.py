@@ -62,15 +62,15 @@ ParamGroups = Callable[[nn.Module], list[dict[str, Any]]]
 class TrainConfig(BaseModel):
     """Optimisation settings shared by every stage that trains."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     epochs: float = Field(1.0, gt=0)
     batch_size: int = Field(32, ge=1)         # the global batch, split over DDP processes
-    lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
+    lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
     max_grad_norm: float | None = Field(1.0, gt=0)
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     embedding_updates: Literal["sparse", "dense", "frozen"] = "sparse"
     group_by_length: bool = True
     # "sgd": plain SGD without momentum over every parameter, sparse gradients included
@@ -89,7 +89,7 @@ class Checkpointing(BaseModel):
     (model, optimizers, schedules, RNG states, step and data position).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     directory: Path
     every_steps: int = Field(200, ge=1)

@@ -28,7 +28,7 @@ Precision = Literal["fp32", "fp16", "int8", "int4"]
 
 
 class Requirements(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     machine: list[str] = []           # platform.machine() values, e.g. [x86_64] or [aarch64, arm64]
     cpu_flags: list[str] = []         # /proc/cpuinfo flags, e.g. [avx512f, avx512_vnni]
@@ -38,7 +38,7 @@ class Requirements(BaseModel):
 class Profile(BaseModel):
     """One deployment target. Fields are a contract: recipes and reports name them."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     description: str = ""

@@ -64,7 +64,7 @@ def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | 
                                      ("iterations", iterations)) if v}
     profile = with_overrides(load_profile(profile_ref), overrides)   # validated as a profile file is
     predictor = load_predictor(model_ref)          # validates the model before any timing
-    seed = split_seed(seed, predictor.task_seed, task_spec is None)
+    seed = split_seed(seed, predictor.task_seed, task_spec, predictor.task)
     spec = task_spec if task_spec is not None else predictor.task
     if out is not None:
         check_output(out, [model_ref, *task_files(spec)], owner_files=None)

@@ -30,7 +30,7 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
     quantize_cfg = quantize_config(quantize, quantize_options)
     check_source(model)
     bundle = ModelBundle.load(model)
-    seed = split_seed(seed, bundle.task_seed, task_spec is None)
+    seed = split_seed(seed, bundle.task_seed, task_spec, bundle.task)
     task_spec = task_spec if task_spec is not None else bundle.task
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")

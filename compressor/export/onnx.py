@@ -71,7 +71,7 @@ SLOW_SKIP_LAYERNORM_SINCE = (1, 30)
 class ExportSettings(BaseModel):
     """The recipe's `export:` section (also what `compressor export` builds from its flags)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     onnx: bool = True                                     # write DIR/<stage>-onnx/ per stage
     optimize: bool = True                                 # ORT transformer fusion, with fallback

@@ -79,7 +79,7 @@ class QuantizeConfig(BaseModel):
     type can also be built directly (`DynamicInt8Config(per_channel=True)`).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     mode: str
 

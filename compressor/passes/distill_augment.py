@@ -30,7 +30,7 @@ from pydantic import Field
 from transformers import AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from compressor.passes.distill_losses import NO_LABEL
-from compressor.passes.registry import Context, PassConfig
+from compressor.passes.registry import Context, Known, PassConfig
 from pretrain.data import Split, TaskData
 from pretrain.domain import mlm_head
 from pretrain.errors import UserError
@@ -73,12 +73,25 @@ def transfer_data(cfg: Config, ctx: Context, record: dict) -> tuple[TaskData, Co
 
 def unlabeled_rows(train: Split, labelled: int, count: int) -> Split:
     """The `count` train rows after the first `labelled`, their labels withheld."""
-    left = len(train) - labelled
+    check_unlabeled_count(count, len(train), labelled)
+    pairs = train.text_pairs[labelled:labelled + count] if train.text_pairs is not None else None
+    return Split(train.texts[labelled:labelled + count], [NO_LABEL] * count, pairs)
+
+
+def check_unlabeled_count(count: int, train_rows: int, labelled: int) -> None:
+    left = train_rows - labelled
     if count > left:
         raise UserError(f"unlabeled_samples {count} asks for more train texts than the {left} after the "
                         f"{labelled} labelled ones; expected at most {left} (or a smaller max_train_samples)")
-    pairs = train.text_pairs[labelled:labelled + count] if train.text_pairs is not None else None
-    return Split(train.texts[labelled:labelled + count], [NO_LABEL] * count, pairs)
+
+
+def check_unlabeled_fit(cfg: PassConfig, known: Known) -> None:
+    """The same refusal up front: the labelled rows are the first max_train_samples (the
+    step's, else the recipe's) of the train split."""
+    if not cfg.unlabeled_samples or known.train_rows is None:
+        return
+    cap = cfg.max_train_samples or known.max_train_samples
+    check_unlabeled_count(cfg.unlabeled_samples, known.train_rows, min(known.train_rows, cap or known.train_rows))
 
 
 def joined(first: Split, second: Split) -> Split:

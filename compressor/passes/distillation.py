@@ -26,7 +26,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.passes import distill_losses as dl
-from compressor.passes.distill_augment import AugmentConfig, transfer_data
+from compressor.passes.distill_augment import AugmentConfig, check_unlabeled_fit, transfer_data
 from compressor.passes.registry import (Context, Known, PassConfig, Shape, check_teacher_bundle, check_teacher_fits,
                                        register, shape_of)
 from pretrain.batching import encode, iterate, inference_order, usable_length
@@ -53,8 +53,8 @@ class StudentShape(PassConfig):
 
 class StudentConfig(PassConfig):
     # `from` is a Python keyword: the field is `source`, written `from` in recipes and dumps.
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True,
-                              serialize_by_alias=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
 
     layers: tuple[int, ...] | None = Field(None, min_length=1)   # layer indices of the source, in order
     source: Literal["teacher", "bundle"] = Field("teacher", alias="from")
@@ -103,7 +103,7 @@ def check_student_layers(cfg: StudentConfig, n_layers: int | None) -> None:
 
 
 @register("student", StudentConfig, check_family=lambda cfg, family: check_transformer_family(family, "student"),
-          check_shape=student_shape)
+          check_shape=student_shape, renames_layers=True)
 def student_pass(bundle: ModelBundle, cfg: StudentConfig, ctx: Context) -> ModelBundle:
     """The model to distill into: kept layers of the teacher or the bundle, or a fresh model."""
     source = bundle if cfg.source == "bundle" else ctx.teacher
@@ -306,6 +306,7 @@ def distill_shape(cfg: DistillConfig, known: Known) -> Shape:
     teacher = known.teacher if cfg.teacher is None else shape_of(check_model_ref(cfg.teacher))
     refuse_losses(cfg.losses, student.family, "student")
     check_teacher_fits("distill", teacher, student)
+    check_unlabeled_fit(cfg, known)
     if not cfg.layer_losses():
         return student
     check_projection(cfg, student.hidden, teacher.hidden)

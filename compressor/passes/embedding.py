@@ -26,7 +26,20 @@ class FactorizeEmbedding(PassConfig):
     rank: int = Field(128, ge=1)   # inner size r of V x r times r x H (ALBERT uses 128)
 
 
-@register("factorize-embedding", FactorizeEmbedding)
+def check_rank_saves(rank: int, vocab: int, hidden: int) -> None:
+    if not rank < hidden * vocab / (vocab + hidden):
+        raise UserError(f"factorize-embedding: rank {rank} saves nothing for a {vocab} x {hidden} "
+                        f"embedding; expected a rank below {int(hidden * vocab / (vocab + hidden))}")
+
+
+def factorized_shape(cfg: FactorizeEmbedding, known: Known) -> Shape:
+    """The rank checked up front where the embedding's size is known (a trimmed one is not)."""
+    if known.model.embedding is not None:
+        check_rank_saves(cfg.rank, *known.model.embedding)
+    return known.model
+
+
+@register("factorize-embedding", FactorizeEmbedding, check_shape=factorized_shape)
 def factorize_embedding(bundle: ModelBundle, cfg: FactorizeEmbedding, ctx: Context) -> ModelBundle:
     """Replace the word embedding by its best rank-r approximation (export/embedding.py).
 
@@ -36,10 +49,7 @@ def factorize_embedding(bundle: ModelBundle, cfg: FactorizeEmbedding, ctx: Conte
     """
     model = bundle.copy_model()
     embedding = model.get_input_embeddings()
-    vocab, hidden = embedding.weight.shape
-    if not cfg.rank < hidden * vocab / (vocab + hidden):
-        raise UserError(f"factorize-embedding: rank {cfg.rank} saves nothing for a {vocab} x {hidden} "
-                        f"embedding; expected a rank below {int(hidden * vocab / (vocab + hidden))}")
+    check_rank_saves(cfg.rank, *embedding.weight.shape)
     low, up = low_rank_factors(embedding.weight, cfg.rank)
     embedding.weight.data = (low @ up).contiguous()
     return bundle.replace(model=model, deploy={**bundle.deploy, "embedding_rank": cfg.rank})
@@ -66,7 +76,8 @@ def check_trim_tokenizer(cfg: TrimVocab, tokenizer) -> None:
 def trimmed_shape(cfg: TrimVocab, known: Known) -> Shape:
     """A subset of the vocabulary the model had (which one, only the task's texts tell)."""
     vocab = known.model.vocab
-    return dataclasses.replace(known.model, vocab=vocab and f"trimmed:{vocab.removeprefix('trimmed:')}")
+    return dataclasses.replace(known.model, vocab=vocab and f"trimmed:{vocab.removeprefix('trimmed:')}",
+                               embedding=None)
 
 
 @register("trim-vocab", TrimVocab, check_tokenizer=check_trim_tokenizer, check_shape=trimmed_shape)

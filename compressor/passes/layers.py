@@ -59,7 +59,7 @@ def dropped_shape(cfg: DropLayers, shape: Shape, train_examples: int | None) -> 
 
 
 @register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"),
-          check_shape=lambda cfg, known: dropped_shape(cfg, known.model, known.train_rows))
+          check_shape=lambda cfg, known: dropped_shape(cfg, known.model, known.train_rows), renames_layers=True)
 def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBundle:
     """Keep only the listed encoder layers (a DistilBERT-style shallow student init), or the
     `count` layers whose removal would cost the most."""

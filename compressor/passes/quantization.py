@@ -67,7 +67,7 @@ class QATConfig(FinetuneConfig):
         return self
 
 
-@register("qat", QATConfig, trains=True)
+@register("qat", QATConfig, trains=True, names_layers=True)
 def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
     """Q8BERT quantization-aware training, then an int8 export that uses the learned ranges.
 
@@ -115,7 +115,7 @@ def check_rankable(cfg: SensitivityConfig, family: str) -> None:
                         f"block (families {', '.join(TRANSFORMER_FAMILIES)})")
 
 
-@register("sensitivity", SensitivityConfig, preserves_function=True, check_family=check_rankable)
+@register("sensitivity", SensitivityConfig, preserves_function=True, check_family=check_rankable, names_layers=True)
 def sensitivity_pass(bundle: ModelBundle, cfg: SensitivityConfig, ctx: Context) -> ModelBundle:
     """Per-layer sensitivity: how far the model moves when only that Linear is quantized to int8.
 

@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from pydantic import BaseModel, ConfigDict
 from transformers import PreTrainedTokenizerBase
@@ -26,7 +26,7 @@ from pretrain.errors import UserError
 class PassConfig(BaseModel):
     """Base of every pass config: immutable, unknown fields rejected."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 @dataclass
@@ -116,16 +116,22 @@ class Shape:
     # "trimmed:<fingerprint>" after trim-vocab cut that vocabulary (the exact subset is only
     # known once the pass has read the task's texts).
     vocab: str | None = None
+    embedding: tuple[int, int] | None = None   # the word embedding's rows x width
+    # Passes before whose deploy records name this model's Linear modules (`sensitivity`,
+    # `qat`): a later step that renumbers or replaces layers would leave the names on others.
+    layers_named_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Known:
     """What a step's up-front check sees: the shapes of the model entering it and of the recipe's
-    teacher, and how many examples the task's train split holds (for passes that read a sample)."""
+    teacher, how many examples the task's train split holds (for passes that read a sample) and
+    the recipe's cap on the examples a training pass takes."""
 
     model: Shape
     teacher: Shape
     train_rows: int | None = None
+    max_train_samples: int | None = None   # the recipe's cap for training passes that set none
 
 
 # (config, shapes before) -> the model's shape after the step; raises UserError for what
@@ -145,6 +151,10 @@ class PassSpec:
     check_family: FamilyCheck | None = None
     check_tokenizer: TokenizerCheck | None = None
     check_shape: ShapeCheck | None = None
+    # its deploy record names the model's Linear modules (the export finds them by name)
+    names_layers: bool = False
+    # renumbers, removes or replaces encoder layers: names recorded before point elsewhere
+    renames_layers: bool = False
 
 
 _REGISTRY: dict[str, PassSpec] = {}
@@ -153,14 +163,15 @@ _REGISTRY: dict[str, PassSpec] = {}
 def register(name: str, config_type: type[BaseModel], *, preserves_function: bool = False,
              trains: bool = False, check_family: FamilyCheck | None = None,
              check_tokenizer: TokenizerCheck | None = None,
-             check_shape: ShapeCheck | None = None) -> Callable[[PassFn], PassFn]:
+             check_shape: ShapeCheck | None = None, names_layers: bool = False,
+             renames_layers: bool = False) -> Callable[[PassFn], PassFn]:
     check_config_type(name, config_type)
 
     def decorate(fn: PassFn) -> PassFn:
         if name in _REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
         _REGISTRY[name] = PassSpec(name, config_type, fn, preserves_function, trains, check_family,
-                                   check_tokenizer, check_shape)
+                                   check_tokenizer, check_shape, names_layers, renames_layers)
         return fn
     return decorate
 
@@ -198,7 +209,10 @@ def shape_of(path: Path, labels: tuple[str, ...] | None = None) -> Shape:
     hidden = getattr(config, family.hidden_field) if family.hidden_field else None
     if labels is None and getattr(config, "id2label", None):
         labels = tuple(config.id2label[i] for i in sorted(config.id2label))
-    return Shape(config.model_type, layers, heads, hidden, labels, vocabulary_of(path))
+    # ALBERT and ELECTRA may embed narrower than their hidden width (`embedding_size`).
+    width = getattr(config, "embedding_size", None) or hidden
+    embedding = (config.vocab_size, width) if getattr(config, "vocab_size", None) and width else None
+    return Shape(config.model_type, layers, heads, hidden, labels, vocabulary_of(path), embedding)
 
 
 def vocabulary_of(path: Path) -> str | None:
@@ -251,9 +265,22 @@ def shape_after(name: str, config: BaseModel, known: Known) -> Known:
     its indices, counts and widths (`check_shape`)."""
     spec = get_pass(name)
     check_pass_family(name, config, known.model.family)
-    if spec.check_shape is None:
-        return known
-    return dataclasses.replace(known, model=spec.check_shape(config, known))
+    check_layer_names_hold(name, known.model.layers_named_by)
+    model = spec.check_shape(config, known) if spec.check_shape is not None else known.model
+    if spec.names_layers:
+        model = dataclasses.replace(model, layers_named_by=model.layers_named_by + (name,))
+    return dataclasses.replace(known, model=model)
+
+
+def check_layer_names_hold(name: str, named_by: Iterable[str]) -> None:
+    """Refuse (UserError) a pass that renumbers or replaces layers after one whose record names
+    them (`sensitivity`'s float layers, `qat`'s ranges): the export would apply the record to
+    other layers than those it was made for, without a word."""
+    named_by = list(named_by)
+    if named_by and get_pass(name).renames_layers:
+        raise UserError(f"{name}: {named_by[0]} before it recorded the model's Linear layers by name, and {name} "
+                        f"renumbers or replaces layers; expected {named_by[0]} after every step that changes the "
+                        "layers")
 
 
 def check_pass_tokenizer(name: str, config: BaseModel, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -299,6 +326,8 @@ def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) 
                         f"of that task's {len(ctx.task.label_names)} labels, in its order")
     check_pass_family(name, config, bundle.model.config.model_type)
     check_pass_tokenizer(name, config, bundle.tokenizer)
+    check_layer_names_hold(name, [h["pass"] for h in bundle.history
+                                  if h.get("pass") in _REGISTRY and _REGISTRY[h["pass"]].names_layers])
     out = spec.run(bundle, config, ctx)
     if out is bundle or out.model is bundle.model:
         raise RuntimeError(f"pass {name!r} returned its input model; passes must copy before changing")

@@ -186,7 +186,8 @@ def theseus_shape(cfg: TheseusConfig, known: Known) -> Shape:
     return dataclasses.replace(shape, layers=cfg.successor_layers, heads=None)
 
 
-@register("theseus", TheseusConfig, trains=True, check_family=check_theseus_family, check_shape=theseus_shape)
+@register("theseus", TheseusConfig, trains=True, check_family=check_theseus_family, check_shape=theseus_shape,
+          renames_layers=True)
 def theseus_pass(bundle: ModelBundle, cfg: TheseusConfig, ctx: Context) -> ModelBundle:
     """Replace every k consecutive layers of the input by one successor layer, trained by
     progressive module replacing in the shared loop."""

@@ -1,7 +1,11 @@
 """The stage cache: a stage's dir is reused while its content key is unchanged.
 
-A key hashes what a stage's output depends on: its input's key, its config (the fields
-that differ from their defaults), the test-sample limit and the tool's version.
+A key hashes what a stage's output depends on: its input's key (or, for the teacher, the
+content of its model dir and task data), its config (the fields that differ from their
+defaults), the content of the files and dirs the config names, and the tool's version. The
+test-sample limit is not in a model stage's key: it changes what is measured, not the weights
+(a stage measured with another limit is re-scored, not rebuilt); exports and the benchmark
+hold it in theirs.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal, get_args, get_origin
 
 from compressor import __version__
 from compressor.pipeline.outdir import disk_errors, read_json
@@ -64,7 +68,14 @@ def key_fields(config) -> dict:
     """
     fields = config.model_dump(mode="json", exclude_defaults=True)
     derived = config.derived_defaults() if hasattr(config, "derived_defaults") else {}
-    return {k: v for k, v in fields.items() if k not in derived or v != derived[k]}
+    return {**type_tags(config), **{k: v for k, v in fields.items() if k not in derived or v != derived[k]}}
+
+
+def type_tags(config) -> dict:
+    """The fields that name a config's type (a one-value Literal, such as a quantize mode): kept
+    though they hold their default, or every mode's config at its defaults would share one key."""
+    return {name: getattr(config, name) for name, info in type(config).model_fields.items()
+            if get_origin(info.annotation) is Literal and len(get_args(info.annotation)) == 1}
 
 
 def content_key(parts: dict) -> str:
@@ -82,11 +93,17 @@ def code_version() -> str:
     return __version__
 
 
+# What a model dir's result depends on: configs and vocabularies (.json, .txt, SentencePiece's
+# .model), weights (.safetensors, .bin, a torch-int8 export's .pt, ONNX graphs and their
+# external data), word vectors (.npy) and shipped model code (.py).
+FINGERPRINTED = (".json", ".safetensors", ".bin", ".txt", ".model", ".pt", ".onnx", ".data", ".npy", ".py")
+
+
 def fingerprint(path: Path) -> str:
-    """Content hash of a model dir's config and weights."""
+    """Content hash of a model dir's (or an embeddings dir's) config, vocabulary and weights."""
     digest = hashlib.sha256()
     for file in sorted(path.iterdir()):
-        if file.is_file() and file.suffix in (".json", ".safetensors", ".bin", ".txt"):
+        if file.is_file() and file.suffix in FINGERPRINTED:
             digest.update(file.name.encode())
             digest.update(file_digest(file).encode())
     return digest.hexdigest()[:20]

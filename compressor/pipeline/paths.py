@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from compressor.pipeline.recipe import Step
 
 
@@ -23,7 +25,13 @@ def resolve_path(ref: str, base_dir: Path, keep: tuple[str, ...] = ()) -> str:
 
 def resolve_step_paths(step: Step, base_dir: Path) -> Step:
     """A pass's data paths (another task's files, a domain corpus, a teacher dir) resolved like the teacher's."""
-    config, update = step.config, {}
+    config = resolve_config_paths(step.config, base_dir)
+    return Step(name=step.name, config=config) if config is not step.config else step
+
+
+def resolve_config_paths(config: BaseModel, base_dir: Path) -> BaseModel:
+    """A config (a pass's, or the teacher's fine-tuning settings) with its data paths resolved."""
+    update = {}
     if getattr(config, "intermediate_task", None) is not None:
         update["intermediate_task"] = resolve_task_paths(config.intermediate_task, base_dir)
     if getattr(config, "tasks", None):
@@ -33,7 +41,7 @@ def resolve_step_paths(step: Step, base_dir: Path) -> Step:
     if getattr(config, "teacher", None) is not None:      # distill's own teacher (a model dir)
         update["teacher"] = resolve_path(config.teacher, base_dir)
     changed = {k: v for k, v in update.items() if v != getattr(config, k)}
-    return Step(name=step.name, config=config.model_copy(update=changed)) if changed else step
+    return config.model_copy(update=changed) if changed else config
 
 
 def resolve_task_paths(spec: str | dict, base_dir: Path) -> str | dict:

@@ -55,7 +55,7 @@ def plan_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *, 
         holder = holder_of(out_dir)
         if holder:
             notes.append(f"{out_dir} is in use by another run ({holder}): states are as of now")
-    planner = Planner(recipe, prepared, out_dir, replaced)
+    planner = Planner(prepared.recipe, prepared, out_dir, replaced)
     stages = planner.model_stages()
     if recipe.export is not None and recipe.export.onnx:
         stages += planner.export_stages()

@@ -23,6 +23,9 @@ from pretrain.errors import UserError, validation_message
 from pretrain.finetune import FinetuneConfig
 
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# A dir name is at most 255 bytes; a variant's export dir and the temporary dir a stage is written
+# in (".tmp-" prefix, random suffix) add to it.
+MAX_VARIANT_NAME = 200
 EXPORT_SUFFIX = "-onnx"            # stage `x` exports to DIR/x-onnx/
 TORCH_INT8_SUFFIX = "-torch-int8"  # ... or to DIR/x-torch-int8/ when it is a torch-dynamic-int8 deployment
 RUN_FILE = "run.json"              # which recipe owns an output dir
@@ -44,7 +47,7 @@ def export_dir_name(stage_name: str, quantize_mode: str | None = None) -> str:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class TeacherSpec(Strict):
@@ -121,7 +124,7 @@ class Step(Strict):
 
 class Recipe(Strict):
     name: str
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     teacher: TeacherSpec
     data: DataLimits = DataLimits()
     variants: dict[str, list[dict[str, Any] | str]] | None = None
@@ -137,6 +140,9 @@ class Recipe(Strict):
             if not VARIANT_NAME.match(name) or name in RESERVED_NAMES:
                 raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-', starting with a "
                                  f"letter or digit, and not one of {sorted(RESERVED_NAMES)}")
+            if len(name) > MAX_VARIANT_NAME:
+                raise ValueError(f"variant name {name[:20]!r}... has {len(name)} characters; expected at most "
+                                 f"{MAX_VARIANT_NAME} (it names dirs, with room for their suffixes)")
         return variants
 
     @field_validator("export")

@@ -14,7 +14,7 @@ from compressor.passes.registry import Known, check_pass_tokenizer, shape_after,
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
                                                   check_sequence_lengths, optimum_presets, variant_deployable)
 from compressor.pipeline.outdir import WriteError, claimed_out_dir, disk_errors
-from compressor.pipeline.paths import resolve_path, resolve_step_paths, resolve_task_paths
+from compressor.pipeline.paths import resolve_config_paths, resolve_path, resolve_step_paths, resolve_task_paths
 from compressor.pipeline.recipe import SEARCH_DIR, STAGE_FILE, WORK_DIR, Recipe, Step
 from compressor.pipeline.report_data import build_report
 from compressor.pipeline.stages import (Stage, export_stage, pass_context, config_inputs, teacher_stage,
@@ -31,6 +31,7 @@ from pretrain.models import (BUNDLED_MODELS, check_head_for, check_model_ref, lo
 class Prepared:
     """A recipe checked against its inputs before any stage runs (`prepare`)."""
 
+    recipe: Recipe                   # its teacher's fine-tuning data paths resolved
     teacher_ref: str                 # as a model loader takes it: a bundled name or a dir
     teacher_path: Path
     steps: dict[str, list[Step]]     # each variant's steps, their paths resolved
@@ -58,14 +59,26 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
     task = load_task(task_spec, seed=recipe.seed)
     if recipe.teacher.finetune is None:
         check_head_for(teacher_path, tuple(task.label_names), task.name)
-    check_steps_fit(steps, teacher_path, task, exports=recipe.export is not None and recipe.export.onnx)
+    else:
+        recipe = with_teacher_finetune(recipe, resolve_config_paths(recipe.teacher.finetune, base_dir))
+        check_inputs_exist(recipe.teacher.finetune, "teacher.finetune")
+        try:
+            check_extra_tasks(recipe.teacher.finetune)
+        except UserError as err:
+            raise UserError(f"teacher.finetune: {err}") from None
+    check_steps_fit(steps, teacher_path, task, exports=recipe.export is not None and recipe.export.onnx,
+                    max_train_samples=recipe.data.max_train_samples)
     # Stages replace what they write under out_dir (and --force its whole contents): no
     # input may lie there, or around it.
     configs = [step.config for variant_steps in steps.values() for step in variant_steps]
     configs += [recipe.teacher.finetune] if recipe.teacher.finetune is not None else []
     check_output(out_dir, [teacher_path, *task_files(task_spec), *(p for c in configs for p in config_inputs(c))],
                  owner_files=None)
-    return Prepared(teacher_ref, teacher_path, steps, task, presets)
+    return Prepared(recipe, teacher_ref, teacher_path, steps, task, presets)
+
+
+def with_teacher_finetune(recipe: Recipe, finetune_cfg) -> Recipe:
+    return recipe.model_copy(update={"teacher": recipe.teacher.model_copy(update={"finetune": finetune_cfg})})
 
 
 def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
@@ -75,7 +88,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     caller holds out_dir's lock, see `claimed_out_dir`)."""
     set_threads(None)
     prepared = prepare(recipe, steps, out_dir, base_dir)
-    steps, task, presets = prepared.steps, prepared.task, prepared.presets
+    recipe, steps, task, presets = prepared.recipe, prepared.steps, prepared.task, prepared.presets
     with claimed_out_dir(out_dir, recipe, force, held=held) as created:
         try:
             teacher = teacher_stage(recipe, prepared.teacher_ref, prepared.teacher_path, task, out_dir,
@@ -138,12 +151,13 @@ def recipe_search(recipe: Recipe, teacher: Stage, base_dir: Path, out_dir: Path,
     return {"dir": SEARCH_DIR, **{k: result[k] for k in ("outcome", "chosen", "best_effort", "recipe_file")}}
 
 
-def check_inputs_exist(step: Step) -> None:
-    """Files and dirs a step names (an embeddings dir, a masked LM, a teacher): present now,
-    or the run would stop when the step runs (or its cache key is computed)."""
-    for path in config_inputs(step.config):
+def check_inputs_exist(config, label: str) -> None:
+    """Files and dirs a step's config (or the teacher's fine-tuning settings) names (an
+    embeddings dir, a masked LM, a teacher, a corpus): present now, or the run would stop when
+    the step runs (or its cache key is computed)."""
+    for path in config_inputs(config):
         if str(path) not in BUNDLED_MODELS and not Path(path).exists():
-            raise UserError(f"{step.name}: {path} not found; expected an existing file or dir")
+            raise UserError(f"{label}: {path} not found; expected an existing file or dir")
 
 
 def check_extra_tasks(config) -> None:
@@ -155,7 +169,8 @@ def check_extra_tasks(config) -> None:
             load_task(spec, seed=getattr(config, "seed", 0))
 
 
-def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: TaskData, exports: bool) -> None:
+def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: TaskData, exports: bool,
+                    max_train_samples: int | None = None) -> None:
     """Refuse, before any stage runs, a step that cannot fit the model it will get: its family
     and tokenizer, its layer indices, head counts, widths and labels (the shape followed from
     the teacher's through the steps before it: passes/registry.py `Shape`), and the examples
@@ -163,7 +178,8 @@ def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: Task
     tokenizer = functools.cache(lambda: load_tokenizer(teacher_path))   # only if a pass checks it
     teacher = shape_of(teacher_path, labels=tuple(task.label_names))    # fine-tuned on the task's labels
     for name, variant_steps in steps.items():
-        known = Known(model=teacher, teacher=teacher, train_rows=len(task.split("train")))
+        known = Known(model=teacher, teacher=teacher, train_rows=len(task.split("train")),
+                      max_train_samples=max_train_samples)
         for i, step in enumerate(variant_steps):
             try:
                 known = shape_after(step.name, step.config, known)
@@ -172,6 +188,6 @@ def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: Task
                 if exports and step.name == "quantize":
                     calibration_rows(step.config, task)
                 check_extra_tasks(step.config)
-                check_inputs_exist(step)
+                check_inputs_exist(step.config, step.name)
             except UserError as err:
                 raise UserError(f"variants.{name}[{i}]: {err}") from None

@@ -31,7 +31,7 @@ from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerpr
 from compressor.pipeline.outdir import disk_errors, read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
 from pretrain.atomic import write_json
-from pretrain.data import TaskData, task_files
+from pretrain.data import BUILTIN_CORPORA, TaskData, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, finetune, with_run_defaults
 from pretrain.models import load_classifier
@@ -83,8 +83,11 @@ def teacher_key(recipe: Recipe, path: Path, task: TaskData) -> str:
     finetune_cfg = teacher_finetune(recipe)
     # Not the test-sample limit: it changes what is measured, not the weights (model_stage
     # re-evaluates a stage whose limit differs; the exports' and benchmark's keys hold it).
-    return content_key({"model": fingerprint(path), "task": task_fingerprint(task),
-                        "finetune": key_fields(finetune_cfg) if finetune_cfg else None})
+    parts = {"model": fingerprint(path), "task": task_fingerprint(task),
+             "finetune": key_fields(finetune_cfg) if finetune_cfg else None}
+    data = data_files_fingerprint(finetune_cfg) if finetune_cfg else {}
+    # Only where the settings name data files, so the keys of cached teachers without them stay.
+    return content_key({**parts, "data_files": data} if data else parts)
 
 
 def variant_key(teacher_key: str, recipe: Recipe, steps: list[Step]) -> str:
@@ -117,7 +120,7 @@ def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[St
             except UserError as err:      # found only now: say where, as the checks before the run do
                 raise type(err)(f"variants.{name}[{i}]: {err}") from None
             if get_pass(steps[i].name).trains and i + 1 < len(steps):
-                keep_prefix(bundle, out_dir / PREFIXES_DIR / key_of(steps[:i + 1]), out_dir)
+                keep_prefix(bundle, out_dir / PREFIXES_DIR / key_of(steps[:i + 1]))
         return bundle
     stage = model_stage(name, key_of(steps), build, task, recipe, out_dir)
     remove_work_dirs(out_dir, [key_of(steps[:n]) for n in range(1, len(steps) + 1)])
@@ -126,21 +129,36 @@ def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[St
 
 def step_key(step: Step) -> list:
     """A step as it enters a cache key: its name and config, plus the content of every dir the
-    config names as an input (`input_paths()`, e.g. distill's `teacher: PATH`), so that a
-    teacher retrained in place is a new key. Steps without such dirs keep their old key."""
+    config names as an input (`input_paths()`, e.g. distill's `teacher: PATH`) and of every data
+    file it reads (`data_files()`), so that a teacher retrained in place or an edited corpus is
+    a new key. Steps without such inputs keep their old key."""
     paths = step.config.input_paths() if hasattr(step.config, "input_paths") else {}
     key = [step.name, key_fields(step.config)]
-    return key + [{name: fingerprint_file(path) for name, path in paths.items()}] if paths else key
+    if paths:
+        key.append({name: fingerprint_file(path) for name, path in paths.items()})
+    data = data_files_fingerprint(step.config)
+    return key + [{"data_files": data}] if data else key
 
 
 def config_inputs(config: BaseModel) -> list[str | Path]:
     """Every file or dir a pass config (or the teacher's fine-tuning settings) reads besides
-    the input model: dirs it names (`input_paths()`) and the data files of fine-tuning settings
-    (intermediate and extra tasks, a domain corpus)."""
+    the input model: dirs it names (`input_paths()`) and its data files (`data_files()`)."""
     paths: list[str | Path] = list(config.input_paths().values()) if hasattr(config, "input_paths") else []
-    for spec in (getattr(config, "intermediate_task", None), *getattr(config, "tasks", ())):
-        paths += task_files(spec)
-    return paths + [corpus for corpus in [getattr(config, "domain_corpus", None)] if corpus]
+    return paths + data_files(config)
+
+
+def data_files(config: BaseModel) -> list[str]:
+    """The data files of fine-tuning settings: intermediate and extra tasks' files and a domain
+    corpus file (a built-in corpus, such as `wordnet`, is a name, not a file)."""
+    files = [f for spec in (getattr(config, "intermediate_task", None), *getattr(config, "tasks", ()))
+             for f in task_files(spec)]
+    corpus = getattr(config, "domain_corpus", None)
+    return files + ([corpus] if corpus and corpus not in BUILTIN_CORPORA else [])
+
+
+def data_files_fingerprint(config: BaseModel) -> dict[str, str]:
+    """Content hash of each data file the config reads: an edited file changes the result."""
+    return {str(f): fingerprint_file(Path(f)) for f in data_files(config)}
 
 
 def remove_work_dirs(out_dir: Path, keys: list[str]) -> None:
@@ -164,7 +182,7 @@ def longest_finished_prefix(steps: list[Step], key_of: Callable[[list[Step]], st
     return 0, None
 
 
-def keep_prefix(bundle: ModelBundle, path: Path, out_dir: Path) -> None:
+def keep_prefix(bundle: ModelBundle, path: Path) -> None:
     def write(tmp: Path) -> dict:
         bundle.save_into(tmp)
         return {"history": list(bundle.history)}

@@ -30,7 +30,7 @@ MAX_FFN_REMOVED = 0.9
 
 
 class Plan(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     layers: int = Field(ge=1)
     heads_removed: float = Field(0.0, ge=0, lt=1)     # share of the kept layers' heads

@@ -12,9 +12,9 @@ from compressor.search.plans import PRECISIONS, RECOVERIES, Precision, Recovery
 
 
 class SearchSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    latency_budget_ms: float = Field(gt=0, allow_inf_nan=False)                 # p50 at `batch_size` on the profile
+    latency_budget_ms: float = Field(gt=0)                                      # p50 at `batch_size` on the profile
     batch_size: int = Field(8, ge=1)
     min_retention: float = Field(0.97, gt=0, le=1)          # of the teacher's test accuracy
     time_budget_min: float = Field(60.0, gt=0)              # this command's wall time, all phases
@@ -40,7 +40,7 @@ class SearchSettings(BaseModel):
     latency_held_out: int = Field(6, ge=1)         # ... and scored on (its error is reported)
     max_eval_samples: int | None = Field(5000, ge=1)   # test examples the finalists are scored on
     baselines: list[Literal[BASELINES]] = list(BASELINES)    # type: ignore[valid-type]
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     # Hand-written variants (recipe step lists, as under a recipe's `variants:`, with their
     # training limits written out) trained and measured in the finals beside the finalists,
     # so the searched model is compared with what a user wrote in one run.

@@ -43,7 +43,7 @@ BYTE_ALPHABET = len(pre_tokenizers.ByteLevel.alphabet())   # 256
 
 
 class TokenizerConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     kind: Kind = "wordpiece"
     vocab_size: int = Field(8192, ge=1)

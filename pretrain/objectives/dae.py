@@ -89,7 +89,7 @@ def compose_options(noise: str | None, mask_ratio: float | None, extra: tuple[st
 class NoiseConfig(BaseModel):
     """Which noise functions run, and how hard (0 = off)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     permute: float = Field(0.0, ge=0, le=1)
     mask: float = Field(0.0, ge=0, le=1)

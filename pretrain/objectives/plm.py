@@ -26,7 +26,7 @@ from pretrain.objectives.noising import flatten, require_targets, special_tokens
 
 
 class PlmConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     predict_every: float = Field(6.0, ge=1)     # K: predict the last 1/K of the order
 

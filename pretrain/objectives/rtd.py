@@ -29,7 +29,7 @@ from pretrain.objectives.noising import (SpecialTokens, corrupt, flatten, mask_b
 
 
 class RtdConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     rate: float = Field(0.15, gt=0, lt=1)            # share of tokens the generator fills
     mask_rate: float = Field(0.85, ge=0, le=1)       # of those: [MASK]; the rest keep their token

@@ -30,7 +30,7 @@ from pretrain.objectives.noising import corrupt, flatten, pad, require_targets, 
 
 
 class MassConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     fragment: float = Field(0.5, gt=0, le=1)      # share of the tokens in the masked fragment
     mask_rate: float = Field(0.8, ge=0, le=1)

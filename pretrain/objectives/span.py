@@ -29,7 +29,7 @@ from pretrain.objectives.noising import (corrupt, flatten, geometric_sampler, ma
 
 
 class SpanConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     rate: float = Field(0.15, gt=0, lt=1)          # share of tokens masked
     geometric_p: float = Field(0.2, gt=0, le=1)    # span length ~ Geometric(p) ...

@@ -38,7 +38,7 @@ MODES = ("bidirectional", "seq2seq", "left-to-right", "right-to-left")
 
 
 class UnilmConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     mode_probs: tuple[float, float, float, float] = (1 / 3, 1 / 3, 1 / 6, 1 / 6)   # order of MODES
     rate: float = Field(0.15, gt=0, lt=1)

@@ -388,3 +388,15 @@ def test_a_learning_rate_that_is_no_number_is_refused(lr):
     from pydantic import ValidationError
     with pytest.raises(ValidationError):
         cfg(lr=lr)
+
+
+@pytest.mark.parametrize("field", ["epochs", "lr", "weight_decay", "max_grad_norm", "domain_lr", "adapter_init_std"])
+def test_fine_tuning_settings_that_are_no_number_are_refused(field):
+    """inf passed every `gt=0` bound and crashed mid-run (epochs: OverflowError counting steps)."""
+    from pydantic import ValidationError
+
+    from pretrain.finetune import FinetuneConfig
+    extra = {"domain_corpus": "wordnet"} if field == "domain_lr" else {}
+    for value in (float("inf"), float("nan")):
+        with pytest.raises(ValidationError, match="finite number"):
+            FinetuneConfig(**{field: value, **extra})

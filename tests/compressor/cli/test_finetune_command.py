@@ -163,3 +163,19 @@ def test_evaluate_scores_the_test_split_the_model_was_trained_beside(tmp_path, t
     assert (again["accuracy"], again["samples"]) == (metrics["accuracy"], metrics["samples"])
     seed0 = evaluate_path(str(tmp_path / "s1"), None, seed=0)       # asked for: another draw
     assert seed0["samples"] == again["samples"]
+    named = evaluate_path(str(tmp_path / "s1"), {"path": str(tiny_csv)})   # the same task named again
+    assert (named["accuracy"], named["samples"]) == (again["accuracy"], again["samples"])
+
+
+def test_split_seed_keeps_the_recorded_seed_for_the_recorded_task_named_again(tmp_path, monkeypatch):
+    from compressor.evaluate import split_seed
+    data = tmp_path / "rows.csv"
+    recorded = {"path": str(data.resolve())}
+    monkeypatch.chdir(tmp_path)
+    assert split_seed(None, 3, None, recorded) == 3
+    assert split_seed(None, 3, {"path": "rows.csv"}, recorded) == 3          # relative, as typed
+    assert split_seed(None, 3, "wordnet-supersense", "wordnet-supersense") == 3
+    assert split_seed(None, 3, "wordnet-wsd", "wordnet-supersense") == 0    # another task
+    assert split_seed(None, 3, {"path": "other.csv"}, recorded) == 0
+    assert split_seed(5, 3, None, recorded) == 5                             # asked for
+    assert split_seed(None, None, None, recorded) == 0

@@ -7,6 +7,8 @@ registers a family check, an entry in FAMILY_CHECKS.
 
 from __future__ import annotations
 
+import typing
+
 import numpy as np
 import pytest
 import torch
@@ -154,6 +156,17 @@ def test_pass_contract(name, bundle, tiny_task, model_dirs, tmp_path):
         record = export_bundle(out, tmp_path / f"{name}-onnx", EXPORT_GATE, tiny_task).record
         assert (tmp_path / f"{name}-onnx" / ONNX_FILE).is_file() or record["format"] == "torch"
         assert 0 <= record["accuracy"] <= 1 and record["eval_samples"] == len(test)
+
+
+@pytest.mark.parametrize("name", pass_names())
+def test_no_float_setting_takes_inf_or_nan(name):
+    """inf passes every `gt=0` bound: refused at validation, not mid-run (a recipe's `.inf`)."""
+    config_type = get_pass(name).config_type
+    floats = [f for f, info in config_type.model_fields.items() if float in typing.get_args(info.annotation)
+              or info.annotation is float]
+    for field in floats:
+        with pytest.raises(ValidationError, match=field):
+            config_type.model_validate({field: float("inf")})
 
 
 @pytest.mark.parametrize("name", pass_names())

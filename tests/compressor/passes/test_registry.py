@@ -185,3 +185,21 @@ def test_a_training_pass_refuses_a_model_of_another_task(bert_bundle, tiny_task)
     other = bert_bundle.replace(model=model)
     with pytest.raises(UserError, match="pass 'finetune' trains on task 'tiny' but the model's head is for other"):
         apply_pass(other, "finetune", FinetuneConfig(epochs=1), Context(task=tiny_task))
+
+
+def test_a_pass_that_renumbers_layers_after_one_that_named_them_is_refused(bert_bundle, tiny_task):
+    """sensitivity's float layers (and qat's ranges) name Linear modules: after drop-layers the
+    export applied them to other layers, silently. Refused up front and when applied."""
+    from compressor.passes.layers import DropLayers
+    from compressor.passes.quantization import SensitivityConfig
+    from compressor.passes.registry import Known, shape_after
+    ranked = apply_pass(bert_bundle, "sensitivity", SensitivityConfig(samples=16), Context(task=tiny_task))
+    with pytest.raises(UserError, match=r"^drop-layers: sensitivity before it recorded the model's Linear layers"):
+        apply_pass(ranked, "drop-layers", DropLayers(keep=(0, 2)), Context(task=tiny_task))
+    shape = registry.Shape("bert", layers=4, heads=(2,) * 4, hidden=32)
+    known = shape_after("sensitivity", SensitivityConfig(), Known(model=shape, teacher=shape))
+    with pytest.raises(UserError, match=r"^drop-layers: sensitivity before it"):
+        shape_after("drop-layers", DropLayers(keep=(0, 2)), known)
+    shape_after("drop-layers", DropLayers(keep=(0, 2)), Known(model=shape, teacher=shape))   # before it: fine
+    assert [n for n in pass_names() if get_pass(n).renames_layers] == \
+        sorted(["distill-structure", "drop-layers", "student", "theseus"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -27,3 +28,13 @@ def test_a_stage_is_built_once_then_reused_and_rebuilt_for_a_new_key(tmp_path, c
     assert messages[0] == "stage baselines/onnxruntime-fp32: building"
     assert re.fullmatch(r"stage baselines/onnxruntime-fp32: built in \d+\.\d s", messages[1])
     assert messages[2] == "stage baselines/onnxruntime-fp32: cached" and messages[3].endswith("building")
+
+
+def test_each_quantize_mode_at_its_defaults_has_a_key_of_its_own():
+    """A mode is the default of its own config type: left out, every mode at its defaults made
+    one key, and later variants were built as copies of the first (recipes/quantization.yaml)."""
+    from compressor.pipeline.recipe import parse_step
+    from compressor.pipeline.stages import step_key
+    modes = ["dynamic-int8", "static-int8", "int4-weight-only", "fp16", "torch-dynamic-int8", "inc"]
+    keys = [json.dumps(step_key(parse_step({"quantize": {"mode": mode}}, "v"))) for mode in modes]
+    assert len(set(keys)) == len(modes)

@@ -220,3 +220,16 @@ def test_a_benchmark_section_that_could_not_measure_is_refused(benchmark, why):
     from compressor.pipeline.recipe import BenchmarkSettings
     with pytest.raises(ValidationError, match=why):
         BenchmarkSettings.model_validate(benchmark)
+
+
+def test_a_variant_name_too_long_for_a_dir_is_refused(tmp_path):
+    message = error_of(tmp_path, "name: r\n" + TEACHER + f"variants:\n  {'a' * 201}: []\n")
+    assert "has 201 characters; expected at most 200" in message
+    parse_recipe({"name": "r", "teacher": {"task": "wordnet-wsd"}, "variants": {"a" * 200: []}})
+
+
+def test_a_negative_seed_is_refused_before_anything_runs(tmp_path):
+    assert "seed: Input should be greater than or equal to 0" in error_of(tmp_path, "name: r\nseed: -1\n" + TEACHER +
+                                                                          "variants:\n  v: []\n")
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  v: [{finetune: {seed: -1}}]\n")
+    assert "variants.v[0]" in message and "greater than or equal to 0" in message

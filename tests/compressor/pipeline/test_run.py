@@ -605,3 +605,80 @@ def test_a_dir_a_step_names_must_exist_before_anything_runs(tiny_bert_dir, tiny_
     with pytest.raises(UserError, match=rf"variants\.v\[0\]: distill-structure: {missing} not found"):
         run(raw, tmp_path / "fresh")
     assert not (tmp_path / "fresh").exists()
+
+
+def test_the_data_files_a_step_or_the_teacher_reads_are_in_their_keys(tiny_bert_dir, tiny_csv, tiny_task, tmp_path):
+    """An edited corpus or extra-task file is a new key (the result depends on its content),
+    as a dir a step names is; the same content keeps the key."""
+    corpus, extra = tmp_path / "domain.txt", tmp_path / "extra.csv"
+    corpus.write_text("first text\n")
+    shutil.copy(tiny_csv, extra)
+    settings = {"domain_corpus": str(corpus), "domain_steps": 1, "tasks": [{"path": str(extra)}]}
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"finetune": dict(settings)}]})
+    raw["teacher"]["finetune"]["domain_corpus"] = str(corpus)
+
+    def keys():
+        recipe, steps = parse_recipe(raw)
+        return stages.teacher_key(recipe, tiny_bert_dir, tiny_task), stages.step_key(steps["v"][0])
+    before = keys()
+    assert keys() == before
+    corpus.write_text("other text\n")
+    after_corpus = keys()
+    assert after_corpus[0] != before[0] and after_corpus[1] != before[1]
+    extra.write_text(extra.read_text().replace("noun.", "noun.x", 1))
+    assert keys()[1] != after_corpus[1] and keys()[0] == after_corpus[0]    # the teacher reads no extra task
+    plain = parse_recipe(raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"finetune": {}}]}))[1]["v"][0]
+    assert stages.step_key(plain) == ["finetune", {}]                         # no data files: the old key
+
+
+def test_a_dir_fingerprint_covers_word_vectors_and_int8_weights(tmp_path):
+    for name in ("embeddings.npy", "model.int8.pt", "spiece.model", "modeling_textcnn.py"):
+        (tmp_path / name).write_bytes(b"one")
+        before = cache.fingerprint(tmp_path)
+        (tmp_path / name).write_bytes(b"two")
+        assert cache.fingerprint(tmp_path) != before, name
+
+
+def test_the_built_in_corpus_is_no_file_and_the_teachers_inputs_are_checked(tiny_bert_dir, tiny_csv, tmp_path,
+                                                                           monkeypatch):
+    forbid_building(monkeypatch)
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"finetune": {"domain_corpus": "wordnet", "domain_steps": 1}}]})
+    recipe, steps = parse_recipe(raw)
+    pipeline_run.prepare(recipe, steps, tmp_path / "fresh", tmp_path)           # accepted: a built-in name
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": []})
+    raw["teacher"]["finetune"]["domain_corpus"] = "no-such-corpus.txt"
+    with pytest.raises(UserError, match=r"^teacher\.finetune: no-such-corpus\.txt not found; expected an existing"):
+        run(raw, tmp_path / "fresh")
+    raw["teacher"]["finetune"].pop("domain_corpus")
+    raw["teacher"]["finetune"]["tasks"] = [{"path": str(tmp_path / "no.csv")}]
+    with pytest.raises(UserError, match=r"^teacher\.finetune: .*no\.csv"):
+        run(raw, tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_the_teachers_data_paths_resolve_against_the_recipe_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
+    recipe_dir = tmp_path / "recipes"
+    recipe_dir.mkdir()
+    (recipe_dir / "domain.txt").write_text("some text\n")
+    monkeypatch.chdir(tmp_path)                            # not the recipe's dir
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": []})
+    raw["teacher"]["finetune"]["domain_corpus"] = "domain.txt"
+    recipe, steps = parse_recipe(raw)
+    prepared = pipeline_run.prepare(recipe, steps, tmp_path / "fresh", recipe_dir)
+    assert prepared.recipe.teacher.finetune.domain_corpus == str(recipe_dir / "domain.txt")
+
+
+@pytest.mark.parametrize("step, why", [
+    ({"factorize-embedding": {"rank": 40}}, r"factorize-embedding: rank 40 saves nothing for a \d+ x 32 embedding"),
+    ({"distill": {"losses": ["soft"], "unlabeled_samples": 100}},
+     r"unlabeled_samples 100 asks for more train texts than the 40 after the 200 labelled ones"),
+    ({"distill-structure": {"kind": "cnn", "unlabeled_samples": 100, "max_train_samples": 150}},
+     r"unlabeled_samples 100 asks for more train texts than the 90 after the 150 labelled ones"),
+])
+def test_a_rank_or_transfer_set_that_cannot_fit_stops_before_the_teacher_trains(step, why, tiny_bert_dir, tiny_csv,
+                                                                                tmp_path, monkeypatch):
+    forbid_building(monkeypatch)
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [step]})      # data.max_train_samples: 200 of 240 train rows
+    with pytest.raises(UserError, match=rf"^variants\.v\[0\]: {why}"):
+        run(raw, tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
