@@ -6,6 +6,7 @@ Used by both sides: the training loop's checkpoints and everything the compresso
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -59,6 +60,7 @@ def check_output(out: Path, inputs: Iterable[Path | str | None], *, owner_files:
     dir, another tool's output) is refused rather than deleted. `owner_files=None` checks the
     inputs only (callers that own the dir's contents another way, or write a file)."""
     out = Path(out)
+    check_writable(out, flag)
     target = out.resolve()
     for given in inputs:
         if given is None:
@@ -86,6 +88,47 @@ def check_output(out: Path, inputs: Iterable[Path | str | None], *, owner_files:
     if any(out.iterdir()) and not all((out / name).is_file() for name in owner_files):
         raise UserError(f"{flag} {out} holds files this command did not write (it lacks "
                         f"{', '.join(owner_files)}); expected a new or empty dir, or an earlier output to replace")
+
+
+# A name's bytes, less the room the temporary names beside it take (".NAME.tmp-XXXXXXXX",
+# a fine-tuning's "NAME.checkpoint" and its own temporary): the filesystem's limit is 255.
+MAX_OUT_NAME = 215
+# What the disk says when it refuses a write (full, read-only, permissions, a file where a
+# dir must be, a name too long).
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+                errno.ENAMETOOLONG, errno.EEXIST}
+
+
+def check_writable(out: Path, flag: str = "--out") -> None:
+    """Refuse, before any work, an output the disk will refuse at the end (an export's or a
+    benchmark's minutes lost): a name too long, a file where a dir must be, a read-only or
+    forbidden place."""
+    long = [part for part in out.parts if len(part.encode()) > MAX_OUT_NAME]
+    if long:
+        raise UserError(f"{flag} {out}: the name {long[0][:20]!r}... has {len(long[0].encode())} bytes; expected at "
+                        f"most {MAX_OUT_NAME} (with room for the temporary names beside it)")
+    existing = next(p for p in [out.absolute(), *out.absolute().parents] if p.exists())
+    if existing != out.absolute() and not existing.is_dir():
+        raise UserError(f"{flag} {out}: {existing} is a file; expected a directory there")
+    place = existing if existing.is_dir() else existing.parent
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {out}: cannot write in {place} (read-only or no permission); expected a "
+                        "writable place")
+
+
+def write_failure(err: BaseException) -> str | None:
+    """What the disk refused, in words, when `err` is a refused write; else None. Besides
+    OSError: safetensors' own error ("... (os error 28)") and torch.save's, which names no
+    cause ("unexpected pos ..."): a full disk is the usual one."""
+    if isinstance(err, OSError):
+        return err.strerror or str(err) if err.errno in WRITE_ERRNOS else None
+    text = str(err)
+    if type(err).__name__ == "SafetensorError" and "(os error " in text:
+        number = int(text.rsplit("(os error ", 1)[1].split(")")[0])
+        return os.strerror(number) if number in WRITE_ERRNOS else None
+    if isinstance(err, RuntimeError) and ("PytorchStreamWriter" in text or "inline_container" in text):
+        return "a file could not be written whole (is the disk full?)"
+    return None
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -203,7 +203,8 @@ def load_weights(config: PretrainedConfig, path: Path, *, as_is: bool, **kwargs)
         raise UserError(f"cannot load model weights from {path}: {first_line(err)} "
                         "(a truncated or corrupt weights file?)") from None
     except (OSError, ValueError, RuntimeError) as err:
-        raise UserError(f"cannot load model weights from {path}: {first_line(err)}") from None
+        fit = "; expected weights of the shapes its config.json gives" if "size mismatch" in str(err) else ""
+        raise UserError(f"cannot load model weights from {path}: {first_line(err)}{fit}") from None
     restore_added_modules(model, path)        # their weights are in the same file
     core, known = core_markers(config.model_type), set(model.state_dict())
     missing = [k for k in info["missing_keys"] if as_is or any(m in k for m in core)]
@@ -289,8 +290,10 @@ def count_params(model: nn.Module) -> int:
 
 
 def first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0]
+    """An error's first line; with the next one where it ends in ':' (torch's state-dict
+    errors: the header first, the tensor and its shapes after it)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
 def set_threads(threads: int | None) -> None:

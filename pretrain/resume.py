@@ -9,11 +9,16 @@ checkpoint found on disk may be continued, before anything is loaded or trained.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Iterator
 
+from pretrain.atomic import write_json
 from pretrain.errors import UserError
 
 
@@ -21,6 +26,56 @@ def checkpoint_dir(out: Path) -> Path:
     """Where the command writing `out` keeps its checkpoint."""
     out = Path(out)
     return out.with_name(out.name + ".checkpoint")
+
+
+@contextlib.contextmanager
+def claimed_checkpoint(ckpt: Path, settings: dict, resume: bool, settings_file: str,
+                       main: bool = True) -> Iterator[None]:
+    """Claim `ckpt` for this command until it ends: `check_resume`, then the settings written
+    there, under a lock on the parent dir (claims there go one at a time), then a lock on the
+    checkpoint dir itself, held to the end. Two commands writing one output, started together,
+    both passed `check_resume` before either had written its settings, trained into one
+    checkpoint, and the last to finish replaced the other's output: now the second is refused.
+    Locks go with the process. Other processes of a distributed run (`main` False) only check."""
+    if not main:
+        check_resume(settings, ckpt, resume, settings_file)
+        yield
+        return
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    with locked(ckpt.parent):
+        if ckpt.is_dir():
+            with locked(ckpt, wait=False, busy=f"{ckpt} is in use by another command writing the same output; "
+                                               "wait for it to finish, or choose another --out"):
+                pass
+        check_resume(settings, ckpt, resume, settings_file)
+        ckpt.mkdir(exist_ok=True)
+        write_json(ckpt / settings_file, settings)
+        held = os.open(ckpt, os.O_RDONLY)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        yield
+    except BaseException:
+        # Stopped before its first checkpoint (bad input found late, an early Ctrl-C):
+        # nothing to resume, so nothing left behind.
+        if ckpt.is_dir() and all(p.name == settings_file for p in ckpt.iterdir()):
+            shutil.rmtree(ckpt, ignore_errors=True)
+        raise
+    finally:
+        os.close(held)
+
+
+@contextlib.contextmanager
+def locked(directory: Path, wait: bool = True, busy: str = "") -> Iterator[None]:
+    """An exclusive lock on a dir (flock on its descriptor); `wait=False` refuses with `busy`."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise UserError(busy) from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def check_resume(settings: dict, ckpt: Path, resume: bool, settings_file: str) -> None:

@@ -9,6 +9,8 @@ from importlib import metadata
 
 import torch
 
+from compressor import __version__
+
 PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime",
             "neural-compressor-pt", "numpy", "tokenizers", "safetensors")
 INTERESTING_CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
@@ -54,6 +56,6 @@ def cpu_info() -> dict:
 
 def environment() -> dict:
     return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(), "platform": platform.platform(),
+            "tool_version": __version__, "python": platform.python_version(), "platform": platform.platform(),
             "cpu": cpu_info(), "torch_threads": torch.get_num_threads(),
             "packages": package_versions()}

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from compressor import IMPORT_CHATTER
 from compressor.cli.lifecycle import PrintVersion, Terminated, after_interrupt, first_rank, sigterm_as_interrupt
+from pretrain.atomic import write_failure
 from pretrain.errors import UserError
 
 
@@ -546,6 +547,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         if first_rank():
             print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:     # a write the disk refused mid-command: one line, as bad input gets
+        what = write_failure(err)
+        if what is None:
+            raise
+        if first_rank():
+            print(f"error: cannot write {getattr(args, 'out', None) or 'the output'}: {what}; fix the disk or "
+                  f"permissions; {after_interrupt(args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
         if first_rank():

@@ -22,8 +22,8 @@ from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, evaluate, finetune
 from pretrain.models import check_model_ref, load_classifier, set_threads
-from pretrain.resume import check_resume, checkpoint_dir
-from pretrain.train import CHECKPOINT_FILE, Checkpointing, StepCallback
+from pretrain.resume import checkpoint_dir, claimed_checkpoint
+from pretrain.train import Checkpointing, StepCallback
 
 # What every `compressor finetune` output holds: a dir with both is an earlier output to replace.
 FINETUNE_OUTPUT = ("compressor.json", "metrics.json")
@@ -60,44 +60,34 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     # into a mix of two runs.
     settings = {"model": str(model_path.resolve()), "task": task.spec, "config": cfg.model_dump(mode="json"),
                 "inputs": inputs_fingerprint(inputs)}
-    check_resume(settings, ckpt, resume, SETTINGS_FILE)
     place = distributed.world()
-    if place.is_main:
-        ckpt.mkdir(parents=True, exist_ok=True)
-        write_json(ckpt / SETTINGS_FILE, settings)
-    # Under torchrun this machine's processes share its cores: split them, not oversubscribe.
-    set_threads(threads or (max(1, (os.cpu_count() or 1) // distributed.local_size()) if place.distributed else None))
-
-    try:
+    with claimed_checkpoint(ckpt, settings, resume, SETTINGS_FILE, main=place.is_main):
+        # Under torchrun this machine's processes share its cores: split them, not oversubscribe.
+        shared = max(1, (os.cpu_count() or 1) // distributed.local_size()) if place.distributed else None
+        set_threads(threads or shared)
         model, tokenizer = load_classifier(model_ref, task.label_names, seed=cfg.seed)
         result = finetune(model, tokenizer, task, cfg, show_progress=show_progress and place.is_main,
                           mlm_head_from=model_path, callbacks=callbacks,
                           checkpoint=Checkpointing(directory=ckpt, every_steps=checkpoint_every))
-    except BaseException:
-        # Stopped before its first checkpoint (bad input found late, or an early Ctrl-C):
-        # nothing to resume, so nothing left behind.
-        if place.is_main and not (ckpt / CHECKPOINT_FILE).exists():
-            shutil.rmtree(ckpt, ignore_errors=True)
-        raise
-    if not place.is_main:
+        if not place.is_main:
+            distributed.shutdown()
+            return {}
+        train = result.train
+        test_metrics, _ = evaluate(model, tokenizer, task.split("test").head(max_eval_samples))
+        metrics = {"task": task.name, "split": "test", **test_metrics,
+                   "strategy": cfg.strategy, "lr": cfg.lr, "trainable_params": result.trainable_params,
+                   "total_params": result.total_params, "trainable_percent": round(result.trainable_percent, 3),
+                   "train_seconds": round(train.seconds, 2), "train_samples": train.samples,
+                   "samples_per_second": round(train.samples_per_second, 2), "steps": train.steps,
+                   "final_loss": train.final_loss, "stages": result.stages, "domain_mlm": result.domain,
+                   "last_layer_skipped": result.last_layer_skipped,
+                   "processes": place.size,
+                   "model": model_ref, "config": cfg.model_dump(mode="json"), "environment": environment()}
+        bundle = ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=cfg.seed,
+                             history=({"pass": "finetune", "config": cfg.model_dump(mode="json")},))
+        with atomic_dir(out) as tmp:
+            bundle.save_into(tmp)
+            write_json(tmp / "metrics.json", metrics)
+        shutil.rmtree(ckpt, ignore_errors=True)      # the output is safely written: nothing to resume
         distributed.shutdown()
-        return {}
-    train = result.train
-    test_metrics, _ = evaluate(model, tokenizer, task.split("test").head(max_eval_samples))
-    metrics = {"task": task.name, "split": "test", **test_metrics,
-               "strategy": cfg.strategy, "lr": cfg.lr, "trainable_params": result.trainable_params,
-               "total_params": result.total_params, "trainable_percent": round(result.trainable_percent, 3),
-               "train_seconds": round(train.seconds, 2), "train_samples": train.samples,
-               "samples_per_second": round(train.samples_per_second, 2), "steps": train.steps,
-               "final_loss": train.final_loss, "stages": result.stages, "domain_mlm": result.domain,
-               "last_layer_skipped": result.last_layer_skipped,
-               "processes": place.size,
-               "model": model_ref, "config": cfg.model_dump(mode="json"), "environment": environment()}
-    bundle = ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=cfg.seed,
-                         history=({"pass": "finetune", "config": cfg.model_dump(mode="json")},))
-    with atomic_dir(out) as tmp:
-        bundle.save_into(tmp)
-        write_json(tmp / "metrics.json", metrics)
-    shutil.rmtree(ckpt, ignore_errors=True)      # the output is safely written: nothing to resume
-    distributed.shutdown()
-    return metrics
+        return metrics

@@ -17,7 +17,7 @@ from pretrain.errors import UserError
 from pretrain.models import set_threads
 from pretrain.model_code import ship_model_code
 from pretrain.pretraining import SETTINGS_FILE, PretrainConfig, prepare, run_pretraining
-from pretrain.resume import check_resume, checkpoint_dir
+from pretrain.resume import checkpoint_dir, claimed_checkpoint
 from pretrain.train import StepCallback
 
 
@@ -50,25 +50,22 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
     ckpt = checkpoint_dir(out)
     # The inputs' contents too: a corpus or init model replaced since the stop is another run.
     settings = {**cfg.model_dump(mode="json"), "inputs": inputs_fingerprint([cfg.corpus, cfg.tokenizer, cfg.init])}
-    check_resume(settings, ckpt, resume, SETTINGS_FILE)
-    objective, tokenizer, model = prepare(cfg)
-    set_threads(threads)
     place = distributed.world()
-    if place.is_main:
-        ckpt.mkdir(parents=True, exist_ok=True)
-        write_json(ckpt / SETTINGS_FILE, settings)
-    model, metrics = run_pretraining(cfg, objective, tokenizer, model, ckpt, show_progress=show_progress,
-                                     checkpoint_every=checkpoint_every, callbacks=callbacks)
-    metrics["environment"] = environment()
-    if place.is_main:
-        with atomic_dir(out) as tmp:
-            model.save_pretrained(str(tmp), safe_serialization=True)
-            ship_model_code(tmp)              # a BiLM loads without this package
-            tokenizer.save_pretrained(str(tmp))
-            write_json(tmp / "metrics.json", metrics)
-        shutil.rmtree(ckpt, ignore_errors=True)   # the output is safely written: nothing to resume
-    distributed.shutdown()
-    return metrics
+    with claimed_checkpoint(ckpt, settings, resume, SETTINGS_FILE, main=place.is_main):
+        objective, tokenizer, model = prepare(cfg)
+        set_threads(threads)
+        model, metrics = run_pretraining(cfg, objective, tokenizer, model, ckpt, show_progress=show_progress,
+                                         checkpoint_every=checkpoint_every, callbacks=callbacks)
+        metrics["environment"] = environment()
+        if place.is_main:
+            with atomic_dir(out) as tmp:
+                model.save_pretrained(str(tmp), safe_serialization=True)
+                ship_model_code(tmp)              # a BiLM loads without this package
+                tokenizer.save_pretrained(str(tmp))
+                write_json(tmp / "metrics.json", metrics)
+            shutil.rmtree(ckpt, ignore_errors=True)   # the output is safely written: nothing to resume
+        distributed.shutdown()
+        return metrics
 
 
 def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bool = True) -> dict:

@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from compressor.bundle import ModelBundle
 from pretrain.data import TaskData
 from pretrain.errors import UserError
+from pretrain.finetune import with_run_defaults
 
 
 class PassConfig(BaseModel):
@@ -331,5 +332,14 @@ def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) 
     out = spec.run(bundle, config, ctx)
     if out is bundle or out.model is bundle.model:
         raise RuntimeError(f"pass {name!r} returned its input model; passes must copy before changing")
-    record = {"pass": name, "config": config.model_dump(mode="json")}
+    record = {"pass": name, "config": as_run(config, ctx).model_dump(mode="json")}
     return out.replace(history=bundle.history + (record,))
+
+
+def as_run(config: BaseModel, ctx: Context) -> BaseModel:
+    """A training pass's config as it ran: the run's seed and training-sample cap filled in
+    where it sets none (what `with_run_defaults` gives the pass), so the history says how
+    many examples it trained on."""
+    if not hasattr(config, "max_train_samples") or not hasattr(config, "seed"):
+        return config
+    return with_run_defaults(config, ctx.seed, ctx.max_train_samples)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -14,7 +13,7 @@ from typing import Iterator
 
 from compressor import __version__
 from compressor.pipeline.recipe import RESERVED_NAMES, RUN_FILE, STAGE_FILE, WORK_DIR, Recipe
-from pretrain.atomic import write_json
+from pretrain.atomic import write_failure, write_json
 from pretrain.errors import UserError
 
 
@@ -151,19 +150,18 @@ def remove_stale_temporaries(out_dir: Path) -> None:
 
 
 # The disk refusing a write: full, over quota, read-only, or not ours to write.
-WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-
-
 @contextlib.contextmanager
 def disk_errors(out_dir: Path) -> Iterator[None]:
-    """Turn an OSError while writing under out_dir into a one-line WriteError."""
+    """Turn a refused write under out_dir (`write_failure`) into a one-line WriteError."""
     try:
         yield
-    except OSError as err:
-        if err.errno not in WRITE_ERRNOS:
+    except Exception as err:      # safetensors' error is no OSError
+        what = write_failure(err)
+        if what is None:
             raise
-        what = err.strerror or str(err)
-        where = f" ({err.filename})" if err.filename else ""
+        # shutil's copies name their source first: the file being written is the second.
+        written = getattr(err, "filename2", None) or getattr(err, "filename", None)
+        where = f" ({written})" if written else ""
         raise WriteError(f"cannot write under {out_dir}: {what}{where}; finished stages are "
                          "kept, fix the disk or permissions and rerun the same command to resume") from None
 

@@ -209,6 +209,7 @@ def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: Tas
     record = cached(path, key, write)
     if record.get(EVAL_LIMIT, "unrecorded") != limit:
         log.info("stage %s: cached; evaluating it on the recipe's test examples", name)
+        retire_reports(out_dir)      # they show the metrics of the other limit
         record = {**record, **scored(ModelBundle.load(path))}
         with disk_errors(out_dir):
             write_json(path / STAGE_FILE, record)
@@ -229,7 +230,8 @@ def retire_what_reads(out_dir: Path, name: str) -> None:
 
 
 def retire_reports(out_dir: Path) -> None:
-    """The run's report files go before a stage they describe is rebuilt (see retire_what_reads)."""
+    """The run's report files go before a stage they describe is rebuilt or re-scored (see
+    retire_what_reads)."""
     with disk_errors(out_dir):
         for file in REPORT_FILES:
             (out_dir / file).unlink(missing_ok=True)
@@ -252,6 +254,8 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
                                final_path=path)
         # The gate already scored the shipped model on these test examples: reuse its predictions.
         return {"export": exported.record, "predictions": exported.predictions.tolist()}
+    if read_json(path / STAGE_FILE).get("key") not in (None, key):
+        retire_reports(out_dir)      # they describe the export this one replaces
     record = cached(path, key, write)
     # The record's own path is where the export was built: a run dir moved since then holds it here.
     return {**record["export"], "path": str(path), "predictions": record["predictions"]}

@@ -193,7 +193,9 @@ def pareto_png(report: dict) -> bytes | None:
                  for m in report["models"] if m["name"] == name]
         if front:
             xs, ys = zip(*sorted(front))
-            ax.step(xs, ys, where="post", color="tab:red", linewidth=1, label="Pareto front")
+            # markers too: a front of one model is a step of no length
+            ax.step(xs, ys, where="post", color="tab:red", linewidth=1, marker="o", markersize=4,
+                    label="Pareto front")
             ax.legend(loc="lower right", fontsize=8)
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))

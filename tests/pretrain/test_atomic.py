@@ -91,3 +91,23 @@ def test_files_written_private_are_shared_like_every_other_output(tmp_path: Path
     assert (tmp_path / "model" / "model.safetensors").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "model" / "script.sh").stat().st_mode & 0o777 == 0o755     # other modes kept
 
+
+
+def test_an_output_the_disk_would_refuse_is_refused_before_any_work(tmp_path: Path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UserError, match=r"afile is a file; expected a directory there"):
+        check_output(tmp_path / "afile" / "out", [], owner_files=())
+    with pytest.raises(UserError, match=r"has 216 bytes; expected at most 215"):
+        check_output(tmp_path / ("v" * 216), [], owner_files=())
+    check_output(tmp_path / ("v" * 215) / "deeper", [], owner_files=())     # a new dir under a new dir: fine
+
+
+def test_write_failure_reads_safetensors_and_torch_save_errors():
+    from safetensors import SafetensorError
+
+    from pretrain.atomic import write_failure
+    assert write_failure(SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")) \
+        == "No space left on device"
+    assert write_failure(SafetensorError("Error while deserializing header: InvalidHeaderDeserialization")) is None
+    assert write_failure(OSError(2, "No such file or directory")) is None      # a missing input, not a refused write
+    assert write_failure(ValueError("unexpected pos")) is None

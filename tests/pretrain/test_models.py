@@ -91,6 +91,16 @@ def test_weights_that_do_not_fit_the_config_are_refused(tiny_bert_dir, tiny_task
         load_classifier(str(broken), tiny_task.label_names)
 
 
+def test_weights_of_another_width_name_the_tensor_and_its_shapes(tiny_bert_dir, tmp_path):
+    """torch's message puts the tensor on its second line: the first alone ended at a colon."""
+    broken = copy_with(tiny_bert_dir, tmp_path, hidden_size=64, intermediate_size=128)   # saved at hidden 32
+    with pytest.raises(UserError) as err:
+        load_saved_classifier(broken)
+    message = str(err.value)
+    assert "\n" not in message and "size mismatch for" in message and "torch.Size([32" in message
+    assert message.endswith("expected weights of the shapes its config.json gives")
+
+
 def test_a_truncated_weights_file_is_a_user_error(tiny_bert_dir, tiny_task, tmp_path):
     broken = copy_with(tiny_bert_dir, tmp_path)
     weights = broken / "model.safetensors"

@@ -437,6 +437,27 @@ def test_an_interrupted_command_says_what_it_left_and_how_to_go_on(tmp_path, mon
     assert capsys.readouterr().err == f"interrupted: nothing was written to {tmp_path / 'x'}\n"
 
 
+@pytest.mark.parametrize("failure, said", [
+    (OSError(28, "No space left on device", "x/model.onnx"), "No space left on device"),
+    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 55360 vs 55254"), "is the disk full?"),
+    (OSError(30, "Read-only file system"), "Read-only file system"),
+])
+def test_a_write_the_disk_refuses_mid_command_is_one_line_exit_2(failure, said, tmp_path, monkeypatch, capsys):
+    """finetune, export and bench wrote nothing through `disk_errors`: a full disk ended in a
+    traceback (torch.save's own error names no cause at all)."""
+    from compressor.cli import export_command as export_module
+
+    def refused(*args, **kwargs):
+        raise failure
+    monkeypatch.setattr(export_module, "export_command", refused)
+    assert main(["export", "--model", "m", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write {tmp_path / 'x'}: ") and said in err and err.count("\n") == 1
+    monkeypatch.setattr(export_module, "export_command", lambda *a, **k: 1 / 0)   # not a write: still a bug
+    with pytest.raises(ZeroDivisionError):
+        main(["export", "--model", "m", "--out", str(tmp_path / "x")])
+
+
 def test_version_prints_one_line_with_the_libraries_and_exits_0(capsys):
     from importlib.metadata import version
 

@@ -203,3 +203,16 @@ def test_a_pass_that_renumbers_layers_after_one_that_named_them_is_refused(bert_
     shape_after("drop-layers", DropLayers(keep=(0, 2)), Known(model=shape, teacher=shape))   # before it: fine
     assert [n for n in pass_names() if get_pass(n).renames_layers] == \
         sorted(["distill-structure", "drop-layers", "student", "theseus"])
+
+
+def test_the_history_records_a_training_pass_as_it_ran(bert_bundle, tiny_task):
+    """The recipe's cap and seed apply where the step sets none: the report showed null, as if
+    the pass had trained on the whole train split."""
+    cfg = FinetuneConfig(epochs=1, batch_size=16)
+    out = apply_pass(bert_bundle, "finetune", cfg, Context(task=tiny_task, seed=3, max_train_samples=32,
+                                                            show_progress=False))
+    recorded = out.history[-1]["config"]
+    assert (recorded["max_train_samples"], recorded["seed"]) == (32, 3)
+    own = apply_pass(bert_bundle, "finetune", cfg.model_copy(update={"max_train_samples": 16}),
+                     Context(task=tiny_task, max_train_samples=32, show_progress=False))
+    assert own.history[-1]["config"]["max_train_samples"] == 16              # the step's own limit wins

@@ -162,6 +162,18 @@ def test_another_test_sample_limit_re_evaluates_without_training_again(done, rer
     assert again["teacher"]["accuracy"] == report["teacher"]["accuracy"]
 
 
+def test_a_rerun_that_rescores_then_stops_leaves_no_report_of_the_old_scores(done, rerun_dir, monkeypatch):
+    raw = done[0]
+    assert (rerun_dir / "report.json").is_file()
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pipeline_run, "build_report", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run({**raw, "data": {**raw["data"], "max_eval_samples": 10}}, rerun_dir)
+    assert not [f for f in stages.REPORT_FILES if (rerun_dir / f).exists()]
+
+
 def test_changing_one_variant_rebuilds_only_it(done, rerun_dir, monkeypatch):
     raw, _, _ = done
     changed = copy.deepcopy(raw)
