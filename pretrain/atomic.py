@@ -40,6 +40,34 @@ def atomic_dir(target: Path) -> Iterator[Path]:
         raise
 
 
+SCRATCH_PREFIX = "compressor-"     # scratch dirs in the system's temp dir: compressor-<use>-<pid>-...
+
+
+def scratch_dir(use: str) -> tempfile.TemporaryDirectory:
+    """A temporary dir for work in progress (an ONNX graph before it is gated), named with this
+    process's id: one that a hard kill (kill -9, a lost machine) left behind, of a process that
+    is gone, is removed here, so repeated kills do not fill the temp dir with model copies."""
+    remove_orphan_scratch()
+    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{use}-{os.getpid()}-")
+
+
+def remove_orphan_scratch() -> None:
+    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*-*"):
+        pid = path.name.split("-")[2]
+        if path.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:       # another user's process: alive
+        return True
+    return True
+
+
 def shareable(directory: Path) -> None:
     """Give files written with private modes (safetensors writes 0600) the modes an ordinary
     file gets under the umask, as every other output has."""
@@ -118,15 +146,15 @@ def check_writable(out: Path, flag: str = "--out") -> None:
 
 def write_failure(err: BaseException) -> str | None:
     """What the disk refused, in words, when `err` is a refused write; else None. Besides
-    OSError: safetensors' own error ("... (os error 28)") and torch.save's, which names no
-    cause ("unexpected pos ..."): a full disk is the usual one."""
+    OSError: safetensors' own error ("... (os error 28)"), and torch.save's to a path, whose
+    writer says only "file write failed"."""
     if isinstance(err, OSError):
         return err.strerror or str(err) if err.errno in WRITE_ERRNOS else None
     text = str(err)
     if type(err).__name__ == "SafetensorError" and "(os error " in text:
         number = int(text.rsplit("(os error ", 1)[1].split(")")[0])
         return os.strerror(number) if number in WRITE_ERRNOS else None
-    if isinstance(err, RuntimeError) and ("PytorchStreamWriter" in text or "inline_container" in text):
+    if isinstance(err, RuntimeError) and "PytorchStreamWriter failed writing" in text:
         return "a file could not be written whole (is the disk full?)"
     return None
 
@@ -152,9 +180,14 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        # torch.save turns an exception in the file's write() (a full disk; Ctrl-C or SIGTERM
+        # arriving mid-write) into its own RuntimeError ("unexpected pos ..."), the real one
+        # kept as its context: raise that, so a stop is a stop and a full disk says so.
+        if isinstance(err, RuntimeError) and isinstance(err.__context__, (OSError, KeyboardInterrupt)):
+            raise err.__context__ from None
         raise
 
 

@@ -235,7 +235,7 @@ def train(model: nn.Module, data: Encoded | BatchSource, cfg: TrainConfig, loss_
                 loss = step_loss(batch)          # forward + backward (+ DDP all-reduce)
                 if not math.isfinite(loss):      # diverged: what followed would be NaN weights, saved as a result
                     raise UserError(f"{desc}: the loss is {loss} at step {step + 1} of {source.steps}: training "
-                                    f"diverged; expected a smaller learning rate than {cfg.lr:g}")
+                                    "diverged; expected a smaller learning rate")   # (callers may scale it)
                 clip_dense_gradients(model, cfg.max_grad_norm)
                 lr = schedules[0].get_last_lr()[0]
                 for opt, sched in zip(optimizers, schedules):

@@ -19,7 +19,6 @@ import json
 import logging
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,6 +30,7 @@ from compressor.bench.profiles import Profile, unavailable_reason
 from compressor.bench.runners import Deployable, Feed, id_translation, input_batches, load_runner, translated
 from compressor.bench.timing import (HARNESS_VERSION, TIE_THRESHOLD, ranking_with_ties, summarize, tied_pairs,
                                      time_interleaved)
+from pretrain.atomic import scratch_dir
 from pretrain.batching import MAX_LENGTH
 from pretrain.data import Split
 
@@ -133,7 +133,7 @@ def peak_rss_mb(model: Deployable, profile: Profile, batch_sets: list[list[Feed]
     (in `batch_sets`' order) are None if the child fails.
     """
     order = sorted(range(len(batch_sets)), key=lambda n: max(b["input_ids"].size for b in batch_sets[n]))
-    with tempfile.TemporaryDirectory(prefix="compressor-mem-") as tmp:
+    with scratch_dir("mem") as tmp:
         inputs = []
         for n in order:
             inputs.append(str(Path(tmp) / f"set{n}.npz"))

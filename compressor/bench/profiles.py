@@ -62,7 +62,7 @@ class Profile(BaseModel):
         if isinstance(threads, bool):        # YAML's `true` would pass as 1
             raise ValueError(f"threads must be a count >= 1 or 'cores', not {threads}")
         if isinstance(threads, int) and threads < 1:
-            raise ValueError(f"threads must be >= 1 or 'cores' (got {threads})")
+            raise ValueError("threads must be >= 1 or 'cores'")   # the message adds (got N)
         return threads
 
     @field_validator("batch_sizes")

@@ -278,7 +278,7 @@ def listed(value: str, parse: Callable[[str], Any], expected: str) -> list:
 
 def add_pretraining_commands(sub) -> None:
     """tokenizer, pretrain, embeddings: the teacher side from raw text."""
-    tk = sub.add_parser("tokenizer", help="train a WordPiece or byte-level BPE tokenizer on a corpus")
+    tk = sub.add_parser("tokenizer", help="train a WordPiece, byte-level BPE or word-level tokenizer on a corpus")
     tk.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
     tk.add_argument("--kind", choices=["wordpiece", "bpe", "wordlevel"], default="wordpiece")
     tk.add_argument("--vocab-size", type=positive_int, default=8192)
@@ -483,9 +483,8 @@ def stage_lines(shown: bool) -> Iterator[None]:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from compressor.pipeline.recipe import compared_variant, describe_validation_error
+    from compressor.cli.export_command import validated
+    from compressor.pipeline.recipe import compared_variant
     from compressor.search import SearchSettings, run_search
     compare = dict(compared_variant(spec) for spec in args.compare or [])
     fields = {"latency_budget_ms": args.latency_budget_ms, "batch_size": args.batch_size,
@@ -497,10 +496,7 @@ def cmd_search(args: argparse.Namespace) -> int:
               "max_eval_samples": args.max_eval_samples, "seed": args.seed, "scoring_samples": args.scoring_samples,
               "latency_structures": args.latency_structures, "latency_held_out": args.latency_held_out,
               "baselines": args.baselines, "compare": compare or None}
-    try:
-        settings = SearchSettings(**{k: v for k, v in fields.items() if v is not None})
-    except ValidationError as err:
-        raise UserError(describe_validation_error(err, "search")) from None
+    settings = validated(SearchSettings, {k: v for k, v in fields.items() if v is not None})   # names the flag
     with stage_lines(not args.quiet):
         result = run_search(args.teacher, task_arg(args.task), args.profile, settings, args.out, join=args.join,
                             threads=args.threads, show_progress=not args.quiet)

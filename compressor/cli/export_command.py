@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from compressor.bundle import ModelBundle
+from compressor.bundle import ModelBundle, read_provenance
 from compressor.evaluate import find_onnx, split_seed
 from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
@@ -27,8 +27,9 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
     if export_settings.skip_layernorm != "auto" and not export_settings.optimize:
         raise UserError("--skip-layernorm: only meaningful with --optimize (it chooses how the fused graph writes "
                         "its residual LayerNorms)")
-    quantize_cfg = quantize_config(quantize, quantize_options)
     check_source(model)
+    recorded = (read_provenance(model).get("deploy") or {}).get("quantize")
+    quantize_cfg = quantize_config(quantize, quantize_options, recorded)
     bundle = ModelBundle.load(model)
     seed = split_seed(seed, bundle.task_seed, task_spec, bundle.task)
     task_spec = task_spec if task_spec is not None else bundle.task
@@ -37,7 +38,7 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
     check_output(out, [model, *task_files(task_spec)], owner_files=(EXPORT_FILE,))
     task = load_task(task_spec, seed=seed)
     bundle = bundle.replace(task=task.spec, task_seed=seed)   # the export records the task it was gated on
-    if quantize is not None:   # the flag wins over what a `quantize` pass recorded
+    if quantize_cfg is not None or quantize is not None:   # the flags win over what a `quantize` pass recorded
         deploy = {k: v for k, v in bundle.deploy.items() if k != "quantize"}
         if quantize_cfg is not None:
             deploy["quantize"] = quantize_cfg.model_dump(mode="json")
@@ -46,12 +47,16 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
     return export_bundle(bundle, out, export_settings, task, max_eval_samples).record
 
 
-def quantize_config(mode: str | None, options: dict) -> QuantizeConfig | None:
+def quantize_config(mode: str | None, options: dict, recorded: dict | None = None) -> QuantizeConfig | None:
+    """The quantize settings the flags give: a --quantize mode with its options; without one,
+    options change the mode the model's `quantize` pass recorded (None: use the record)."""
     given = {k: v for k, v in options.items() if v is not None}
+    if mode is None and recorded and given:
+        return validated(QuantizeConfig, {**recorded, **given})
     if mode in (None, NO_QUANTIZATION):
         if given:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise UserError(f"{flags}: only meaningful with a --quantize mode")
+            raise UserError(f"{flags}: only meaningful with a --quantize mode (the model records none)")
         return None
     return validated(QuantizeConfig, {"mode": mode, **given})
 

@@ -24,7 +24,6 @@ import copy
 import json
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -46,7 +45,7 @@ from compressor.export.quantize import (LINEAR_SCOPE_UNFUSED, DynamicInt8Config,
                                         quantize_config_from_record, quantize_onnx)
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
 from compressor.export.trace import OPSET, check_exportable, input_names, write_onnx
-from pretrain.atomic import atomic_dir, check_output, write_json
+from pretrain.atomic import atomic_dir, check_output, scratch_dir, write_json
 from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import TaskData
 from pretrain.model_code import ship_model_code
@@ -143,7 +142,7 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
     """Export, fuse and quantize; the record and the shipped graph's test logits."""
     if isinstance(quantize, Fp16Config):
         warn_fp16_on_cpu()
-    with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
+    with scratch_dir("export") as work_dir:
         work = Path(work_dir)
         graph = work / "fp32.onnx"
         names = input_names(bundle.model, bundle.tokenizer.model_input_names)
@@ -298,7 +297,7 @@ def torch_int8_into(directory: Path, bundle: ModelBundle, gate: Gate,
     the record and the int8 model's test logits."""
     model = quantized_copy(bundle.model)
     fp32_logits = predict_logits(bundle.model, gate.data)
-    with tempfile.TemporaryDirectory(prefix="compressor-export-") as work_dir:
+    with scratch_dir("export") as work_dir:
         # save_pretrained writes tied weights once (BART's encoder and decoder share one
         # embedding table; safetensors refuses a state dict with shared tensors).
         bundle.model.save_pretrained(work_dir, safe_serialization=True)

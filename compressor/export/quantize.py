@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
@@ -35,6 +34,7 @@ from compressor.export.quiet import quiet_logs
 from pretrain.batching import Encoded, inference_order, iterate
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
+from pretrain.atomic import scratch_dir
 
 # Every weight-carrying op of a BERT graph, unfused or fused. Gather covers the word,
 # position and token-type embedding lookups: the word-embedding matrix alone is half of
@@ -288,7 +288,7 @@ def static_int8(source: Path, target: Path, cfg: StaticInt8Config, plan: Plan) -
         # 128 (the qat pass trains with exactly this grid). Symmetric int8 activations would
         # match Q8BERT's 127/t, but ORT then leaves Q, K and V (one shared input) as float MatMuls.
         options["ActivationSymmetric"] = True
-    with tempfile.TemporaryDirectory(prefix="compressor-static-") as work, quiet_logs(), \
+    with scratch_dir("static") as work, quiet_logs(), \
             contextlib.redirect_stdout(io.StringIO()):   # the histogram calibrators print progress
         prepared = Path(work) / "prepared.onnx"
         with_shapes(source, prepared)

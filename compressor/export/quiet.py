@@ -47,8 +47,9 @@ def scratch_cwd() -> Iterator[None]:
     this, a user's working dir would collect 100 MB of debris. Callers pass absolute paths.
     """
     import os
-    import tempfile
-    with tempfile.TemporaryDirectory(prefix="compressor-ort-") as tmp:
+
+    from pretrain.atomic import scratch_dir
+    with scratch_dir("ort") as tmp:
         previous = os.getcwd()
         os.chdir(tmp)
         try:

@@ -275,13 +275,18 @@ def shape_after(name: str, config: BaseModel, known: Known) -> Known:
 
 def check_layer_names_hold(name: str, named_by: Iterable[str]) -> None:
     """Refuse (UserError) a pass that renumbers or replaces layers after one whose record names
-    them (`sensitivity`'s float layers, `qat`'s ranges): the export would apply the record to
-    other layers than those it was made for, without a word."""
-    named_by = list(named_by)
-    if named_by and get_pass(name).renames_layers:
+    them (`sensitivity`'s float layers, `qat`'s activation ranges), or that trains them after a
+    record learned in training (`qat`'s ranges fit the weights it left): the export would apply
+    the record to other layers, or to weights it was not learned with, without a word."""
+    named_by, spec = list(named_by), get_pass(name)
+    if named_by and spec.renames_layers:
         raise UserError(f"{name}: {named_by[0]} before it recorded the model's Linear layers by name, and {name} "
                         f"renumbers or replaces layers; expected {named_by[0]} after every step that changes the "
                         "layers")
+    learned = [n for n in named_by if get_pass(n).trains]
+    if learned and spec.trains:
+        raise UserError(f"{name}: {learned[0]} before it learned its record for the weights it left, and {name} "
+                        f"trains them on; expected {learned[0]} after the last step that trains")
 
 
 def check_pass_tokenizer(name: str, config: BaseModel, tokenizer: PreTrainedTokenizerBase) -> None:

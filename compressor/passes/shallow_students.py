@@ -105,7 +105,7 @@ def structure_shape(cfg: "DistillStructure", known: Known) -> Shape:
                  vocab=known.model.vocab)
 
 
-@register("distill-structure", DistillStructure, trains=True, check_shape=structure_shape, renames_layers=True)
+@register("distill-structure", DistillStructure, trains=True, check_shape=structure_shape)
 def distill_structure(bundle: ModelBundle, cfg: DistillStructure, ctx: Context) -> ModelBundle:
     """A new BiLSTM or CNN classifier trained on the teacher's logits (and/or the labels)."""
     cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)

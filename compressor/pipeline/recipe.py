@@ -123,7 +123,7 @@ class Step(Strict):
 
 
 class Recipe(Strict):
-    name: str
+    name: str = Field(min_length=1)        # tells runs apart in an out dir (run.json)
     seed: int = Field(0, ge=0)
     teacher: TeacherSpec
     data: DataLimits = DataLimits()
@@ -239,7 +239,10 @@ def parse_step(item: dict[str, Any] | str, where: str) -> Step:
 def describe_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     """The first pydantic error as one line: path, what was expected, what was given; for a
     field `model` (the validated class) does not have, the nearest name it does have."""
-    first = err.errors()[0]
+    errors = err.errors()
+    # An unknown field first: a misspelt required one (`nmae:`) is also reported missing, and
+    # the unknown one is where the did-you-mean hint can go.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     # Union branches show up in loc as type tags ("dict[str,any]"); they are not field names.
     path = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-") and "[" not in str(p))
     full = ".".join(p for p in (prefix, path) if p)

@@ -199,7 +199,9 @@ def _field(record: dict, column: str, line: int, path: Path) -> str:
         # A one-column header holding tabs: a tab-separated file under a .csv name.
         hint = "; the header holds tabs: name a tab-separated file .tsv" \
             if path.suffix.lower() == ".csv" and any("\t" in str(k) for k in record) else ""
-        raise UserError(f"{path}: line {line}: no column {column!r}; columns found: {found}{hint}")
+        # A csv/tsv row has every header column: one missing is missing from the header.
+        where = "line 1 (the header)" if path.suffix.lower() in (".csv", ".tsv") else f"line {line}"
+        raise UserError(f"{path}: {where}: no column {column!r}; columns found: {found}{hint}")
     value = record[column]
     # JSON numbers and booleans are fine as labels; csv gives None for a short row. 1 and 1.0
     # are one number in JSON, so one label ("1").

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,41 @@ def test_write_failure_reads_safetensors_and_torch_save_errors():
     assert write_failure(SafetensorError("Error while deserializing header: InvalidHeaderDeserialization")) is None
     assert write_failure(OSError(2, "No such file or directory")) is None      # a missing input, not a refused write
     assert write_failure(ValueError("unexpected pos")) is None
+
+
+def test_scratch_left_by_a_killed_process_goes_and_a_live_ones_stays(tmp_path: Path, monkeypatch):
+    """A hard-killed export left a model copy (91 MB) in the temp dir at every kill."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from pretrain.atomic import scratch_dir
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    orphan, live = tmp_path / f"compressor-export-{gone}-abc", tmp_path / f"compressor-export-{os.getpid()}-def"
+    for path in (orphan, live):
+        path.mkdir()
+        (path / "fp32.onnx").write_bytes(b"graph")
+    with scratch_dir("export") as work:
+        assert Path(work).name.startswith(f"compressor-export-{os.getpid()}-")
+        assert not orphan.exists() and live.exists()
+    assert not Path(work).exists()
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt(), OSError(28, "No space left on device")])
+def test_torch_save_stopped_mid_write_raises_what_stopped_it(tmp_path: Path, raised):
+    """torch.save wraps an exception of the file's write() in its own RuntimeError: a SIGTERM
+    mid-checkpoint read as a full disk (exit 2) instead of a stop (143)."""
+    import torch
+
+    from pretrain.atomic import atomic_write
+
+    def save(f):
+        class Failing:
+            def write(self, data):
+                raise raised
+        torch.save({"x": torch.zeros(10)}, Failing())
+    with pytest.raises(type(raised)):
+        atomic_write(tmp_path / "checkpoint.pt", save)
+    assert list(tmp_path.iterdir()) == []

@@ -439,7 +439,8 @@ def test_an_interrupted_command_says_what_it_left_and_how_to_go_on(tmp_path, mon
 
 @pytest.mark.parametrize("failure, said", [
     (OSError(28, "No space left on device", "x/model.onnx"), "No space left on device"),
-    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 55360 vs 55254"), "is the disk full?"),
+    (RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file data/0: "
+                  "file write failed"), "is the disk full?"),
     (OSError(30, "Read-only file system"), "Read-only file system"),
 ])
 def test_a_write_the_disk_refuses_mid_command_is_one_line_exit_2(failure, said, tmp_path, monkeypatch, capsys):

@@ -140,3 +140,18 @@ def test_bad_input_is_one_error_line_exit_2(cli, name):
     assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
     assert all(part in lines[0] for part in BAD_INPUT[name]), lines[0]
     assert result.stdout == "" and not (root / f"out-{name}").exists()
+
+
+def test_options_without_a_mode_apply_to_the_mode_the_model_recorded():
+    """README: --quantize defaults to what the model's quantize pass recorded, and the other
+    flags are that pass's options; `--per-channel` alone was refused on such a model."""
+    from compressor.cli.export_command import quantize_config
+    from pretrain.errors import UserError
+    recorded = {"mode": "dynamic-int8", "per_channel": False}
+    cfg = quantize_config(None, {"per_channel": True, "calibration": None}, recorded)
+    assert (cfg.mode, cfg.per_channel) == ("dynamic-int8", True)
+    assert quantize_config(None, {"per_channel": None}, recorded) is None          # nothing given: the record
+    with pytest.raises(UserError, match="calibration applies to quantize mode static-int8, not dynamic-int8"):
+        quantize_config(None, {"calibration": "minmax"}, recorded)
+    with pytest.raises(UserError, match="only meaningful with a --quantize mode"):
+        quantize_config(None, {"per_channel": True}, None)

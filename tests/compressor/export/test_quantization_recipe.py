@@ -21,7 +21,10 @@ def test_recipe_with_qat_sensitivity_and_every_mode_exports_each_variant(tiny_be
                "sensitive": [{"sensitivity": {"keep_fraction": 0.1, "samples": 32}},
                              {"quantize": {"mode": "dynamic-int8"}}],
                "torch8": [{"quantize": {"mode": "torch-dynamic-int8"}}],
-               "int4": [{"quantize": {"mode": "int4-weight-only", "block_size": 16}}]},
+               "int4": [{"quantize": {"mode": "int4-weight-only", "block_size": 16}}],
+               # modes at their defaults only: once all one cache key, built as copies of the first
+               "fp16": [{"quantize": {"mode": "fp16"}}],
+               "torch8-plain": [{"quantize": {"mode": "torch-dynamic-int8"}}]},
            "export": {"onnx": True, "optimize": True, "accuracy_tolerance": 1.0}}
     recipe, steps = parse_recipe(raw)
     report = run_recipe(recipe, steps, tmp_path / "run", show_progress=False)
@@ -30,8 +33,10 @@ def test_recipe_with_qat_sensitivity_and_every_mode_exports_each_variant(tiny_be
     assert entries["qat"]["precision"] == "static-int8" and entries["qat"]["qat_ranges_applied"] >= 4
     assert entries["sensitive"]["kept_in_float"] and entries["sensitive"]["precision"] == "dynamic-int8"
     assert entries["torch8"]["format"] == "torch" and entries["int4"]["precision"] == "int4-weight-only"
-    for entry in entries.values():
-        assert entry["size_ratio_to_fp32"] < 0.45   # every mode shrinks the embedding with the rest
+    assert entries["fp16"]["precision"] == "fp16" and entries["torch8-plain"]["format"] == "torch"
+    for name, entry in entries.items():
+        if name != "fp16":
+            assert entry["size_ratio_to_fp32"] < 0.45   # every int mode shrinks the embedding with the rest
         assert evaluate_path(entry["path"], None)["accuracy"] == entry["accuracy"]
     # A PyTorch deployment is not named as an ONNX one.
     assert Path(entries["torch8"]["path"]).name == "torch8-torch-int8"

@@ -233,3 +233,13 @@ def test_a_negative_seed_is_refused_before_anything_runs(tmp_path):
                                                                           "variants:\n  v: []\n")
     message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  v: [{finetune: {seed: -1}}]\n")
     assert "variants.v[0]" in message and "greater than or equal to 0" in message
+
+
+def test_a_misspelt_required_field_is_named_with_a_hint(tmp_path):
+    message = error_of(tmp_path, "nmae: r\n" + TEACHER + "variants:\n  v: []\n")
+    assert message.startswith(f"{tmp_path / 'recipe.yaml'}: nmae:") and "did you mean 'name'" in message
+
+
+def test_an_empty_recipe_name_is_refused(tmp_path):
+    assert "name: String should have at least 1 character" in error_of(tmp_path, "name: ''\n" + TEACHER +
+                                                                        "variants:\n  v: []\n")

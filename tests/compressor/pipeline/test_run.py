@@ -601,7 +601,7 @@ def test_a_steps_extra_task_file_is_checked_before_the_teacher_trains(tiny_bert_
     bad = tmp_path / "sentiment.csv"
     bad.write_text("text,sentiment\nfine,pos\n")
     raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"finetune": {"tasks": [{"path": str(bad)}]}}]})
-    with pytest.raises(UserError, match=r"variants\.v\[0\]: .*sentiment\.csv: line 2: no column 'label'"):
+    with pytest.raises(UserError, match=r"variants\.v\[0\]: .*sentiment\.csv: line 1 \(the header\): no column 'label'"):
         run(raw, tmp_path / "fresh")
     missing = {"intermediate_task": {"path": str(tmp_path / "no.csv")}}
     raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"finetune": missing}]})

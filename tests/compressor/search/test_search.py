@@ -208,15 +208,15 @@ def test_a_second_search_into_a_dir_in_use_is_refused_before_touching_it(searche
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--min-retention", "1.5"], "min_retention"),
-    (["--min-retention", "0"], "min_retention"),
+    (["--min-retention", "1.5"], "--min-retention: "),
+    (["--min-retention", "0"], "--min-retention: "),
     (["--profile", "gpu-cuda-fp16"], "cannot be measured on this machine"),
     (["--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot reach the study storage"),
     (["--storage", "notaurl"], "cannot reach the study storage"),
-    (["--recoveries", "finetune,magic"], "recoveries"),
+    (["--recoveries", "finetune,magic"], "--recoveries: "),
     (["--teacher", "minilm"], "without a trained classifier"),    # the bundled encoder: not fine-tuned
     (["--task", "wordnet-wsd"], "model labels do not match"),       # a teacher of another task
-    (["--latency-budget-ms", "inf"], "latency_budget_ms"),
+    (["--latency-budget-ms", "inf"], "--latency-budget-ms: Input should be a finite number"),
 ])
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(args, message, tiny_bert_dir, tiny_csv, tmp_path, capsys):
     out = tmp_path / "never"
