@@ -63,6 +63,15 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+def from_main(value):
+    """The main process's `value`, in every process (itself where there is no process group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    shared = [value]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from pretrain import distributed
 from pretrain.atomic import write_json
 from pretrain.errors import UserError
 
@@ -29,18 +30,39 @@ def checkpoint_dir(out: Path) -> Path:
 
 
 @contextlib.contextmanager
-def claimed_checkpoint(ckpt: Path, settings: dict, resume: bool, settings_file: str,
-                       main: bool = True) -> Iterator[None]:
+def claimed_checkpoint(ckpt: Path, settings: dict, resume: bool, settings_file: str) -> Iterator[None]:
     """Claim `ckpt` for this command until it ends: `check_resume`, then the settings written
     there, under a lock on the parent dir (claims there go one at a time), then a lock on the
     checkpoint dir itself, held to the end. Two commands writing one output, started together,
     both passed `check_resume` before either had written its settings, trained into one
     checkpoint, and the last to finish replaced the other's output: now the second is refused.
-    Locks go with the process. Other processes of a distributed run (`main` False) only check."""
-    if not main:
-        check_resume(settings, ckpt, resume, settings_file)
+    Locks go with the process. Under torchrun the main process claims, and every process
+    stops on its refusal (the others checking on their own raced its settings file)."""
+    main = distributed.world().is_main
+    held, refusal = None, None
+    if main:
+        try:
+            held = claim(ckpt, settings, resume, settings_file)
+        except UserError as err:
+            refusal = str(err)
+    refusal = distributed.from_main(refusal)
+    if refusal is not None:
+        raise UserError(refusal)
+    try:
         yield
-        return
+    except BaseException:
+        # Stopped before its first checkpoint (bad input found late, an early Ctrl-C):
+        # nothing to resume, so nothing left behind.
+        if main and ckpt.is_dir() and all(p.name == settings_file for p in ckpt.iterdir()):
+            shutil.rmtree(ckpt, ignore_errors=True)
+        raise
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def claim(ckpt: Path, settings: dict, resume: bool, settings_file: str) -> int:
+    """The claim itself (see claimed_checkpoint); returns the descriptor holding the lock."""
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     with locked(ckpt.parent):
         if ckpt.is_dir():
@@ -52,16 +74,7 @@ def claimed_checkpoint(ckpt: Path, settings: dict, resume: bool, settings_file: 
         write_json(ckpt / settings_file, settings)
         held = os.open(ckpt, os.O_RDONLY)
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    try:
-        yield
-    except BaseException:
-        # Stopped before its first checkpoint (bad input found late, an early Ctrl-C):
-        # nothing to resume, so nothing left behind.
-        if ckpt.is_dir() and all(p.name == settings_file for p in ckpt.iterdir()):
-            shutil.rmtree(ckpt, ignore_errors=True)
-        raise
-    finally:
-        os.close(held)
+    return held
 
 
 @contextlib.contextmanager
