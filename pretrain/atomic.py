@@ -131,11 +131,16 @@ def check_writable(out: Path, flag: str = "--out") -> None:
     """Refuse, before any work, an output the disk will refuse at the end (an export's or a
     benchmark's minutes lost): a name too long, a file where a dir must be, a read-only or
     forbidden place."""
-    long = [part for part in out.parts if len(part.encode()) > MAX_OUT_NAME]
-    if long:
-        raise UserError(f"{flag} {out}: the name {long[0][:20]!r}... has {len(long[0].encode())} bytes; expected at "
-                        f"most {MAX_OUT_NAME} (with room for the temporary names beside it)")
-    existing = next(p for p in [out.absolute(), *out.absolute().parents] if p.exists())
+    # os.path.exists, not Path.exists: a name too long for the filesystem is "not there", not an error
+    existing = next(p for p in [out.absolute(), *out.absolute().parents] if os.path.exists(p))
+    # Only the output's own name gets temporary names beside it; dirs made on the way, the
+    # filesystem's 255 bytes.
+    new_dirs = [p.name for p in out.absolute().parents if p not in existing.parents and p != existing]
+    for name, limit in [(out.name, MAX_OUT_NAME), *((n, 255) for n in new_dirs)]:
+        if len(os.fsencode(name)) > limit:
+            raise UserError(f"{flag} {out}: the name {name[:20]!r}... has {len(os.fsencode(name))} bytes; expected "
+                            f"at most {limit}" + (" (with room for the temporary names beside it)"
+                                                  if limit == MAX_OUT_NAME else ""))
     if existing != out.absolute() and not existing.is_dir():
         raise UserError(f"{flag} {out}: {existing} is a file; expected a directory there")
     place = existing if existing.is_dir() else existing.parent

@@ -52,7 +52,11 @@ def quantize_config(mode: str | None, options: dict, recorded: dict | None = Non
     options change the mode the model's `quantize` pass recorded (None: use the record)."""
     given = {k: v for k, v in options.items() if v is not None}
     if mode is None and recorded and given:
-        return validated(QuantizeConfig, {**recorded, **given})
+        try:
+            return validated(QuantizeConfig, {**recorded, **given})
+        except UserError as err:
+            raise UserError(f"{err}; the mode is the one the model's quantize pass recorded (pass --quantize to "
+                            "choose another)") from None
     if mode in (None, NO_QUANTIZATION):
         if given:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)

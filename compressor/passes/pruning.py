@@ -103,7 +103,8 @@ def pruned_heads_shape(cfg: PruneHeads, known: Known) -> Shape:
     return dataclasses.replace(shape, heads=None, layers=None if cfg.allow_drop_layers else shape.layers)
 
 
-@register("prune-heads", PruneHeads, check_family=refuse_unsupported("prune-heads"), check_shape=pruned_heads_shape)
+@register("prune-heads", PruneHeads, check_family=refuse_unsupported("prune-heads"), check_shape=pruned_heads_shape,
+          renames_layers=lambda cfg: cfg.allow_drop_layers)      # a layer left with no head goes whole
 def prune_heads_pass(bundle: ModelBundle, cfg: PruneHeads, ctx: Context) -> ModelBundle:
     """Remove the least important attention heads (Michel et al. 2019)."""
     model = bundle.copy_model()

@@ -155,7 +155,8 @@ class PassSpec:
     # its deploy record names the model's Linear modules (the export finds them by name)
     names_layers: bool = False
     # renumbers, removes or replaces encoder layers: names recorded before point elsewhere
-    renames_layers: bool = False
+    # (a function of the config where only some settings do)
+    renames_layers: bool | Callable[[BaseModel], bool] = False
 
 
 _REGISTRY: dict[str, PassSpec] = {}
@@ -165,7 +166,7 @@ def register(name: str, config_type: type[BaseModel], *, preserves_function: boo
              trains: bool = False, check_family: FamilyCheck | None = None,
              check_tokenizer: TokenizerCheck | None = None,
              check_shape: ShapeCheck | None = None, names_layers: bool = False,
-             renames_layers: bool = False) -> Callable[[PassFn], PassFn]:
+             renames_layers: bool | Callable[[BaseModel], bool] = False) -> Callable[[PassFn], PassFn]:
     check_config_type(name, config_type)
 
     def decorate(fn: PassFn) -> PassFn:
@@ -266,24 +267,25 @@ def shape_after(name: str, config: BaseModel, known: Known) -> Known:
     its indices, counts and widths (`check_shape`)."""
     spec = get_pass(name)
     check_pass_family(name, config, known.model.family)
-    check_layer_names_hold(name, known.model.layers_named_by)
+    check_layer_names_hold(name, config, known.model.layers_named_by)
     model = spec.check_shape(config, known) if spec.check_shape is not None else known.model
     if spec.names_layers:
         model = dataclasses.replace(model, layers_named_by=model.layers_named_by + (name,))
     return dataclasses.replace(known, model=model)
 
 
-def check_layer_names_hold(name: str, named_by: Iterable[str]) -> None:
+def check_layer_names_hold(name: str, config: BaseModel, named_by: Iterable[str]) -> None:
     """Refuse (UserError) a pass that renumbers or replaces layers after one whose record names
     them (`sensitivity`'s float layers, `qat`'s activation ranges), or that trains them after a
     record learned in training (`qat`'s ranges fit the weights it left): the export would apply
     the record to other layers, or to weights it was not learned with, without a word."""
     named_by, spec = list(named_by), get_pass(name)
-    if named_by and spec.renames_layers:
+    renames = spec.renames_layers(config) if callable(spec.renames_layers) else spec.renames_layers
+    if named_by and renames:
         raise UserError(f"{name}: {named_by[0]} before it recorded the model's Linear layers by name, and {name} "
                         f"renumbers or replaces layers; expected {named_by[0]} after every step that changes the "
                         "layers")
-    learned = [n for n in named_by if get_pass(n).trains]
+    learned = [n for n in named_by if get_pass(n).trains and n != name]   # a second qat replaces the record
     if learned and spec.trains:
         raise UserError(f"{name}: {learned[0]} before it learned its record for the weights it left, and {name} "
                         f"trains them on; expected {learned[0]} after the last step that trains")
@@ -332,7 +334,7 @@ def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) 
                         f"of that task's {len(ctx.task.label_names)} labels, in its order")
     check_pass_family(name, config, bundle.model.config.model_type)
     check_pass_tokenizer(name, config, bundle.tokenizer)
-    check_layer_names_hold(name, [h["pass"] for h in bundle.history
+    check_layer_names_hold(name, config, [h["pass"] for h in bundle.history
                                   if h.get("pass") in _REGISTRY and _REGISTRY[h["pass"]].names_layers])
     out = spec.run(bundle, config, ctx)
     if out is bundle or out.model is bundle.model:

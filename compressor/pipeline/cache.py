@@ -103,7 +103,8 @@ def fingerprint(path: Path) -> str:
     """Content hash of a model dir's (or an embeddings dir's) config, vocabulary and weights."""
     digest = hashlib.sha256()
     for file in sorted(path.iterdir()):
-        if file.is_file() and file.suffix in FINGERPRINTED:
+        # stage.json holds a stage's scores and key, not its weights: re-scoring is no new model
+        if file.is_file() and file.suffix in FINGERPRINTED and file.name != STAGE_FILE:
             digest.update(file.name.encode())
             digest.update(file_digest(file).encode())
     return digest.hexdigest()[:20]

@@ -83,11 +83,8 @@ def teacher_key(recipe: Recipe, path: Path, task: TaskData) -> str:
     finetune_cfg = teacher_finetune(recipe)
     # Not the test-sample limit: it changes what is measured, not the weights (model_stage
     # re-evaluates a stage whose limit differs; the exports' and benchmark's keys hold it).
-    parts = {"model": fingerprint(path), "task": task_fingerprint(task),
-             "finetune": key_fields(finetune_cfg) if finetune_cfg else None}
-    data = data_files_fingerprint(finetune_cfg) if finetune_cfg else {}
-    # Only where the settings name data files, so the keys of cached teachers without them stay.
-    return content_key({**parts, "data_files": data} if data else parts)
+    return content_key({"model": fingerprint(path), "task": task_fingerprint(task),
+                        "finetune": data_keyed_fields(finetune_cfg) if finetune_cfg else None})
 
 
 def variant_key(teacher_key: str, recipe: Recipe, steps: list[Step]) -> str:
@@ -133,11 +130,8 @@ def step_key(step: Step) -> list:
     file it reads (`data_files()`), so that a teacher retrained in place or an edited corpus is
     a new key. Steps without such inputs keep their old key."""
     paths = step.config.input_paths() if hasattr(step.config, "input_paths") else {}
-    key = [step.name, key_fields(step.config)]
-    if paths:
-        key.append({name: fingerprint_file(path) for name, path in paths.items()})
-    data = data_files_fingerprint(step.config)
-    return key + [{"data_files": data}] if data else key
+    key = [step.name, data_keyed_fields(step.config)]
+    return key + [{name: fingerprint_file(path) for name, path in paths.items()}] if paths else key
 
 
 def config_inputs(config: BaseModel) -> list[str | Path]:
@@ -156,9 +150,24 @@ def data_files(config: BaseModel) -> list[str]:
     return files + ([corpus] if corpus and corpus not in BUILTIN_CORPORA else [])
 
 
-def data_files_fingerprint(config: BaseModel) -> dict[str, str]:
-    """Content hash of each data file the config reads: an edited file changes the result."""
-    return {str(f): fingerprint_file(Path(f)) for f in data_files(config)}
+def data_keyed_fields(config: BaseModel) -> dict:
+    """`key_fields`, each data file named by its content instead of its path: an edited file is
+    a new key; the same file moved with its project, or its path written another way, is not."""
+    fields = key_fields(config)
+    by_content = {str(f): {"content": fingerprint_file(Path(f))} for f in data_files(config)}
+    if not by_content:
+        return fields
+
+    def keyed(value):
+        if isinstance(value, dict):
+            return {k: keyed(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [keyed(v) for v in value]
+        return by_content.get(value, value) if isinstance(value, str) else value
+    return {k: keyed(v) if k in DATA_FIELDS else v for k, v in fields.items()}
+
+
+DATA_FIELDS = ("intermediate_task", "tasks", "domain_corpus")   # fine-tuning settings that name data files
 
 
 def remove_work_dirs(out_dir: Path, keys: list[str]) -> None:

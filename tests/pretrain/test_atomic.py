@@ -101,6 +101,11 @@ def test_an_output_the_disk_would_refuse_is_refused_before_any_work(tmp_path: Pa
     with pytest.raises(UserError, match=r"has 216 bytes; expected at most 215"):
         check_output(tmp_path / ("v" * 216), [], owner_files=())
     check_output(tmp_path / ("v" * 215) / "deeper", [], owner_files=())     # a new dir under a new dir: fine
+    (tmp_path / ("p" * 230)).mkdir()
+    check_output(tmp_path / ("p" * 230) / "out.json", [], owner_files=None)   # an existing long dir: no temp names
+    with pytest.raises(UserError, match=r"has 256 bytes; expected at most 255$"):
+        check_output(tmp_path / ("n" * 256) / "out", [], owner_files=())
+    check_output(tmp_path / os.fsdecode(b"\xe9.json"), [], owner_files=None)   # not UTF-8: bytes all the same
 
 
 def test_write_failure_reads_safetensors_and_torch_save_errors():

@@ -202,10 +202,16 @@ def test_a_pass_that_renumbers_layers_after_one_that_named_them_is_refused(bert_
         shape_after("drop-layers", DropLayers(keep=(0, 2)), known)
     shape_after("drop-layers", DropLayers(keep=(0, 2)), Known(model=shape, teacher=shape))   # before it: fine
     # distill-structure builds a new model and leaves both records behind (test_shallow_students)
-    assert [n for n in pass_names() if get_pass(n).renames_layers] == ["drop-layers", "student", "theseus"]
+    assert [n for n in pass_names() if get_pass(n).renames_layers is True] == ["drop-layers", "student", "theseus"]
     with pytest.raises(UserError, match=r"^finetune: qat before it learned its record for the weights it left"):
         shape_after("finetune", FinetuneConfig(), shape_after("qat", QATConfig(), Known(model=shape, teacher=shape)))
     shape_after("finetune", FinetuneConfig(), known)          # a ranking is no training: fine-tuning after it is
+    qat_known = shape_after("qat", QATConfig(), Known(model=shape, teacher=shape))
+    shape_after("qat", QATConfig(), qat_known)                  # a second qat replaces the first one's ranges
+    from compressor.passes.pruning import PruneHeads
+    with pytest.raises(UserError, match=r"^prune-heads: sensitivity before it"):   # it may remove a layer whole
+        shape_after("prune-heads", PruneHeads(per_layer=(2, 0, 0, 0), allow_drop_layers=True), known)
+    shape_after("prune-heads", PruneHeads(per_layer=(1, 0, 0, 0)), known)
 
 
 def test_the_history_records_a_training_pass_as_it_ran(bert_bundle, tiny_task):

@@ -641,6 +641,26 @@ def test_the_data_files_a_step_or_the_teacher_reads_are_in_their_keys(tiny_bert_
     assert keys()[1] != after_corpus[1] and keys()[0] == after_corpus[0]    # the teacher reads no extra task
     plain = parse_recipe(raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"finetune": {}}]}))[1]["v"][0]
     assert stages.step_key(plain) == ["finetune", {}]                         # no data files: the old key
+    moved = tmp_path / "moved"                                                # the same files elsewhere
+    moved.mkdir()
+    shutil.copy(corpus, moved / "domain.txt")
+    shutil.copy(extra, moved / "extra.csv")
+    before_move = keys()
+    settings.update(domain_corpus=str(moved / "domain.txt"), tasks=[{"path": str(moved / "extra.csv")}])
+    raw["variants"] = {"v": [{"finetune": dict(settings)}]}
+    raw["teacher"]["finetune"]["domain_corpus"] = str(moved / "domain.txt")
+    assert keys() == before_move
+
+
+def test_rescoring_a_stage_is_no_new_model_for_a_recipe_that_uses_it(done, tmp_path):
+    """A recipe's teacher may be another run's stage: its stage.json changes with every
+    re-scoring, its weights do not."""
+    stage = tmp_path / "teacher"
+    shutil.copytree(done[1] / "teacher", stage)
+    before = cache.fingerprint(stage)
+    record = json.loads((stage / "stage.json").read_text())
+    (stage / "stage.json").write_text(json.dumps({**record, "eval_limit": 7}))
+    assert cache.fingerprint(stage) == before
 
 
 def test_a_dir_fingerprint_covers_word_vectors_and_int8_weights(tmp_path):
