@@ -496,7 +496,8 @@ def cmd_search(args: argparse.Namespace) -> int:
               "max_eval_samples": args.max_eval_samples, "seed": args.seed, "scoring_samples": args.scoring_samples,
               "latency_structures": args.latency_structures, "latency_held_out": args.latency_held_out,
               "baselines": args.baselines, "compare": compare or None}
-    settings = validated(SearchSettings, {k: v for k, v in fields.items() if v is not None})   # names the flag
+    # a bad value names its flag (--min-retention), as export's do
+    settings = validated(SearchSettings, {k: v for k, v in fields.items() if v is not None}, flags={})
     with stage_lines(not args.quiet):
         result = run_search(args.teacher, task_arg(args.task), args.profile, settings, args.out, join=args.join,
                             threads=args.threads, show_progress=not args.quiet)

@@ -16,7 +16,8 @@ from pretrain.errors import UserError, validation_message
 from pretrain.models import set_threads
 
 NO_QUANTIZATION = "none"
-FLAGS = {"mode": "--quantize"}     # config fields whose flag is not --<field>
+# Config fields whose flag is not --<field>; None: a check across fields (the mode's).
+FLAGS = {"mode": "--quantize", None: "--quantize"}
 
 
 def export_command(model: Path, out: Path, task_spec: str | dict | None, settings: dict,
@@ -65,14 +66,16 @@ def quantize_config(mode: str | None, options: dict, recorded: dict | None = Non
     return validated(QuantizeConfig, {"mode": mode, **given})
 
 
-def validated(config_type, values: dict):
-    """The config, or a one-line error naming the flag: `--parity-tolerance: Input should be ...`."""
+def validated(config_type, values: dict, flags: dict | None = None):
+    """The config, or a one-line error naming the flag: `--parity-tolerance: Input should be ...`.
+    `flags`: fields whose flag is not --<field>, None for a cross-field check (export's: FLAGS)."""
+    flags = FLAGS if flags is None else flags
     try:
         return config_type.model_validate(values)
     except ValidationError as err:
         first = err.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "mode"   # a cross-field check: the mode
-        flag = FLAGS.get(field, "--" + field.replace("_", "-"))
+        field = str(first["loc"][0]) if first["loc"] else None
+        flag = flags.get(field) or (f"--{field.replace('_', '-')}" if field else "settings")
         raise UserError(f"{flag}: {validation_message(first)} (got {first.get('input')!r})") from None
 
 
