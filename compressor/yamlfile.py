@@ -58,3 +58,28 @@ def model_in(annotation: Any) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return next((found for arg in get_args(annotation) if (found := model_in(arg)) is not None), None)
+
+
+def refuse_bool_numbers(raw: Any, validated: Any, where: str) -> None:
+    """Raise ValueError where YAML's `true`/`false` stood for a number.
+
+    Pydantic's lax mode turns `epochs: true` into 1 without a word; a recipe or profile
+    wants that refused. Lax mode stays otherwise: PyYAML reads `lr: 1e-4` as a string,
+    and pydantic reading it as the number the user meant is what a user expects.
+    """
+    if isinstance(raw, bool):
+        if not isinstance(validated, bool):
+            raise ValueError(f"{where}: expected a number, got {str(raw).lower()}")
+    elif isinstance(raw, dict) and isinstance(validated, BaseModel):
+        by_key = {field.alias or name: name for name, field in type(validated).model_fields.items()}
+        by_key.update({name: name for name in type(validated).model_fields})
+        for key, value in raw.items():
+            if key in by_key:
+                refuse_bool_numbers(value, getattr(validated, by_key[key]), f"{where}.{key}".lstrip("."))
+    elif isinstance(raw, dict) and isinstance(validated, dict):
+        for key, value in raw.items():
+            if key in validated:
+                refuse_bool_numbers(value, validated[key], f"{where}.{key}".lstrip("."))
+    elif isinstance(raw, list) and isinstance(validated, (list, tuple)) and len(raw) == len(validated):
+        for i, (item, kept) in enumerate(zip(raw, validated)):
+            refuse_bool_numbers(item, kept, f"{where}[{i}]")

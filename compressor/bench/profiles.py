@@ -19,7 +19,7 @@ from typing import Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from compressor.yamlfile import field_suggestion, load_yaml
+from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_numbers
 from pretrain.errors import UserError, validation_message
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
@@ -169,9 +169,13 @@ def load_profile(ref: str) -> Profile:
         raise UserError(f"{path}: expected a mapping of profile fields (provider, threads, batch_sizes, ...)")
     raw.setdefault("name", path.stem)
     try:
-        return Profile.model_validate(raw)
+        profile = Profile.model_validate(raw)
+        refuse_bool_numbers(raw, profile, "")
     except ValidationError as err:
         raise UserError(f"{path}: {describe_profile_error(err)}") from None
+    except ValueError as err:
+        raise UserError(f"{path}: {err}") from None
+    return profile
 
 
 TYPE_TAGS = {"int", "str", "float", "bool", "dict", "list"}

@@ -18,7 +18,7 @@ from compressor.bench.baselines import BASELINES
 from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
 from compressor.search.settings import SearchSettings
-from compressor.yamlfile import field_suggestion, load_yaml
+from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_numbers
 from pretrain.errors import UserError, validation_message
 from pretrain.finetune import FinetuneConfig
 
@@ -231,9 +231,13 @@ def parse_step(item: dict[str, Any] | str, where: str) -> Step:
     except UserError as err:
         raise UserError(f"{where}: {err}") from None
     try:
-        return Step(name=name, config=spec.config_type.model_validate(config or {}))
+        validated = spec.config_type.model_validate(config or {})
+        refuse_bool_numbers(config or {}, validated, f"{where}.{name}")
     except ValidationError as err:
         raise UserError(describe_validation_error(err, f"{where}.{name}", spec.config_type)) from None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return Step(name=name, config=validated)
 
 
 def describe_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
@@ -274,8 +278,11 @@ def parse_recipe(raw: Any, source: str = "recipe") -> tuple[Recipe, dict[str, li
         raise UserError(f"{source}: expected a mapping with name, teacher and variants or passes")
     try:
         recipe = Recipe.model_validate(raw)
+        refuse_bool_numbers(raw, recipe, "")
     except ValidationError as err:
         raise UserError(f"{source}: {describe_validation_error(err, model=Recipe)}") from None
+    except ValueError as err:
+        raise UserError(f"{source}: {err}") from None
     try:
         steps = recipe.variant_steps()
     except UserError as err:

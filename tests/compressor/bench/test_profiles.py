@@ -58,6 +58,8 @@ def profile_file(tmp_path, **changes):
     ({"threads": 0}, "threads must be >= 1"),
     ({"threads": -1}, "threads must be >= 1"),
     ({"threads": True}, "threads"),
+    ({"warmup": True}, "warmup: expected a number, got true"),
+    ({"batch_sizes": [8, True]}, r"batch_sizes\[1\]: expected a number, got true"),
     ({"provider": "CPUExecutionprovider"}, "no ONNX Runtime execution provider has that name.*'CPUExecutionprovider'"),
     ({"sequence_lengths": []}, "at least 1 item"),
     ({"sequence_lengths": [16, 16]}, "distinct"),

@@ -235,6 +235,24 @@ def test_a_negative_seed_is_refused_before_anything_runs(tmp_path):
     assert "variants.v[0]" in message and "greater than or equal to 0" in message
 
 
+def test_yaml_true_or_false_for_a_number_is_refused_not_read_as_1_or_0(tmp_path):
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "  finetune: {epochs: true}\nvariants:\n  v: []\n")
+    assert message.endswith("teacher.finetune.epochs: expected a number, got true")
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  v: [{drop-layers: {keep: [0, true]}}]\n")
+    assert message.endswith("variants.v[0].drop-layers.keep[1]: expected a number, got true")
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  v: [{distill: {losses: [soft], weights: {soft: true}}}]\n")
+    assert "distill.weights.soft: expected a number, got true" in message
+
+
+def test_numbers_pyyaml_reads_as_strings_stay_numbers(tmp_path):
+    # PyYAML reads `1e-4` (no dot) as a string; the user meant the number.
+    _, steps = load_recipe(write(tmp_path, "name: r\n" + TEACHER + "variants:\n  v: [{finetune: {lr: 1e-4}}]\n"))
+    assert steps["v"][0].config.lr == 1e-4
+    _, steps = load_recipe(write(tmp_path, "name: r\n" + TEACHER +
+                                 "variants:\n  v: [{prune-heads: {fraction: 0.5, allow_drop_layers: true}}]\n"))
+    assert steps["v"][0].config.allow_drop_layers is True      # a real bool field keeps its bool
+
+
 def test_a_misspelt_required_field_is_named_with_a_hint(tmp_path):
     message = error_of(tmp_path, "nmae: r\n" + TEACHER + "variants:\n  v: []\n")
     assert message.startswith(f"{tmp_path / 'recipe.yaml'}: nmae:") and "did you mean 'name'" in message
