@@ -4,7 +4,7 @@ Tang et al. 2019 distil BERT into small non-Transformer networks; this is their 
 (the BiLSTM kind is the BiLM classifier of pretrain/bilm_model.py with one layer).
 
     token ids [batch, seq] -> embedding [batch, seq, E]
-      -> for each kernel size k: Conv1d(E -> F, k, padding "same") -> ReLU   [batch, F, seq]
+      -> for each kernel size k: Conv1d(E -> F, k), "same" padding -> ReLU    [batch, F, seq]
       -> max over the real tokens (padding masked out)                       [batch, F]
       -> concatenation over kernel sizes [batch, K*F] -> dropout -> Linear -> logits
 
@@ -44,8 +44,10 @@ class TextCNNForSequenceClassification(PreTrainedModel):
     def __init__(self, config: TextCNNConfig):
         super().__init__(config)
         self.embeddings = nn.Embedding(config.vocab_size, config.embedding_dim, padding_idx=config.pad_token_id)
+        # "same" padding is applied once in forward, for every kernel size: torch's own
+        # padding="same" copies the input per convolution for an even kernel (and warns).
         self.convolutions = nn.ModuleList(
-            nn.Conv1d(config.embedding_dim, config.filters, k, padding="same") for k in config.kernel_sizes)
+            nn.Conv1d(config.embedding_dim, config.filters, k) for k in config.kernel_sizes)
         self.dropout = nn.Dropout(config.dropout)
         self.classifier = nn.Linear(config.filters * len(config.kernel_sizes), config.num_labels)
         self.post_init()
@@ -78,10 +80,22 @@ class TextCNNForSequenceClassification(PreTrainedModel):
         padding = (attention_mask == 0).unsqueeze(1)                         # [batch, 1, seq]
         # ReLU output is >= 0, so a padded position set to 0 never wins the max over a row
         # that has a real token (and every row has at least one).
-        pooled = [torch.relu(conv(x)).masked_fill(padding, 0.0).amax(dim=2) for conv in self.convolutions]
+        pooled = [torch.relu(conv(window)).masked_fill(padding, 0.0).amax(dim=2)
+                  for conv, window in zip(self.convolutions, same_padded_windows(x, self.config.kernel_sizes))]
         logits = self.classifier(self.dropout(torch.cat(pooled, dim=1)))    # [batch, labels]
         loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
         return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+def same_padded_windows(x: torch.Tensor, kernel_sizes: list[int]) -> list[torch.Tensor]:
+    """For each kernel size k, `x` [batch, E, seq] zero-padded as torch's padding="same" pads
+    it ((k - 1) // 2 on the left, the rest on the right), so a convolution without padding
+    gives `seq` outputs. One padded copy serves every k: each reads its own slice of it."""
+    left = max((k - 1) // 2 for k in kernel_sizes)
+    right = max(k - 1 - (k - 1) // 2 for k in kernel_sizes)
+    padded = nn.functional.pad(x, (left, right))
+    seq = x.shape[2]
+    return [padded[:, :, left - (k - 1) // 2: left - (k - 1) // 2 + seq + k - 1] for k in kernel_sizes]
 
 
 AutoConfig.register("textcnn", TextCNNConfig, exist_ok=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from pretrain.textcnn import TextCNNConfig, TextCNNForSequenceClassification
+from pretrain.textcnn import TextCNNConfig, TextCNNForSequenceClassification, same_padded_windows
 
 
 def tiny_cnn(kernel_sizes=(2, 3)) -> TextCNNForSequenceClassification:
@@ -28,6 +30,23 @@ def test_padding_does_not_change_the_logits(pad_row):
         alone = model(input_ids=ids).logits
         in_batch = model(input_ids=padded, attention_mask=mask).logits
     torch.testing.assert_close(alone, in_batch)
+
+
+@pytest.mark.parametrize("kernel_sizes", [(2, 3), (3, 4, 5), (1, 6), (4,)])
+def test_the_padding_is_torchs_same_padding_without_its_warning(kernel_sizes):
+    """Weights saved before the padding moved into forward give the same logits: each
+    convolution equals torch's Conv1d(padding="same") with those weights."""
+    model = tiny_cnn(kernel_sizes)
+    x = torch.randn(3, 8, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # torch warns for padding="same" with an even kernel
+        ours = [conv(w) for conv, w in zip(model.convolutions, same_padded_windows(x, list(kernel_sizes)))]
+    for conv, out in zip(model.convolutions, ours):
+        reference = torch.nn.Conv1d(8, 4, conv.kernel_size[0], padding="same")
+        reference.load_state_dict(conv.state_dict())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(out, reference(x))
 
 
 def test_a_one_token_row_and_the_loss():
