@@ -94,8 +94,8 @@ def same_padded_windows(x: torch.Tensor, kernel_sizes: list[int]) -> list[torch.
     left = max((k - 1) // 2 for k in kernel_sizes)
     right = max(k - 1 - (k - 1) // 2 for k in kernel_sizes)
     padded = nn.functional.pad(x, (left, right))
-    seq = x.shape[2]
-    return [padded[:, :, left - (k - 1) // 2: left - (k - 1) // 2 + seq + k - 1] for k in kernel_sizes]
+    # Bounds from both ends, never from the length, so an ONNX export keeps the length dynamic.
+    return [padded[:, :, left - (k - 1) // 2: (k - 1 - (k - 1) // 2 - right) or None] for k in kernel_sizes]
 
 
 AutoConfig.register("textcnn", TextCNNConfig, exist_ok=True)
