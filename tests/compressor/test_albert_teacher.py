@@ -122,3 +122,34 @@ def test_passes_on_per_layer_weights_say_why_albert_is_refused(name, raw):
     with pytest.raises(UserError, match="ALBERT's layers are one shared layer group") as err:
         check_pass_family(name, get_pass(name).config_type.model_validate(raw), "albert")
     assert "does not have" not in str(err.value)
+
+
+def test_qat_and_inc_quantize_albert_behind_the_gates(albert_dir, tiny_task, tmp_path):
+    """The two quantizations that train or tune, on the shared layer group: `qat` trains the
+    one group with fake quantization, and its export puts int8 and the learned ranges on that
+    group's Linears at every depth; INC tunes the model itself."""
+    from compressor.bundle import ModelBundle
+    from compressor.export.onnx import ExportSettings, export_bundle
+    from compressor.passes import Context, apply_pass
+    from compressor.passes.quantization import QATConfig
+    from pretrain.models import load_classifier
+    model, tokenizer = load_classifier(str(albert_dir), tiny_task.label_names)
+    bundle = ModelBundle(model.eval(), tokenizer, task=tiny_task.spec)
+    gates = ExportSettings(accuracy_tolerance=0.2, optimize=False)
+    trained = apply_pass(bundle, "qat", QATConfig(epochs=1, batch_size=16, lr=1e-3, max_train_samples=48),
+                         Context(task=tiny_task, seed=0, show_progress=False))
+    group = "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.query.weight"
+    assert not torch.equal(trained.model.state_dict()[group], bundle.model.state_dict()[group])
+    qat = export_bundle(trained, tmp_path / "qat", gates, tiny_task).record
+    assert qat["parity_max_abs_diff"] <= qat["parity_tolerance"] and qat["accuracy_change"] >= -0.2
+    # 6 shared Linears at each of 3 depths, plus the embedding projection, pooler and classifier;
+    # one range per tensor they read (Q, K and V read one): 4 per depth plus those 3.
+    assert qat["quantized_linears"] == 6 * LAYERS + 3 and qat["quantized_embedding_lookups"] == 1
+    assert qat["qat_ranges_applied"] == 4 * LAYERS + 3
+    tuned = bundle.replace(deploy={"quantize": QuantizeConfig(mode="inc", max_trials=1,
+                                                              calibration_samples=16).model_dump()})
+    inc = export_bundle(tuned, tmp_path / "inc", gates, tiny_task).record
+    assert inc["parity_max_abs_diff"] <= inc["parity_tolerance"] and inc["precision"] == "inc"
+    assert len(inc["inc"]["trials"]) == 1 and 0 <= inc["inc"]["baseline_accuracy"] <= 1
+    ops = [node.op_type for node in onnx.load(str(tmp_path / "inc" / "model.onnx")).graph.node]
+    assert ops.count("MatMulInteger") >= 6 * LAYERS
