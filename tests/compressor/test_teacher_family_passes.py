@@ -6,7 +6,7 @@ variant, both exported behind the parity and accuracy gates, then benchmarked ag
 pytorch-eager-fp32 and onnxruntime-fp32 baselines. The other passes and modes run on that
 fine-tuned teacher and export behind the same gates: QAT (with its int8 export of the
 Linear layers), fp16, factorize-embedding followed by int4 weights, sensitivity followed by
-dynamic int8, and INC on BART (through the traceable view of its EOS classifier). The
+dynamic int8, prune-ffn (BART, XLNet), and INC on BART (through the traceable view of its EOS classifier). The
 BiLM's refusals (sensitivity, inc) write nothing.
 """
 
@@ -28,6 +28,7 @@ from compressor.export.quantize import QuantizeConfig
 from compressor.passes import Context, apply_pass
 from compressor.passes.embedding import FactorizeEmbedding
 from compressor.passes.layers import DropLayers
+from compressor.passes.pruning import PruneFFN
 from compressor.passes.quantization import QATConfig, SensitivityConfig
 from pretrain.batching import collate, encode
 from pretrain.errors import UserError
@@ -51,6 +52,7 @@ CASES = {
     "fp16": (QuantizeConfig(mode="fp16"),),
     "factorized-int4": (FactorizeEmbedding(rank=RANK), QuantizeConfig(mode="int4-weight-only", block_size=16)),
     "sensitive-int8": (SensitivityConfig(keep_fraction=0.25, samples=32), QuantizeConfig(mode="dynamic-int8")),
+    "pruned-ffn": (PruneFFN(fraction=0.5, samples=32),),
 }
 
 
@@ -200,6 +202,25 @@ def test_sensitivity_keeps_its_most_sensitive_layers_float(exports, family):
     for node in record["kept_in_float"]:
         assert names.get(node, names.get(f"{node}_MatMul")) in ("MatMul", "Gemm"), node
     assert op_counts(path)["MatMulInteger"] >= 4
+
+
+@pytest.mark.parametrize("family", ["bart", "xlnet"])
+def test_prune_ffn_narrows_every_layer_and_exports_behind_the_gates(runs, exports, tiny_task, family):
+    """Half of the FFN neurons go, ranked across layers (BART: the encoder's; its decoder keeps
+    its FFNs); the narrower model reloads from its dir to the same logits and its export passes
+    the gates."""
+    bundle, path, record = exports(family, "pruned-ffn")
+    within_gates(record)
+    widths = bundle.model.config.to_dict()["compressor_structure"]["intermediate_sizes"]
+    full = teacher(runs, family, tiny_task).model.config
+    width = full.encoder_ffn_dim if family == "bart" else full.d_inner
+    assert len(widths) == (full.encoder_layers if family == "bart" else full.n_layer)
+    assert sum(widths) == len(widths) * width // 2 and all(w >= 1 for w in widths)
+    saved = path.parent / f"{family}-pruned-ffn-saved"
+    bundle.save(saved)
+    reloaded = ModelBundle.load(saved).model.eval()
+    data = encode(bundle.tokenizer, tiny_task.split("test").head(8))
+    np.testing.assert_allclose(predict_logits(reloaded, data), predict_logits(bundle.model.eval(), data), atol=1e-5)
 
 
 def test_inc_on_bart_evaluates_the_model_itself(runs, tiny_task, tmp_path):
