@@ -201,7 +201,11 @@ def finetune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: T
                                show_progress)
         domain_summary = adapted.summary(domain.corpus)
         stages.append(domain_summary)
-    prepare(model, cfg.strategy, cfg.adapter_size, cfg.adapter_init_std)
+    # New adapters draw their weights from the run's seed, not from whatever the process ran
+    # before (a resumed recipe skips the cached stages that ran first in the original run).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        prepare(model, cfg.strategy, cfg.adapter_size, cfg.adapter_init_std)
     if intermediate is not None:
         first = model if intermediate.label_names == task.label_names else with_head(model, intermediate.label_names,
                                                                                       cfg.seed)

@@ -62,6 +62,19 @@ def test_strategies_train_only_their_parameters(bert_bundle, tiny_task, strategy
     assert all(p.requires_grad for p in model.parameters())          # nothing left frozen afterwards
 
 
+def test_new_adapters_start_from_the_runs_seed_not_from_what_ran_before(bert_bundle, tiny_task):
+    """A resumed recipe skips the cached stages that ran first: the adapters it adds must not
+    depend on the random numbers those stages drew."""
+    cfg = FinetuneConfig(epochs=0.1, batch_size=16, lr=1e-3, strategy="adapters", adapter_size=8, seed=3)
+    trained = []
+    for draws_before in (0, 1000):
+        torch.rand(draws_before)                      # what an earlier stage in the process used
+        model = bert_bundle.copy_model()
+        finetune(model, bert_bundle.tokenizer, tiny_task, cfg, show_progress=False)
+        trained.append({k: v.clone() for k, v in model.state_dict().items() if ".adapter." in k})
+    assert trained[0] and all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
+
+
 def test_full_strategy_trains_everything_and_reports_it(bert_bundle, tiny_task):
     model = bert_bundle.copy_model()
     result = finetune(model, bert_bundle.tokenizer, tiny_task, FinetuneConfig(**QUICK), show_progress=False)
