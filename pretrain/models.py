@@ -186,7 +186,8 @@ def load_saved_classifier(path: Path) -> tuple[PreTrainedModel, PreTrainedTokeni
     return model, fit_tokenizer(load_tokenizer(path), model)
 
 
-def load_weights(config: PretrainedConfig, path: Path, *, as_is: bool, **kwargs) -> PreTrainedModel:
+def load_weights(config: PretrainedConfig, path: Path, *, as_is: bool, model_class: type | None = None,
+                 **kwargs) -> PreTrainedModel:
     """The classifier `config` describes, with the weights in `path` (adapters or a scalar mix
     it records included); a one-line error for a corrupt file or weights that do not fit.
 
@@ -195,9 +196,10 @@ def load_weights(config: PretrainedConfig, path: Path, *, as_is: bool, **kwargs)
     the weights of another (6 layers written, 3 saved) would load as a silently broken
     model. `as_is` (a classifier to use as saved): every tensor must match. Otherwise (a
     checkpoint to fine-tune): the head may be new and extra heads (an MLM head) are dropped,
-    but the embeddings and Transformer layers must match one to one."""
+    but the embeddings and Transformer layers must match one to one. `model_class`: another
+    head than the family's classifier (a masked LM to pretrain further)."""
     try:
-        model, info = classifier_class(config).from_pretrained(str(path), config=config, output_loading_info=True,
+        model, info = (model_class or classifier_class(config)).from_pretrained(str(path), config=config, output_loading_info=True,
                                                                **kwargs)
     except SafetensorError as err:
         raise UserError(f"cannot load model weights from {path}: {first_line(err)} "

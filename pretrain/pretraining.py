@@ -27,7 +27,7 @@ from transformers import AutoConfig, BertForMaskedLM, PreTrainedModel, PreTraine
 from pretrain.data import check_utf8
 from pretrain.data.stream import ChunkStream
 from pretrain.errors import UserError, validation_message
-from pretrain.models import count_params, load_tokenizer, resolve_model_path
+from pretrain.models import check_model_ref, count_params, load_tokenizer, load_weights, resolve_model_path
 from pretrain.objectives import SIZES, Batch, Objective, get_objective
 from pretrain.train import Checkpointing, StepCallback, TrainConfig, train
 
@@ -142,6 +142,8 @@ def prepare(cfg: PretrainConfig) -> tuple[Objective, PreTrainedTokenizerBase, Pr
     objective = get_objective(cfg.objective, cfg.objective_options)
     if Path(cfg.corpus).is_file():
         check_utf8(Path(cfg.corpus))      # the whole file, before the first checkpoint
+    if cfg.init is not None:
+        check_model_ref(cfg.init)         # named as --init, before its tokenizer is looked for
     tokenizer = load_pretrain_tokenizer(cfg.tokenizer)
     model = build_model(objective, tokenizer, cfg)
     probe = ChunkStream(cfg.corpus, tokenizer, cfg.max_length, buffer_size=1, seed=cfg.seed, min_tokens=2)
@@ -153,7 +155,7 @@ def build_model(objective: Objective, tokenizer: PreTrainedTokenizerBase, cfg: P
     """The objective's fresh model of `cfg.size`, or (`init`) an existing BERT as a masked LM."""
     if cfg.init is None:
         return objective.build_model(tokenizer, SIZES[cfg.size], cfg.max_length, cfg.seed)
-    path = resolve_model_path(cfg.init)
+    path = check_model_ref(cfg.init)
     config = AutoConfig.from_pretrained(path)
     if config.model_type != "bert":
         raise UserError(f"--init {cfg.init}: a {config.model_type!r} model; continued masked-LM pretraining "
@@ -167,7 +169,9 @@ def build_model(objective: Objective, tokenizer: PreTrainedTokenizerBase, cfg: P
         raise UserError(f"--tokenizer {cfg.tokenizer} has another vocabulary than --init {cfg.init}; expected "
                         "the init model's own tokenizer (its embedding rows are its token ids)")
     torch.manual_seed(cfg.seed)                 # a missing MLM head is drawn from torch's RNG
-    return BertForMaskedLM.from_pretrained(path)
+    # Checked as a checkpoint to fine-tune is: the MLM head may be new, but the embeddings
+    # and layers must be the file's (a config.json of 7 layers beside 6 would draw one).
+    return load_weights(config, path, as_is=False, model_class=BertForMaskedLM)
 
 
 def run_pretraining(cfg: PretrainConfig, objective: Objective, tokenizer: PreTrainedTokenizerBase,

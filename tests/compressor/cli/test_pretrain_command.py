@@ -7,6 +7,7 @@ real stream, objectives, loop and checkpointing, at test scale.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,32 @@ def test_init_continues_a_bert_models_masked_lm_pretraining(corpus, tmp_path, ti
     with pytest.raises(UserError, match="'distilbert' model"):
         pretrain_command(config(corpus, init=str(tiny_distilbert_dir)), tmp_path / "x", show_progress=False)
     assert not (tmp_path / "x").exists()
+
+
+def test_init_dirs_that_cannot_start_pretraining_are_refused_in_one_line(corpus, tmp_path, tiny_bert_dir, capsys):
+    """An ONNX export, a truncated weights file, a config.json of more layers than the weights
+    hold (Transformers would draw the missing layer at random), a dir that does not exist:
+    each named as --init, exit 2, nothing written."""
+    import shutil
+    onnx_dir, truncated, mismatched = tmp_path / "onnx", tmp_path / "truncated", tmp_path / "mismatched"
+    onnx_dir.mkdir()
+    (onnx_dir / "model.onnx").write_bytes(b"onnx")
+    shutil.copy(tiny_bert_dir / "config.json", onnx_dir / "config.json")
+    for copy in (truncated, mismatched):
+        shutil.copytree(tiny_bert_dir, copy)
+    data = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[:len(data) // 2])
+    cfg = json.loads((mismatched / "config.json").read_text())
+    (mismatched / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": cfg["num_hidden_layers"] + 1}))
+    cases = {onnx_dir: "holds an ONNX export", truncated: "truncated or corrupt",
+             mismatched: "do not fit its config.json", tmp_path / "absent": "model .*absent.* not found"}
+    for init, why in cases.items():
+        out = tmp_path / f"out-{init.name}"
+        code, err = cli(capsys, "pretrain", "--objective", "mlm", "--corpus", corpus, "--init", str(init),
+                        "--steps", "2", "--batch-size", "4", "--max-length", "32", "--out", str(out), "--quiet")
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert re.search(why, err) and "tokenizer" not in err, err
+        assert not out.exists()
 
 
 def test_loss_goes_down_with_training(corpus, tmp_path):
