@@ -252,16 +252,25 @@ def train_stage(models: list[PreTrainedModel], tasks: list[TaskData], tokenizer:
     encoder = models[0].base_model
     if len(models) == 1:
         with trainable_for(models[0], cfg.strategy, encoder) as trainable, last_layer_for(models, cfg, hooks):
+            trainable -= kept_fixed_by_loop(models[0], cfg)
             return train(models[0], data[0], train_cfg, desc=desc, show_progress=show_progress,
                          **loop_kwargs(hooks)), trainable
     joint = MultiTask(models)
     with trainable_for(joint, cfg.strategy, encoder):
         # reported: what the target model trains (shared encoder part + its own head)
         trainable = sum(p.numel() for p in models[0].parameters() if p.requires_grad)
+        trainable -= kept_fixed_by_loop(models[0], cfg)
         source = MultiTaskBatches(data, train_cfg, accepts_token_types(models[0]))
         result = train(joint, source, train_cfg, desc=desc, show_progress=show_progress,
                        **{**loop_kwargs(hooks), "loss_fn": multitask_loss})
     return result, trainable
+
+
+def kept_fixed_by_loop(model: PreTrainedModel, cfg: FinetuneConfig) -> int:
+    """Parameters the strategy trains but the loop keeps fixed: the word embedding under
+    `embedding_updates: frozen` (the loop freezes it itself, after the strategy's count)."""
+    weight = model.get_input_embeddings().weight
+    return weight.numel() if cfg.embedding_updates == "frozen" and weight.requires_grad else 0
 
 
 def loop_kwargs(hooks: LoopHooks) -> dict:

@@ -75,6 +75,15 @@ def test_new_adapters_start_from_the_runs_seed_not_from_what_ran_before(bert_bun
     assert trained[0] and all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
 
 
+def test_a_frozen_word_embedding_is_not_counted_as_trainable(bert_bundle, tiny_task):
+    model = bert_bundle.copy_model()
+    table = model.get_input_embeddings().weight.detach().clone()
+    result = finetune(model, bert_bundle.tokenizer, tiny_task,
+                      FinetuneConfig(**QUICK, embedding_updates="frozen"), show_progress=False)
+    assert torch.equal(table, model.get_input_embeddings().weight)
+    assert result.trainable_params == count_params(model) - table.numel()
+
+
 def test_full_strategy_trains_everything_and_reports_it(bert_bundle, tiny_task):
     model = bert_bundle.copy_model()
     result = finetune(model, bert_bundle.tokenizer, tiny_task, FinetuneConfig(**QUICK), show_progress=False)
