@@ -24,6 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoConfig, BertForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from pretrain.limits import MAX_SEED
 from pretrain.data import check_utf8
 from pretrain.data.stream import ChunkStream
 from pretrain.errors import UserError, validation_message
@@ -52,7 +53,7 @@ class PretrainConfig(BaseModel):
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
     max_length: int = Field(128, ge=8)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     buffer_size: int = Field(10_000, ge=1)   # chunks held by the shuffle buffer
     # Continued pretraining (mlm, mlm-wwm): start from this BERT model's weights ('minilm' or an
     # HF dir) instead of a fresh `size` model; its MLM head is trained (drawn fresh if it has none).

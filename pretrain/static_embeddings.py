@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import normalizers, pre_tokenizers
 from torch import nn
 
+from pretrain.limits import MAX_SEED
 from pretrain.data import load_corpus
 from pretrain.errors import UserError
 from pretrain.train import StepBatches, TrainConfig, TrainResult, train
@@ -67,7 +68,7 @@ class EmbeddingConfig(BaseModel):
     lr: float = Field(0.1, gt=0)   # SGD step per pair (word2vec: 0.025, see the module doc)
     # "adam": the loop's SparseAdam (centre) + AdamW (context) at lr, kept for comparison.
     optimizer: Literal["sgd", "adam"] = "sgd"
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
 
 
 # -- words --------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from pretrain import distributed
+from pretrain.limits import MAX_SEED
 from pretrain.atomic import atomic_write
 from pretrain.batching import Encoded, collate, training_order
 from pretrain.errors import UserError
@@ -70,7 +71,7 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
     max_grad_norm: float | None = Field(1.0, gt=0)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     embedding_updates: Literal["sparse", "dense", "frozen"] = "sparse"
     group_by_length: bool = True
     # "sgd": plain SGD without momentum over every parameter, sparse gradients included

@@ -21,6 +21,7 @@ from compressor import IMPORT_CHATTER
 from compressor.cli.lifecycle import PrintVersion, Terminated, after_interrupt, first_rank, sigterm_as_interrupt
 from pretrain.atomic import write_failure
 from pretrain.errors import UserError
+from pretrain.limits import MAX_SEED
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -35,9 +36,31 @@ def positive_int(value: str) -> int:
         number = int(value)
     except ValueError:
         number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    if not 1 <= number <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to {MAX_COUNT}, got {value}")
     return number
+
+
+# torch would try to start that many threads; no CPU this tool runs on has more cores.
+MAX_THREADS = 1024
+MAX_COUNT = 2**31 - 1      # steps, sizes, samples: past this the libraries fail with a traceback
+
+
+def bounded_int(low: int, high: int, what: str):
+    """An argparse type: an integer from `low` to `high`, else a one-line error naming the range."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = low - 1
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"expected {what} from {low} to {high}, got {value}")
+        return number
+    return parse
+
+
+seed_value = bounded_int(0, MAX_SEED, "a seed")
+thread_count = bounded_int(1, MAX_THREADS, "a thread count")
 
 
 def from_config(config: type[BaseModel], name: str, help: str = "", *, default: bool = True) -> dict:
@@ -91,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"learning rate (default: the strategy's; {default_rates()})")
     ft.add_argument("--max-train-samples", type=positive_int)
     ft.add_argument("--max-eval-samples", type=positive_int)
-    ft.add_argument("--seed", type=int, **from_config(FinetuneConfig, "seed"))
+    ft.add_argument("--seed", type=seed_value, **from_config(FinetuneConfig, "seed"))
     ft.add_argument("--embedding-updates", **from_config(
         FinetuneConfig, "embedding_updates", "how the word-embedding matrix trains (sparse: only rows in the batch)"))
     ft.add_argument("--precision", **from_config(
@@ -119,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "the head reads; pretrain/first_token.py)")
     ft.add_argument("--resume", action="store_true", help="continue an interrupted run from <out>.checkpoint")
     ft.add_argument("--checkpoint-every", type=positive_int, default=200, help="steps between checkpoints")
-    ft.add_argument("--threads", type=positive_int,
+    ft.add_argument("--threads", type=thread_count,
                     help="torch threads (default: every core; under torchrun, the cores split between processes)")
     ft.add_argument("--quiet", action="store_true", help="no progress bar")
     ft.set_defaults(handler=cmd_finetune)
@@ -130,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", default="test", choices=["train", "validation", "test"])
     ev.add_argument("--reference", help="another model: report the fraction of agreeing predictions")
     ev.add_argument("--max-samples", type=positive_int)
-    ev.add_argument("--seed", type=int, default=None,
+    ev.add_argument("--seed", type=seed_value, default=None,
                     help="the seed the task's splits were drawn with (default: the one recorded with the model's "
                          "task, else 0)")
     ev.set_defaults(handler=cmd_evaluate)
@@ -172,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                     **from_config(ExportSettings, "parity_tolerance", "max |logit diff| vs PyTorch"))
     ex.add_argument("--accuracy-tolerance", type=float,
                     **from_config(ExportSettings, "accuracy_tolerance", "max accuracy drop when quantized"))
-    ex.add_argument("--seed", type=int, default=None,
+    ex.add_argument("--seed", type=seed_value, default=None,
                     help="the seed the task's splits were drawn with (default: the one recorded with the model's "
                          "task, else 0)")
     ex.set_defaults(handler=cmd_export)
@@ -197,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--iterations", type=positive_int, help="timed iterations (default: the profile's)")
     be.add_argument("--task", help="default: the task recorded with the model")
     be.add_argument("--max-eval-samples", type=positive_int, help="test examples for accuracy and batches")
-    be.add_argument("--seed", type=int, default=None,
+    be.add_argument("--seed", type=seed_value, default=None,
                     help="the seed the task's splits were drawn with (default: the one recorded with the model's "
                          "task, else 0)")
     be.add_argument("--out", type=Path, help="also write the result JSON to this file")
@@ -246,8 +269,8 @@ def add_search_command(sub) -> None:
     se.add_argument("--recoveries", type=name_list, help="e.g. finetune,distill (default: finetune,distill,theseus)")
     se.add_argument("--precisions", type=name_list, help="e.g. int8 (default: fp32,int8)")
     se.add_argument("--max-eval-samples", type=positive_int, **from_config(SearchSettings, "max_eval_samples"))
-    se.add_argument("--threads", type=positive_int, help="torch and ONNX Runtime threads (default: every core)")
-    se.add_argument("--seed", type=int, default=0)
+    se.add_argument("--threads", type=thread_count, help="torch and ONNX Runtime threads (default: every core)")
+    se.add_argument("--seed", type=seed_value, default=0)
     se.add_argument("--quiet", action="store_true", help="no progress bars")
     se.set_defaults(handler=cmd_search)
 
@@ -308,10 +331,10 @@ def add_pretraining_commands(sub) -> None:
     pt.add_argument("--warmup-ratio", type=float, default=None,
                     help="share of the steps over which the rate warms up linearly (default 0.06)")
     pt.add_argument("--max-length", type=positive_int, default=128)
-    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--seed", type=seed_value, default=0)
     pt.add_argument("--buffer-size", type=positive_int, default=10_000, help="chunks in the shuffle buffer")
     pt.add_argument("--checkpoint-every", type=positive_int, default=200, help="steps between checkpoints")
-    pt.add_argument("--threads", type=positive_int, help="torch threads (default: all cores)")
+    pt.add_argument("--threads", type=thread_count, help="torch threads (default: all cores)")
     pt.add_argument("--quiet", action="store_true", help="no progress bar")
     pt.set_defaults(handler=cmd_pretrain)
 
@@ -325,7 +348,7 @@ def add_pretraining_commands(sub) -> None:
     em.add_argument("--steps", type=positive_int, default=3000)
     em.add_argument("--batch-size", type=positive_int, help="(centre, context) pairs per step (default 4096)")
     em.add_argument("--lr", type=float, help="SGD step per pair, decaying linearly to 0 (default 0.1)")
-    em.add_argument("--seed", type=int, default=0)
+    em.add_argument("--seed", type=seed_value, default=0)
     em.add_argument("--out", required=True, type=Path)
     em.add_argument("--quiet", action="store_true", help="no progress bar")
     em.set_defaults(handler=cmd_embeddings)

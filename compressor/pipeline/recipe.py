@@ -21,6 +21,7 @@ from compressor.search.settings import SearchSettings
 from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_numbers
 from pretrain.errors import UserError, validation_message
 from pretrain.finetune import FinetuneConfig
+from pretrain.limits import MAX_SEED
 
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # A dir name is at most 255 bytes; a variant's export dir and the temporary dir a stage is written
@@ -124,7 +125,7 @@ class Step(Strict):
 
 class Recipe(Strict):
     name: str = Field(min_length=1)        # tells runs apart in an out dir (run.json)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     teacher: TeacherSpec
     data: DataLimits = DataLimits()
     variants: dict[str, list[dict[str, Any] | str]] | None = None

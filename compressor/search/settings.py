@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from compressor.bench.baselines import BASELINES
 from compressor.search.plans import PRECISIONS, RECOVERIES, Precision, Recovery
+from pretrain.limits import MAX_SEED
 
 
 class SearchSettings(BaseModel):
@@ -40,7 +41,7 @@ class SearchSettings(BaseModel):
     latency_held_out: int = Field(6, ge=1)         # ... and scored on (its error is reported)
     max_eval_samples: int | None = Field(5000, ge=1)   # test examples the finalists are scored on
     baselines: list[Literal[BASELINES]] = list(BASELINES)    # type: ignore[valid-type]
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     # Hand-written variants (recipe step lists, as under a recipe's `variants:`, with their
     # training limits written out) trained and measured in the finals beside the finalists,
     # so the searched model is compared with what a user wrote in one run.

@@ -392,12 +392,34 @@ def test_the_bundled_encoder_where_a_classifier_is_needed_says_to_fine_tune_firs
     ("--batch-sizes", ",", "expected comma-separated positive integers (e.g. 1,8), got ','"),
     ("--batch-sizes", "1,0", "got '1,0'"),
     ("--sequence-lengths", "real,abc", "positive integers or 'real' (e.g. real,128), got 'real,abc'"),
-    ("--iterations", "ten", "expected a positive integer, got ten"),
+    ("--iterations", "ten", "expected a positive integer up to 2147483647, got ten"),
+    ("--iterations", "99999999999999999999", "expected a positive integer up to 2147483647"),
 ])
 def test_list_and_count_flags_say_what_they_expect(capsys, flag, value, expected):
     assert main(["bench", "--model", "m", "--profile", "cpu", flag, value]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: compressor bench: argument {flag}: ") and expected in err
+
+
+SEEDED = [["evaluate", "--model", "m"], ["export", "--model", "m", "--out", "o"], ["bench", "--model", "m"],
+          ["embeddings", "--corpus", "c", "--out", "o"]]
+THREADED = [["search", "--teacher", "t", "--out", "o"], ["finetune", "--out", "o"],
+            ["pretrain", "--corpus", "c", "--out", "o"]]          # these take --seed too
+
+
+@pytest.mark.parametrize("argv, flag, value, expected", [
+    *[(argv, "--seed", value, expected) for argv in SEEDED + THREADED for value, expected in (
+        ("-1", "expected a seed from 0 to 4294967295, got -1"),
+        ("99999999999999999999", "expected a seed from 0 to 4294967295"))],
+    *[(argv, "--threads", "99999999999999999999", "expected a thread count from 1 to 1024") for argv in THREADED],
+])
+def test_seeds_and_thread_counts_out_of_range_are_one_line_errors(capsys, tmp_path, argv, flag, value, expected):
+    """A negative seed drew another seed's splits (random.Random ignores the sign); one past
+    2**63 or a thread count past what torch takes raised a traceback."""
+    assert main([*argv, flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"argument {flag}: {expected}" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_recorded_relative_task_path_still_works_from_another_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
