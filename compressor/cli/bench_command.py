@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,6 +18,24 @@ from pretrain.atomic import check_output, write_json
 from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
 from pretrain.metrics import classification_metrics
+
+
+# Every bench result has these keys: an existing --out file without them is not one.
+RESULT_KEYS = ("model", "profile", "kind", "precision", "size_bytes", "environment")
+
+
+def check_earlier_result(out: Path) -> None:
+    """An existing --out file is replaced only when it is an earlier `compressor bench` result:
+    a user's own file is never overwritten."""
+    if not out.is_file():
+        return
+    try:
+        earlier = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        earlier = None
+    if not (isinstance(earlier, dict) and all(key in earlier for key in RESULT_KEYS)):
+        raise UserError(f"--out {out} is a file `compressor bench` did not write; expected a new path, or an "
+                        f"earlier bench result to replace")
 
 
 def deployable_at(path: Path) -> Deployable:
@@ -70,6 +89,7 @@ def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | 
         check_output(out, [model_ref, *task_files(spec)], owner_files=None)
         if Path(out).is_dir():
             raise UserError(f"--out {out} is a directory; expected the path of a JSON file to write")
+        check_earlier_result(Path(out))
     result = bench_result(model_ref, profile, predictor, spec, max_eval_samples, seed)
     if out is not None:
         write_json(Path(out), result)

@@ -422,6 +422,20 @@ def test_seeds_and_thread_counts_out_of_range_are_one_line_errors(capsys, tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bench_out_replaces_only_an_earlier_bench_result(tmp_path):
+    from compressor.cli.bench_command import RESULT_KEYS, check_earlier_result
+    mine = tmp_path / "notes.json"
+    for text in ('{"mine": 1}', "plain notes", '[1, 2]'):
+        mine.write_text(text)
+        with pytest.raises(UserError, match="is a file `compressor bench` did not write"):
+            check_earlier_result(mine)
+        assert mine.read_text() == text
+    earlier = tmp_path / "result.json"
+    earlier.write_text(json.dumps({key: None for key in RESULT_KEYS}))
+    check_earlier_result(earlier)
+    check_earlier_result(tmp_path / "new.json")
+
+
 def test_recorded_relative_task_path_still_works_from_another_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
