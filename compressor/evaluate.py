@@ -130,9 +130,10 @@ def onnx_logits_fn(onnx_file: Path, batch_size: int = 64) -> Callable[[Encoded],
 def label_permutation(model_labels: tuple[str, ...], task: TaskData) -> np.ndarray:
     """Index map from model class ids to task class ids; error when the label sets differ."""
     if set(model_labels) != set(task.label_names):
-        lacks = sorted(set(task.label_names) - set(model_labels))[:3]
-        extra = sorted(set(model_labels) - set(task.label_names))[:3]
-        why = f"the model lacks {lacks}" if lacks else f"the task lacks the model's {extra}"
+        lacks = sorted(set(task.label_names) - set(model_labels))
+        extra = sorted(set(model_labels) - set(task.label_names))
+        why = (f"the model lacks {len(lacks)} of the task's {len(task.label_names)} labels (e.g. {lacks[:3]})"
+               if lacks else f"the task lacks {len(extra)} of the model's labels (e.g. {extra[:3]})")
         raise UserError(f"model labels do not match task {task.name!r}: {why}; "
                         "expected a model fine-tuned on this task")
     index = {name: i for i, name in enumerate(task.label_names)}
@@ -152,7 +153,10 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
     result = {"model": str(model), "kind": predictor.kind, "task": task.name, "split": split,
               **classification_metrics(np.asarray(data_split.labels), predictions)}
     if reference is not None:
-        ref_predictions = predict_classes(load_predictor(reference), data_split, task)
+        try:
+            ref_predictions = predict_classes(load_predictor(reference), data_split, task)
+        except UserError as err:
+            raise UserError(f"--reference {reference}: {err}") from None
         result["reference"] = str(reference)
         result["agreement"] = agreement(predictions, ref_predictions)
     return result

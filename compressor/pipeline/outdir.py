@@ -109,8 +109,8 @@ def replaced_by_claim(out_dir: Path, recipe: Recipe, force: bool) -> list[Path]:
     foreign = sorted(p.name for p in contents if not run_output(p))
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise UserError(f"{out_dir} holds files not written by `compressor run` ({shown}); a run never "
-                        f"deletes them, even with --force: choose another --out")
+        raise UserError(f"{out_dir} holds files that neither `compressor run` nor `compressor search` wrote "
+                        f"({shown}); they are never deleted, not even by `run --force`: choose another --out")
     if not force:
         holder = f"results of recipe {owner!r}" if owner else "results of a run that names no recipe"
         raise UserError(f"{out_dir} holds {holder}; refusing to mix them with recipe "

@@ -436,6 +436,15 @@ def test_bench_out_replaces_only_an_earlier_bench_result(tmp_path):
     check_earlier_result(tmp_path / "new.json")
 
 
+def test_a_label_mismatch_counts_what_is_missing(tiny_task):
+    from compressor.evaluate import label_permutation
+    with pytest.raises(UserError, match=r"the model lacks 3 of the task's 4 labels \(e.g. \[") as err:
+        label_permutation(("other", tiny_task.label_names[0]), tiny_task)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match=r"the task lacks 1 of the model's labels \(e.g. \['other'\]\)"):
+        label_permutation(("other", *tiny_task.label_names), tiny_task)
+
+
 def test_recorded_relative_task_path_still_works_from_another_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()

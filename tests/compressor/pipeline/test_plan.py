@@ -125,7 +125,7 @@ def test_bad_input_stops_the_plan_as_it_stops_the_run(done, tmp_path):
     users = tmp_path / "mine"
     users.mkdir()
     (users / "notes.txt").write_text("keep me")
-    with pytest.raises(UserError, match="not written by `compressor run`"):
+    with pytest.raises(UserError, match="neither `compressor run` nor `compressor search` wrote"):
         plan(raw, users)
     assert sorted(p.name for p in users.iterdir()) == ["notes.txt"]
     other = copy.deepcopy(raw)

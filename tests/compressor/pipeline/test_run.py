@@ -426,7 +426,7 @@ def test_force_replaces_another_recipes_results_but_never_a_users_files(done, re
     other["name"] = "other"
     recipe, steps = parse_recipe(other)
     (rerun_dir / "notes.txt").write_text("mine")
-    with pytest.raises(UserError, match=r"not written by `compressor run` \(notes.txt\).*even with --force"):
+    with pytest.raises(UserError, match=r"neither `compressor run` nor `compressor search` wrote \(notes.txt\).*not even by `run --force`"):
         run_recipe(recipe, steps, rerun_dir, show_progress=False, force=True)
     assert (rerun_dir / "notes.txt").read_text() == "mine" and (rerun_dir / "teacher" / "stage.json").is_file()
     (rerun_dir / "notes.txt").unlink()
