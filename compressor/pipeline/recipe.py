@@ -261,6 +261,8 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
 def load_recipe(path: str | Path) -> tuple[Recipe, dict[str, list[Step]]]:
     """Parse and validate a recipe file; raise UserError with a one-line message."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"recipe {path} is a directory; expected a recipe .yaml file")
     if not path.is_file():
         raise UserError(f"recipe {path} not found")
     try:

@@ -122,6 +122,8 @@ def _read_records(path: Path) -> list[tuple[int, dict]]:
     if suffix not in EXTENSIONS:
         raise UserError(f"{path}: unsupported file type {suffix or '(none)'!r}; "
                         f"use one of {', '.join(EXTENSIONS)} (.json means JSON lines)")
+    if path.is_dir():
+        raise UserError(f"{path}: a directory; expected a data file ({', '.join(EXTENSIONS)})")
     if not path.is_file():
         raise UserError(f"{path}: data file not found")
     raw = path.read_bytes()

@@ -436,6 +436,21 @@ def test_bench_out_replaces_only_an_earlier_bench_result(tmp_path):
     check_earlier_result(tmp_path / "new.json")
 
 
+def test_an_input_of_the_wrong_kind_is_named_as_such_not_as_missing(tmp_path, capsys):
+    (tmp_path / "model.onnx").write_bytes(b"onnx")
+    (tmp_path / "data.csv").mkdir()
+    (tmp_path / "recipe").mkdir()
+    cases = [(["finetune", "--model", str(tmp_path / "model.onnx"), "--task", "wordnet-supersense"],
+              "is a file; expected a Hugging Face model dir"),
+             (["finetune", "--task", str(tmp_path / "data.csv")], "a directory; expected a data file"),
+             (["run", str(tmp_path / "recipe")], "is a directory; expected a recipe .yaml file")]
+    for argv, expected in cases:
+        assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and expected in err and "not found" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_label_mismatch_counts_what_is_missing(tiny_task):
     from compressor.evaluate import label_permutation
     with pytest.raises(UserError, match=r"the model lacks 3 of the task's 4 labels \(e.g. \[") as err:
