@@ -171,8 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "the slower one)")
     ex.add_argument("--quantize", choices=["none", *MODE_CONFIGS],
                     help="default: what the model's quantize pass recorded, else none (fp32)")
-    ex.add_argument("--per-channel", action="store_const", const=True, help="per-channel int8 weight scales")
-    ex.add_argument("--reduce-range", action="store_const", const=True, help="7-bit int8 weights")
+    # --no-...: the static modes and inc default to per-channel, and a recorded mode may hold either
+    ex.add_argument("--per-channel", action=argparse.BooleanOptionalAction, default=None,
+                    help="per-channel int8 weight scales (default: the mode's)")
+    ex.add_argument("--reduce-range", action=argparse.BooleanOptionalAction, default=None,
+                    help="7-bit int8 weights (default: the mode's)")
     ex.add_argument("--weight-type", **from_config(StaticInt8Config, "weight_type", default=False))
     ex.add_argument("--calibration",
                     **from_config(StaticInt8Config, "calibration", "static-int8 ranges", default=False))

@@ -155,3 +155,17 @@ def test_options_without_a_mode_apply_to_the_mode_the_model_recorded():
         quantize_config(None, {"calibration": "minmax"}, recorded)
     with pytest.raises(UserError, match="only meaningful with a --quantize mode"):
         quantize_config(None, {"per_channel": True}, None)
+
+
+def test_no_per_channel_turns_off_what_a_static_mode_defaults_to():
+    """static-int8 and inc default to per-channel scales; --no-per-channel (and
+    --no-reduce-range) set the option off, and leaving both out keeps the mode's default."""
+    from compressor.cli.commands import build_parser
+    from compressor.cli.export_command import quantize_config
+    parse = build_parser().parse_args
+    off = parse(["export", "--model", "m", "--out", "o", "--quantize", "static-int8", "--no-per-channel"])
+    cfg = quantize_config(off.quantize, {"per_channel": off.per_channel, "reduce_range": off.reduce_range})
+    assert (cfg.mode, cfg.per_channel) == ("static-int8", False)
+    default = parse(["export", "--model", "m", "--out", "o", "--quantize", "static-int8"])
+    assert (default.per_channel, default.reduce_range) == (None, None)
+    assert quantize_config(default.quantize, {"per_channel": default.per_channel}).per_channel is True
