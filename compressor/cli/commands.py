@@ -31,16 +31,6 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}\n")
 
 
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if not 1 <= number <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"expected a positive integer up to {MAX_COUNT}, got {value}")
-    return number
-
-
 # torch would try to start that many threads; no CPU this tool runs on has more cores.
 MAX_THREADS = 1024
 MAX_COUNT = 2**31 - 1      # steps, sizes, samples: past this the libraries fail with a traceback
@@ -59,6 +49,7 @@ def bounded_int(low: int, high: int, what: str):
     return parse
 
 
+positive_int = bounded_int(1, MAX_COUNT, "a positive integer")
 seed_value = bounded_int(0, MAX_SEED, "a seed")
 thread_count = bounded_int(1, MAX_THREADS, "a thread count")
 

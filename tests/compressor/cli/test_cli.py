@@ -392,8 +392,8 @@ def test_the_bundled_encoder_where_a_classifier_is_needed_says_to_fine_tune_firs
     ("--batch-sizes", ",", "expected comma-separated positive integers (e.g. 1,8), got ','"),
     ("--batch-sizes", "1,0", "got '1,0'"),
     ("--sequence-lengths", "real,abc", "positive integers or 'real' (e.g. real,128), got 'real,abc'"),
-    ("--iterations", "ten", "expected a positive integer up to 2147483647, got ten"),
-    ("--iterations", "99999999999999999999", "expected a positive integer up to 2147483647"),
+    ("--iterations", "ten", "expected a positive integer from 1 to 2147483647, got ten"),
+    ("--iterations", "99999999999999999999", "expected a positive integer from 1 to 2147483647"),
 ])
 def test_list_and_count_flags_say_what_they_expect(capsys, flag, value, expected):
     assert main(["bench", "--model", "m", "--profile", "cpu", flag, value]) == 2
