@@ -10,6 +10,7 @@ always runs right after the same other one (whose cache and thread state it woul
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,6 +22,9 @@ from compressor.bench.runners import Feed, Runner
 
 ROUND_CALLS = 10              # timed calls per model per interleaved round
 ROUND_WARMUP = 2              # untimed calls per model at the start of every round
+# Rounds are shortened so that a short measurement still has this many (where it has the calls):
+# the per-call ratios' interval resamples rounds, and from one round it would be a single point.
+MIN_ROUNDS = 3
 TIE_THRESHOLD = 0.03          # per-call latency ratios within 3% of 1 rank as ties
 BOOTSTRAP_RESAMPLES = 400
 ORDER_SEED = 0                # seeds the per-round model order (recorded with the timings)
@@ -77,6 +81,8 @@ def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: P
     prepared = {name: [runner.prepare(b) for b in batches] for name, runner in runners.items()}
     sizes = [len(next(iter(b.values()))) for b in batches]
     times: dict[str, list[float]] = {name: [] for name in runners}
+    if math.ceil(profile.iterations / round_calls) < MIN_ROUNDS:
+        round_calls = math.ceil(profile.iterations / MIN_ROUNDS)
     rounds = [slice(start, min(start + round_calls, profile.iterations))
               for start in range(0, profile.iterations, round_calls)]
     rng = np.random.default_rng(order_seed)

@@ -91,3 +91,16 @@ def test_each_round_runs_the_models_in_a_recorded_random_order():
     again = time_interleaved({n: runner(n) for n in names}, [{"id": np.array([0])}], profile,
                              round_calls=3, order_seed=7)
     assert again.orders == timings.orders       # the seed reproduces the order
+
+
+def test_a_short_measurement_still_has_rounds_to_resample():
+    """5 iterations at 10 calls a round would be one round, and every interval a single point."""
+    profile = load_profile("cpu").model_copy(update={"warmup": 0, "iterations": 5})
+
+    def runner(seconds):
+        return Runner(prepare=lambda feed: feed, run=lambda feed: time.sleep(seconds))
+    timings = time_interleaved({"a": runner(0.001), "b": runner(0.002)}, [{"id": np.array([0])}], profile,
+                               round_calls=10)
+    assert [(s.start, s.stop) for s in timings.rounds] == [(0, 2), (2, 4), (4, 5)]
+    assert [len(t) for t in timings.times.values()] == [5, 5]
+    assert len(set(paired_ratio(timings, "a", "b")["ci95"])) == 2
