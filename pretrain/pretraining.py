@@ -143,8 +143,11 @@ def prepare(cfg: PretrainConfig) -> tuple[Objective, PreTrainedTokenizerBase, Pr
     objective = get_objective(cfg.objective, cfg.objective_options)
     if Path(cfg.corpus).is_file():
         check_utf8(Path(cfg.corpus))      # the whole file, before the first checkpoint
-    if cfg.init is not None:
-        check_model_ref(cfg.init)         # named as --init, before its tokenizer is looked for
+    if cfg.init is not None:              # named as --init, before its tokenizer is looked for
+        try:
+            check_model_ref(cfg.init)
+        except UserError as err:
+            raise UserError(f"--init: {err}") from None
     tokenizer = load_pretrain_tokenizer(cfg.tokenizer)
     model = build_model(objective, tokenizer, cfg)
     probe = ChunkStream(cfg.corpus, tokenizer, cfg.max_length, buffer_size=1, seed=cfg.seed, min_tokens=2)
@@ -172,7 +175,10 @@ def build_model(objective: Objective, tokenizer: PreTrainedTokenizerBase, cfg: P
     torch.manual_seed(cfg.seed)                 # a missing MLM head is drawn from torch's RNG
     # Checked as a checkpoint to fine-tune is: the MLM head may be new, but the embeddings
     # and layers must be the file's (a config.json of 7 layers beside 6 would draw one).
-    return load_weights(config, path, as_is=False, model_class=BertForMaskedLM)
+    try:
+        return load_weights(config, path, as_is=False, model_class=BertForMaskedLM)
+    except UserError as err:
+        raise UserError(f"--init: {err}") from None
 
 
 def run_pretraining(cfg: PretrainConfig, objective: Objective, tokenizer: PreTrainedTokenizerBase,

@@ -81,10 +81,7 @@ def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: P
     prepared = {name: [runner.prepare(b) for b in batches] for name, runner in runners.items()}
     sizes = [len(next(iter(b.values()))) for b in batches]
     times: dict[str, list[float]] = {name: [] for name in runners}
-    if math.ceil(profile.iterations / round_calls) < MIN_ROUNDS:
-        round_calls = math.ceil(profile.iterations / MIN_ROUNDS)
-    rounds = [slice(start, min(start + round_calls, profile.iterations))
-              for start in range(0, profile.iterations, round_calls)]
+    rounds = round_spans(profile.iterations, round_calls)
     rng = np.random.default_rng(order_seed)
     orders = [[str(name) for name in rng.permutation(list(runners))] for _ in rounds]
     threads = torch.get_num_threads()
@@ -102,6 +99,16 @@ def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: P
     samples = sum(sizes[i % len(sizes)] for i in range(profile.iterations))
     return Timings({name: np.asarray(t) for name, t in times.items()}, dict.fromkeys(runners, samples), rounds,
                    orders, order_seed)
+
+
+def round_spans(iterations: int, round_calls: int) -> list[slice]:
+    """The timed calls' indices per round: `round_calls` each, or, where that would make
+    fewer than MIN_ROUNDS rounds, MIN_ROUNDS rounds as even as the calls allow."""
+    if math.ceil(iterations / round_calls) >= MIN_ROUNDS:
+        return [slice(start, min(start + round_calls, iterations)) for start in range(0, iterations, round_calls)]
+    count = min(MIN_ROUNDS, iterations)
+    edges = [i * iterations // count for i in range(count + 1)]
+    return [slice(a, b) for a, b in zip(edges, edges[1:])]
 
 
 def measure_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile) -> dict[str, dict]:

@@ -60,7 +60,7 @@ def quantize_config(mode: str | None, options: dict, recorded: dict | None = Non
                             "choose another)") from None
     if mode in (None, NO_QUANTIZATION):
         if given:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            flags = ", ".join(("--no-" if v is False else "--") + k.replace("_", "-") for k, v in given.items())
             raise UserError(f"{flags}: only meaningful with a --quantize mode (the model records none)")
         return None
     return validated(QuantizeConfig, {"mode": mode, **given})

@@ -41,6 +41,7 @@ from compressor.search.settings import SearchSettings
 from pretrain.data import Split, TaskData
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate
+from pretrain.limits import MAX_SEED
 
 DIRECTIONS = ("maximize", "minimize")        # proxy accuracy, predicted p50
 HEARTBEAT_S = 30                              # a worker silent for GRACE_S has died: its trial is retried
@@ -134,7 +135,9 @@ def dead_here(worker: str | None) -> bool:
 
 
 def sampler_for(seed: int) -> optuna.samplers.TPESampler:
-    return optuna.samplers.TPESampler(seed=seed, constraints_func=constraints, multivariate=True, group=True,
+    """The study's sampler. `seed` may be a run's seed plus an offset (trials done, a joiner's
+    pid): the sampler's generator takes 0..2**32-1, so it wraps into that range."""
+    return optuna.samplers.TPESampler(seed=seed % (MAX_SEED + 1), constraints_func=constraints, multivariate=True, group=True,
                                       n_startup_trials=SAMPLER_STARTUP)
 
 

@@ -101,6 +101,13 @@ def test_a_short_measurement_still_has_rounds_to_resample():
         return Runner(prepare=lambda feed: feed, run=lambda feed: time.sleep(seconds))
     timings = time_interleaved({"a": runner(0.001), "b": runner(0.002)}, [{"id": np.array([0])}], profile,
                                round_calls=10)
-    assert [(s.start, s.stop) for s in timings.rounds] == [(0, 2), (2, 4), (4, 5)]
+    assert [(s.start, s.stop) for s in timings.rounds] == [(0, 1), (1, 3), (3, 5)]
     assert [len(t) for t in timings.times.values()] == [5, 5]
     assert len(set(paired_ratio(timings, "a", "b")["ci95"])) == 2
+
+
+def test_rounds_are_as_many_as_the_calls_allow_up_to_three():
+    from compressor.bench.timing import round_spans
+    spans = {n: [(s.start, s.stop) for s in round_spans(n, 10)] for n in (1, 2, 4, 30, 31)}
+    assert spans[1] == [(0, 1)] and spans[2] == [(0, 1), (1, 2)] and spans[4] == [(0, 1), (1, 2), (2, 4)]
+    assert spans[30] == [(0, 10), (10, 20), (20, 30)] and spans[31][-1] == (30, 31)

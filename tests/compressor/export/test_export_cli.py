@@ -169,3 +169,6 @@ def test_no_per_channel_turns_off_what_a_static_mode_defaults_to():
     default = parse(["export", "--model", "m", "--out", "o", "--quantize", "static-int8"])
     assert (default.per_channel, default.reduce_range) == (None, None)
     assert quantize_config(default.quantize, {"per_channel": default.per_channel}).per_channel is True
+    from pretrain.errors import UserError
+    with pytest.raises(UserError, match="^--no-per-channel: only meaningful with a --quantize mode"):
+        quantize_config(None, {"per_channel": False}, None)     # named as typed

@@ -155,3 +155,17 @@ def test_a_resumed_lead_retries_the_trials_a_stop_cut_short(tmp_path):
         {trials[stopped.number].params["x"], trials[killed.number].params["x"]}
     again = open_study(storage, "s", {"task": "t"}, join=False, seed=0)        # once only
     assert len([t for t in again.get_trials() if t.state == TrialState.WAITING]) == 2
+
+
+def test_a_resumed_or_joined_study_of_the_largest_seed_gets_a_sampler(tmp_path):
+    """The sampler is seeded with the run's seed plus the trials done (a resume) or plus a pid
+    (a joiner); at the top of the seed range that sum left what its generator takes."""
+    from optuna.storages import RDBStorage
+
+    from compressor.search.study import open_study
+    storage = RDBStorage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = open_study(storage, "s", {"a": 1}, False, 2**32 - 1)
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)
+    resumed = open_study(storage, "s", {"a": 1}, False, 2**32 - 1)
+    joined = open_study(storage, "s", {"a": 1}, True, 2**32 - 1 + 1 + 4321)
+    assert len(resumed.trials) == len(joined.trials) == 1
