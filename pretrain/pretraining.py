@@ -24,10 +24,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoConfig, BertForMaskedLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from pretrain.limits import MAX_SEED
 from pretrain.data import check_utf8
 from pretrain.data.stream import ChunkStream
 from pretrain.errors import UserError, validation_message
+from pretrain.limits import MAX_SEED
 from pretrain.models import check_model_ref, count_params, load_tokenizer, load_weights, resolve_model_path
 from pretrain.objectives import SIZES, Batch, Objective, get_objective
 from pretrain.train import Checkpointing, StepCallback, TrainConfig, train
@@ -159,7 +159,7 @@ def build_model(objective: Objective, tokenizer: PreTrainedTokenizerBase, cfg: P
     """The objective's fresh model of `cfg.size`, or (`init`) an existing BERT as a masked LM."""
     if cfg.init is None:
         return objective.build_model(tokenizer, SIZES[cfg.size], cfg.max_length, cfg.seed)
-    path = check_model_ref(cfg.init)
+    path = resolve_model_path(cfg.init)           # checked by prepare, named as --init
     config = AutoConfig.from_pretrained(path)
     if config.model_type != "bert":
         raise UserError(f"--init {cfg.init}: a {config.model_type!r} model; continued masked-LM pretraining "

@@ -43,9 +43,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import normalizers, pre_tokenizers
 from torch import nn
 
-from pretrain.limits import MAX_SEED
 from pretrain.data import load_corpus
 from pretrain.errors import UserError
+from pretrain.limits import MAX_SEED
 from pretrain.train import StepBatches, TrainConfig, TrainResult, train
 
 PROBE_WORDS = ("dog", "king", "red", "water", "music", "run", "happy", "tree", "money", "doctor")

@@ -48,10 +48,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from pretrain import distributed
-from pretrain.limits import MAX_SEED
 from pretrain.atomic import atomic_write
 from pretrain.batching import Encoded, collate, training_order
 from pretrain.errors import UserError
+from pretrain.limits import MAX_SEED
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]

@@ -137,8 +137,8 @@ def dead_here(worker: str | None) -> bool:
 def sampler_for(seed: int) -> optuna.samplers.TPESampler:
     """The study's sampler. `seed` may be a run's seed plus an offset (trials done, a joiner's
     pid): the sampler's generator takes 0..2**32-1, so it wraps into that range."""
-    return optuna.samplers.TPESampler(seed=seed % (MAX_SEED + 1), constraints_func=constraints, multivariate=True, group=True,
-                                      n_startup_trials=SAMPLER_STARTUP)
+    return optuna.samplers.TPESampler(seed=seed % (MAX_SEED + 1), constraints_func=constraints, multivariate=True,
+                                      group=True, n_startup_trials=SAMPLER_STARTUP)
 
 
 def wait_for_study(storage: RDBStorage, name: str) -> bool:
