@@ -19,7 +19,7 @@ from typing import Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_numbers
+from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_items, refuse_bool_numbers
 from pretrain.errors import UserError, validation_message
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
@@ -64,6 +64,11 @@ class Profile(BaseModel):
         if isinstance(threads, int) and threads < 1:
             raise ValueError("threads must be >= 1 or 'cores'")   # the message adds (got N)
         return threads
+
+    @field_validator("batch_sizes", "sequence_lengths", mode="before")
+    @classmethod
+    def _no_bool_items(cls, values: object) -> object:
+        return refuse_bool_items(values)
 
     @field_validator("batch_sizes")
     @classmethod

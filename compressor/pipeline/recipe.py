@@ -18,7 +18,7 @@ from compressor.bench.baselines import BASELINES
 from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
 from compressor.search.settings import SearchSettings
-from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_numbers
+from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_items, refuse_bool_numbers
 from pretrain.errors import UserError, validation_message
 from pretrain.finetune import FinetuneConfig
 from pretrain.limits import MAX_SEED
@@ -81,6 +81,11 @@ class BenchmarkSettings(Strict):
             except UserError as err:    # unknown name or a bad profile file
                 raise ValueError(str(err)) from None
         return profiles
+
+    @field_validator("batch_sizes", "sequence_lengths", mode="before")
+    @classmethod
+    def _no_bool_items(cls, values: object) -> object:
+        return refuse_bool_items(values)
 
     @field_validator("batch_sizes")
     @classmethod

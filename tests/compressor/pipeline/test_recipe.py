@@ -242,6 +242,9 @@ def test_yaml_true_or_false_for_a_number_is_refused_not_read_as_1_or_0(tmp_path)
     assert message.endswith("variants.v[0].drop-layers.keep[1]: expected a number, got true")
     message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  v: [{distill: {losses: [soft], weights: {soft: true}}}]\n")
     assert "distill.weights.soft: expected a number, got true" in message
+    # A list whose own validator runs first is refused as written, not as [1, 128].
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  v: []\nbenchmark: {sequence_lengths: [true, 128]}\n")
+    assert message.endswith("benchmark.sequence_lengths: expected numbers, got [true, 128]")
 
 
 def test_numbers_pyyaml_reads_as_strings_stay_numbers(tmp_path):
