@@ -30,7 +30,7 @@ from typing_extensions import TypedDict   # pydantic validates typing_extensions
 
 from compressor.export.graph_surgery import (gathered_tables, graph_inputs, has_op, keep_float_elsewhere,
                                              unshare_initializers, with_shapes)
-from compressor.export.quiet import quiet_logs
+from compressor.export.quiet import import_keeping_root_logging, quiet_logs
 from pretrain.batching import Encoded, inference_order, iterate
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
@@ -366,16 +366,15 @@ def int4_weight_only(source: Path, target: Path, cfg: Int4WeightOnlyConfig, plan
     not look (the exporter passes the unfused graph).
     """
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
-                                                                  MatMulNBitsQuantizer)
-    algo = DefaultWeightOnlyQuantConfig(block_size=cfg.block_size, is_symmetric=True,
+    nbits = import_keeping_root_logging("onnxruntime.quantization.matmul_nbits_quantizer")
+    algo = nbits.DefaultWeightOnlyQuantConfig(block_size=cfg.block_size, is_symmetric=True,
                                         op_types_to_quantize=("MatMul", "Gather"),
                                         quant_axes=(("MatMul", 0), ("Gather", 1)))
     import numpy as np
     # An all-zero block (e.g. an unused embedding row) has scale 0; ORT maps it to 0 after
     # a harmless 0/0 that numpy would report.
     with quiet_logs(), np.errstate(divide="ignore", invalid="ignore"):
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), algo_config=algo)
+        quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(source)), algo_config=algo)
         quantizer.process()
         quantizer.model.save_model_to_file(str(target), use_external_data_format=False)
 

@@ -8,8 +8,9 @@ previous levels are restored afterwards, so nothing global outlives the call.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
-from typing import Iterator
+from typing import Any, Iterator
 
 NOISY_LOGGERS = ("", "onnxruntime", "onnxruntime.transformers", "fusion", "onnx_model",
                  "onnx_model_bert")
@@ -22,6 +23,23 @@ def quiet_logs() -> Iterator[None]:
              if name.startswith(("onnxruntime", "fusion_", "onnx_model"))]
     with muted((*NOISY_LOGGERS, *named)):
         yield
+
+
+def import_keeping_root_logging(module: str) -> Any:
+    """Import `module`, undoing any logging.basicConfig it runs at import.
+
+    onnxruntime.quantization.matmul_nbits_quantizer calls basicConfig(level=INFO) at module
+    level: from then on every library's INFO lines (ORT's "Model saved to ...", our own stage
+    lines, even under --quiet) reached stderr with timestamps for the rest of the process.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return importlib.import_module(module)
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+        root.setLevel(level)
 
 
 @contextlib.contextmanager
