@@ -42,6 +42,14 @@ PRESET_NEEDS = {"arm64": (), "avx2": ("avx2",), "avx512": ("avx512f",), "avx512_
 ARM_MACHINES = ("aarch64", "arm64")
 
 
+def distinct_baselines(names: list[str]) -> list[str]:
+    """A baseline listed twice would be measured and reported twice, in rows no one could tell apart."""
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"baseline {', '.join(twice)} listed more than once; expected each baseline once")
+    return names
+
+
 def check_baselines(names: list[str], family: str) -> None:
     """Refuse, before anything is written, a baseline that cannot be built for the teacher."""
     # A family Optimum's ONNX exporter has no config for: its default int8 recipe cannot run on it.

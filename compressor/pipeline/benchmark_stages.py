@@ -49,6 +49,17 @@ def check_sequence_lengths(settings, teacher_path: Path) -> None:
                                 f"teacher's {positions} positions; expected at most {positions} (or 'real')")
 
 
+def check_batches_fit(settings, test_rows: int) -> None:
+    """A batch larger than the scored test rows could not be formed: say so before any
+    stage trains, not at the benchmark after hours of them."""
+    for profile in settings.profile_objects():
+        largest = max(profile.batch_sizes)
+        if largest > test_rows:
+            raise UserError(f"benchmark profile {profile.name}: batch size {largest} is larger than the {test_rows} "
+                            f"test examples scored; expected batch sizes of at most {test_rows} (or more "
+                            "data.max_eval_samples)")
+
+
 def baseline_stage(name: str, teacher: Stage, recipe: Recipe, task: TaskData, out_dir: Path,
                    presets: dict[str, str]) -> dict:
     """Build (or reuse) one baseline from the teacher; its record with test metrics.

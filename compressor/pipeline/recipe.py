@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from compressor.bench.baselines import BASELINES
+from compressor.bench.baselines import BASELINES, distinct_baselines
 from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
 from compressor.search.settings import SearchSettings
@@ -81,6 +81,11 @@ class BenchmarkSettings(Strict):
             except UserError as err:    # unknown name or a bad profile file
                 raise ValueError(str(err)) from None
         return profiles
+
+    @field_validator("baselines")
+    @classmethod
+    def _once_each(cls, names: list[str]) -> list[str]:
+        return distinct_baselines(names)
 
     @field_validator("batch_sizes", "sequence_lengths", mode="before")
     @classmethod
@@ -278,7 +283,19 @@ def load_recipe(path: str | Path) -> tuple[Recipe, dict[str, list[Step]]]:
         raise UserError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', err)}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text") from None
-    return parse_recipe(raw, source=str(path))
+    return parse_recipe(with_profile_paths(raw, path.parent), source=str(path))
+
+
+def with_profile_paths(raw: Any, base_dir: Path) -> Any:
+    """`benchmark.profiles` files found as the recipe's other paths are: the working dir
+    first, then the recipe's dir (bundled profile names stay names)."""
+    from compressor.pipeline.paths import resolve_path    # paths imports this module
+    bench = raw.get("benchmark") if isinstance(raw, dict) else None
+    if not isinstance(bench, dict) or not isinstance(bench.get("profiles"), list):
+        return raw
+    profiles = [resolve_path(ref, base_dir) if isinstance(ref, str) and ref.endswith((".yaml", ".yml")) else ref
+                for ref in bench["profiles"]]
+    return {**raw, "benchmark": {**bench, "profiles": profiles}}
 
 
 def parse_recipe(raw: Any, source: str = "recipe") -> tuple[Recipe, dict[str, list[Step]]]:

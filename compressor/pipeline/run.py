@@ -12,7 +12,8 @@ from compressor.export.onnx import calibration_rows
 from compressor.passes import get_pass
 from compressor.passes.registry import Known, check_pass_tokenizer, shape_after, shape_of
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
-                                                  check_sequence_lengths, optimum_presets, variant_deployable)
+                                                  check_batches_fit, check_sequence_lengths, optimum_presets,
+                                                  variant_deployable)
 from compressor.pipeline.outdir import WriteError, claimed_out_dir, disk_errors
 from compressor.pipeline.paths import resolve_config_paths, resolve_path, resolve_step_paths, resolve_task_paths
 from compressor.pipeline.recipe import SEARCH_DIR, STAGE_FILE, WORK_DIR, Recipe, Step
@@ -57,6 +58,8 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
              for name, variant_steps in steps.items()}
     task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
     task = load_task(task_spec, seed=recipe.seed)
+    if recipe.benchmark is not None:
+        check_batches_fit(recipe.benchmark, len(task.split("test").head(recipe.data.max_eval_samples)))
     if recipe.teacher.finetune is None:
         check_head_for(teacher_path, tuple(task.label_names), task.name)
     else:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from compressor.bench.baselines import BASELINES
+from compressor.bench.baselines import BASELINES, distinct_baselines
 from compressor.search.plans import PRECISIONS, RECOVERIES, Precision, Recovery
 from pretrain.limits import MAX_SEED
 
@@ -46,6 +46,11 @@ class SearchSettings(BaseModel):
     # training limits written out) trained and measured in the finals beside the finalists,
     # so the searched model is compared with what a user wrote in one run.
     compare: dict[str, list[dict[str, Any] | str]] = {}
+
+    @field_validator("baselines")
+    @classmethod
+    def _once_each(cls, names: list[str]) -> list[str]:
+        return distinct_baselines(names)
 
     @field_validator("recoveries", "precisions")
     @classmethod

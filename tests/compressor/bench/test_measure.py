@@ -52,3 +52,16 @@ def test_a_recipe_benchmark_length_past_the_teachers_positions_stops_before_trai
     with pytest.raises(UserError, match="sequence length 256 is longer than the teacher's 128 positions"):
         run_raw(raw, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_recipe_batch_larger_than_the_scored_test_rows_stops_before_training(tiny_bert_dir, tiny_csv, tmp_path,
+                                                                              run_raw):
+    import pytest
+
+    from pretrain.errors import UserError
+    raw = {"name": "wide", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
+           "data": {"max_eval_samples": 3}, "variants": {"same": []},
+           "benchmark": {"profiles": ["cpu"], "batch_sizes": [1, 4]}}
+    with pytest.raises(UserError, match="batch size 4 is larger than the 3 test examples scored"):
+        run_raw(raw, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -213,6 +213,7 @@ def test_cache_keys_leave_out_a_rate_at_its_strategy_default():
     ({"sequence_lengths": []}, "at least one"),
     ({"batch_sizes": [1, 1]}, "distinct"),
     ({"profiles": ["cpu", "cpu"]}, "profiles named 'cpu' more than once"),
+    ({"baselines": ["onnxruntime-fp32", "onnxruntime-fp32"]}, "baseline onnxruntime-fp32 listed more than once"),
 ])
 def test_a_benchmark_section_that_could_not_measure_is_refused(benchmark, why):
     from pydantic import ValidationError
@@ -245,6 +246,22 @@ def test_yaml_true_or_false_for_a_number_is_refused_not_read_as_1_or_0(tmp_path)
     # A list whose own validator runs first is refused as written, not as [1, 128].
     message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  v: []\nbenchmark: {sequence_lengths: [true, 128]}\n")
     assert message.endswith("benchmark.sequence_lengths: expected numbers, got [true, 128]")
+
+
+def test_a_profile_file_is_found_beside_the_recipe_as_its_other_paths_are(tmp_path, monkeypatch):
+    import yaml
+
+    from compressor.bench.profiles import PROFILE_DIR
+    (tmp_path / "prof").mkdir()
+    profile = yaml.safe_load((PROFILE_DIR / "cpu.yaml").read_text()) | {"name": "mine"}
+    (tmp_path / "prof" / "mine.yaml").write_text(yaml.safe_dump(profile))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)     # not the recipe's dir
+    recipe, _ = load_recipe(write(tmp_path, "name: r\n" + TEACHER + "variants:\n  v: []\n"
+                                  "benchmark: {profiles: [prof/mine.yaml, cpu]}\n"))
+    assert recipe.benchmark.profiles == [str(tmp_path / "prof" / "mine.yaml"), "cpu"]
+    assert [p.name for p in recipe.benchmark.profile_objects()] == ["mine", "cpu"]
 
 
 def test_numbers_pyyaml_reads_as_strings_stay_numbers(tmp_path):

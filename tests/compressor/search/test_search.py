@@ -369,3 +369,9 @@ def test_a_recipe_search_section_runs_from_the_teacher_stage(searched, tiny_bert
         assert "Search to a latency budget" in (tmp_path / "run" / human).read_text()
     with pytest.raises(Exception, match="min_retention"):
         parse_recipe({**raw, "search": {"latency_budget_ms": 5, "min_retention": 2}})
+
+
+def test_a_baseline_listed_twice_is_refused():
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="baseline onnxruntime-fp32 listed more than once"):
+        SearchSettings(latency_budget_ms=5, baselines=["onnxruntime-fp32", "onnxruntime-fp32"])
