@@ -75,6 +75,12 @@ class StudentConfig(PassConfig):
 
 def student_shape(cfg: StudentConfig, known: Known) -> Shape:
     """The student's shape, after checking its layer indices or size fit its source."""
+    if cfg.source == "teacher" and known.steps_before:
+        # Built from the recipe's teacher, the student would silently drop what they did,
+        # while the variant's record still listed them.
+        raise UserError(f"student: builds from the recipe's teacher, so the steps before it "
+                        f"({', '.join(known.steps_before)}) would be discarded; expected student as the "
+                        "variant's first step, or `from: bundle` (with layers) to build from their result")
     source = known.model if cfg.source == "bundle" else known.teacher
     if cfg.shape is not None:
         layers = cfg.shape.layers or source.layers
@@ -86,7 +92,8 @@ def student_shape(cfg: StudentConfig, known: Known) -> Shape:
                      source.vocab)
     check_student_layers(cfg, source.layers)
     heads = tuple(source.heads[i] for i in cfg.layers) if source.heads else None
-    return Shape(source.family, len(cfg.layers), heads, source.hidden, known.model.labels, source.vocab)
+    return Shape(source.family, len(cfg.layers), heads, source.hidden, known.model.labels, source.vocab,
+                 source.embedding, embedding_rank=source.embedding_rank)
 
 
 def check_head_size(hidden: int, heads: int) -> None:

@@ -36,7 +36,7 @@ def factorized_shape(cfg: FactorizeEmbedding, known: Known) -> Shape:
     """The rank checked up front where the embedding's size is known (a trimmed one is not)."""
     if known.model.embedding is not None:
         check_rank_saves(cfg.rank, *known.model.embedding)
-    return known.model
+    return dataclasses.replace(known.model, embedding_rank=cfg.rank)
 
 
 @register("factorize-embedding", FactorizeEmbedding, check_shape=factorized_shape)

@@ -121,6 +121,9 @@ class Shape:
     # Passes before whose deploy records name this model's Linear modules (`sensitivity`,
     # `qat`): a later step that renumbers or replaces layers would leave the names on others.
     layers_named_by: tuple[str, ...] = ()
+    # factorize-embedding's rank: the export stores the word embedding as two factors of it,
+    # so a later step that trains the embedding would move it off that rank.
+    embedding_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,7 @@ class Known:
     teacher: Shape
     train_rows: int | None = None
     max_train_samples: int | None = None   # the recipe's cap for training passes that set none
+    steps_before: tuple[str, ...] = ()     # the variant's steps before this one
 
 
 # (config, shapes before) -> the model's shape after the step; raises UserError for what
@@ -268,10 +272,21 @@ def shape_after(name: str, config: BaseModel, known: Known) -> Known:
     spec = get_pass(name)
     check_pass_family(name, config, known.model.family)
     check_layer_names_hold(name, config, known.model.layers_named_by)
+    check_embedding_rank_kept(name, config, known.model.embedding_rank)
     model = spec.check_shape(config, known) if spec.check_shape is not None else known.model
     if spec.names_layers:
         model = dataclasses.replace(model, layers_named_by=model.layers_named_by + (name,))
-    return dataclasses.replace(known, model=model)
+    return dataclasses.replace(known, model=model, steps_before=known.steps_before + (name,))
+
+
+def check_embedding_rank_kept(name: str, config: BaseModel, rank: int | None) -> None:
+    """Refuse (UserError) a step that would train a factorized word embedding off its rank:
+    the export re-factorizes at that rank, and its parity check fails after the training."""
+    updates = getattr(config, "embedding_updates", "frozen")
+    if rank is not None and get_pass(name).trains and updates != "frozen":
+        raise UserError(f"{name}: factorize-embedding before it left the word embedding at rank {rank}, which the "
+                        f"export stores as two factors, and {name} would train it ({updates} updates) off that rank; "
+                        "expected embedding_updates: frozen")
 
 
 def check_layer_names_hold(name: str, config: BaseModel, named_by: Iterable[str]) -> None:

@@ -129,6 +129,20 @@ def test_student_from_teacher_layers_or_from_the_bundle(bert_bundle, tiny_task, 
     assert from_bundle.history[-1]["config"]["from"] == "bundle"
 
 
+def test_a_student_of_the_teachers_layers_after_other_steps_is_refused_up_front():
+    """It discarded what the steps before it did (a trimmed vocabulary came back whole) while
+    the variant's record still listed them."""
+    from compressor.passes.registry import Known, Shape, shape_after
+    shape = Shape("bert", layers=4, heads=(2,) * 4, hidden=32)
+    known = shape_after("drop-layers", get_pass("drop-layers").config_type(keep=(0, 1, 2)),
+                        Known(model=shape, teacher=shape))
+    with pytest.raises(UserError, match=r"^student: builds from the recipe's teacher, so the steps before it "
+                                        r"\(drop-layers\) would be discarded"):
+        shape_after("student", _student(layers=[0, 2]), known)
+    assert shape_after("student", _student(layers=[0, 2], **{"from": "bundle"}), known).model.layers == 2
+    assert shape_after("student", _student(layers=[0, 2]), Known(model=shape, teacher=shape)).model.layers == 2
+
+
 def test_auto_map_picks_the_identical_layers_and_is_recorded(bert_bundle, tiny_task, tiny_bert_dir):
     ctx = _ctx(tiny_task, tiny_bert_dir)
     prefix = apply_pass(bert_bundle, "student", _student(layers=[0, 1]), ctx)

@@ -225,3 +225,27 @@ def test_the_history_records_a_training_pass_as_it_ran(bert_bundle, tiny_task):
     own = apply_pass(bert_bundle, "finetune", cfg.model_copy(update={"max_train_samples": 16}),
                      Context(task=tiny_task, max_train_samples=32, show_progress=False))
     assert own.history[-1]["config"]["max_train_samples"] == 16              # the step's own limit wins
+
+
+def test_a_step_that_would_train_a_factorized_embedding_off_its_rank_is_refused_up_front():
+    """The export re-factorizes the word embedding at factorize-embedding's rank: a training
+    step with the default sparse updates moved it off that rank, and the export's parity
+    check failed after the training, naming neither the rank nor the remedy."""
+    from compressor.passes.distillation import DistillConfig, StudentConfig
+    from compressor.passes.embedding import FactorizeEmbedding
+    from compressor.passes.registry import Known, shape_after
+    shape = registry.Shape("bert", layers=4, heads=(2,) * 4, hidden=32, embedding=(1000, 32))
+    known = shape_after("factorize-embedding", FactorizeEmbedding(rank=8), Known(model=shape, teacher=shape))
+    with pytest.raises(UserError, match=r"^finetune: factorize-embedding before it left the word embedding at "
+                                        r"rank 8.*sparse updates.*expected embedding_updates: frozen$"):
+        shape_after("finetune", FinetuneConfig(), known)
+    with pytest.raises(UserError, match="rank 8"):
+        shape_after("distill", DistillConfig(losses=("soft",)), known)
+    shape_after("distill", DistillConfig(losses=("soft",), embedding_updates="frozen"), known)
+    shape_after("quantize", registry.get_pass("quantize").config_type.model_validate({"mode": "fp16"}), known)
+    # a student of the bundle's layers keeps the factorized embedding; one of the teacher's does not
+    student = shape_after("student", StudentConfig.model_validate({"layers": [0, 2], "from": "bundle"}), known)
+    with pytest.raises(UserError, match="rank 8"):
+        shape_after("finetune", FinetuneConfig(), student)
+    fresh = shape_after("student", StudentConfig(layers=(0, 2)), Known(model=shape, teacher=shape))
+    shape_after("finetune", FinetuneConfig(), fresh)
