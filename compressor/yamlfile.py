@@ -39,6 +39,13 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=UniqueKeyLoader)
 
 
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """`at line 3: expected ',' or ']', but got '<stream end>'`: where and what, on one line."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark else ""
+    return f"{where}: {getattr(err, 'problem', None) or str(err).splitlines()[0]}"
+
+
 def field_suggestion(model: type[BaseModel] | None, loc: tuple) -> str:
     """`; did you mean 'finetune'?` for a misspelt field at `loc` (its last part), found by
     following the model's fields down the path; empty where the path leaves the models

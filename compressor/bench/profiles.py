@@ -19,7 +19,7 @@ from typing import Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_items, refuse_bool_numbers
+from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_items, refuse_bool_numbers, yaml_problem
 from pretrain.errors import UserError, validation_message
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
@@ -161,15 +161,20 @@ def profile_names() -> list[str]:
 def load_profile(ref: str) -> Profile:
     """A profile by name (profiles/NAME.yaml) or by path to a YAML file."""
     path = Path(ref)
-    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+    if path.suffix in (".yaml", ".yml") and not path.is_file():
+        raise UserError(f"profile file {ref} not found; expected a path to a profile .yaml, or one of the "
+                        f"profiles {', '.join(profile_names())}")
+    if path.suffix not in (".yaml", ".yml"):
         path = PROFILE_DIR / f"{ref}.yaml"
         if not path.is_file():
             raise UserError(f"unknown profile {ref!r}; known profiles: {', '.join(profile_names())} "
                             "(or a path to a profile .yaml)")
     try:
         raw = load_yaml(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not a valid YAML profile: {str(err).splitlines()[0]}") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not a valid YAML profile{yaml_problem(err)}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a valid YAML profile: not UTF-8 text") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping of profile fields (provider, threads, batch_sizes, ...)")
     raw.setdefault("name", path.stem)

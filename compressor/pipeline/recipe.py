@@ -18,7 +18,7 @@ from compressor.bench.baselines import BASELINES, distinct_baselines
 from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
 from compressor.search.settings import SearchSettings
-from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_items, refuse_bool_numbers
+from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_items, refuse_bool_numbers, yaml_problem
 from pretrain.errors import UserError, validation_message
 from pretrain.finetune import FinetuneConfig
 from pretrain.limits import MAX_SEED
@@ -278,9 +278,7 @@ def load_recipe(path: str | Path) -> tuple[Recipe, dict[str, list[Step]]]:
     try:
         raw = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+        raise UserError(f"{path}: not valid YAML{yaml_problem(err)}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text") from None
     return parse_recipe(with_profile_paths(raw, path.parent), source=str(path))

@@ -72,6 +72,19 @@ def test_a_profile_that_could_not_measure_is_refused_in_one_line(tmp_path, chang
     assert "\n" not in str(err.value)
 
 
+def test_a_profile_file_that_is_not_there_is_named_as_a_file(tmp_path):
+    with pytest.raises(UserError, match=r"^profile file .*nowhere.yaml not found; expected a path"):
+        load_profile(str(tmp_path / "nowhere.yaml"))
+
+
+def test_a_profile_that_is_not_yaml_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: b\nbatch_sizes: [1, 8\nthreads: 1\n")
+    with pytest.raises(UserError, match=r"broken.yaml: not a valid YAML profile at line \d+: .+") as err:
+        load_profile(str(path))
+    assert "\n" not in str(err.value)
+
+
 def test_overrides_are_validated_as_the_profile_file_is():
     with pytest.raises(UserError, match="fixed lengths >= 2"):
         profiles.with_overrides(load_profile("cpu"), {"sequence_lengths": [1]})
