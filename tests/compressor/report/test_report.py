@@ -169,3 +169,16 @@ def test_a_lower_precision_no_faster_than_its_fp32_twin_is_warned_about():
     assert [w for w in warnings if "fp32)" in w] == [
         "int8 is dynamic-int8 and 75% smaller than fused (the same structure in fp32), but only 1.03x as fast "
         "on cpu at batch 8: the precision buys no speed there"]
+
+
+def test_the_fp32_twin_check_needs_no_baseline():
+    """Without onnxruntime-fp32 among the baselines there is no speedup to judge bytes by, but
+    a lower precision slower than the same structure in fp32, timed in the same run, is still told."""
+    models = [{**entry("as-is", 0.8, 34.3, size=1000), "flops": 100},
+              {**entry("half", 0.8, 41.5, size=500, precision="fp16"), "flops": 100},
+              entry("pytorch-eager-fp32", 0.8, 50.0, size=1000, baseline=True)]
+    report = {"teacher": {"params": 1000, "flops": 100}, "models": models,
+              "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "fp16"]}]}}
+    assert runtime_warnings(report) == [
+        "half is fp16 and 50% smaller than as-is (the same structure in fp32), but only 0.83x as fast "
+        "on cpu at batch 8: the precision buys no speed there"]
