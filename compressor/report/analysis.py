@@ -1,4 +1,4 @@
-"""What report.json's numbers say: Pareto fronts, runtime warnings, latency lookups.
+"""What report.json's numbers say: Pareto fronts, runtime warnings, latency and accuracy lookups.
 
 Plain functions of report.json's model entries (no rendering, no files), so a search over
 models can rank and filter candidates with the same rules the report uses.
@@ -30,11 +30,27 @@ def latency_row(model: dict, key: tuple) -> dict | None:
     return None
 
 
+# What differs between the Optimum baseline's builds (one per preset), beside their settings.
+BUILD_FIELDS = ("path", "accuracy", "macro_f1", "retention", "agreement", "size_bytes")
+
+
+def as_timed_on(model: dict, profile: str) -> dict:
+    """The entry as `profile` timed it. The Optimum baseline is built once per preset and each
+    profile times its own preset's build, whose accuracy and size may differ from the entry's
+    (the first profile's build); every other model is one artifact on every profile."""
+    optimum = model.get("optimum") or {}
+    build = optimum.get("builds", {}).get(optimum.get("profiles", {}).get(profile))
+    if build is None:
+        return model
+    # A build of an older report has no retention or agreement: None, not the first build's.
+    return {**model, **{k: build.get(k) for k in BUILD_FIELDS}}
+
+
 def pareto_fronts(models: list[dict]) -> list[dict]:
     """Per measurement, the models no other model beats on both accuracy and p50 latency."""
     fronts = []
     for key in measurement_keys(models):
-        points = [(m["name"], m["accuracy"], row["p50_ms"]) for m in models
+        points = [(m["name"], as_timed_on(m, key[0])["accuracy"], row["p50_ms"]) for m in models
                   if (row := latency_row(m, key)) is not None]
         front = [name for name, acc, lat in points
                  if not any(a >= acc and t <= lat and (a > acc or t < lat) for _, a, t in points)]
