@@ -81,10 +81,12 @@ def baseline_stage(name: str, teacher: Stage, recipe: Recipe, task: TaskData, ou
     wanted = list(dict.fromkeys(presets.values())) or [preset_for_this_cpu()]
     builds = {preset: built_baseline(name, preset, teacher, recipe, task, out_dir) for preset in wanted}
     primary = builds[wanted[0]]
+    # Each build keeps its test predictions, for the report to score it against the teacher.
     optimum = {"preset": wanted[0], "settings": preset_settings(wanted[0]), "profiles": presets,
                "builds": {preset: {"path": b["path"], "accuracy": b["metrics"]["accuracy"],
                                    "macro_f1": b["metrics"]["macro_f1"], "size_bytes": b["size_bytes"],
-                                   "settings": preset_settings(preset)} for preset, b in builds.items()}}
+                                   "settings": preset_settings(preset), "predictions": b["predictions"]}
+                          for preset, b in builds.items()}}
     return {"name": name, "kind": kind, "precision": precision, "params": teacher.params, **primary,
             "optimum": optimum, "profile_files": {p: builds[preset]["file"] for p, preset in presets.items()}}
 

@@ -6,6 +6,7 @@ report.html are rendered from the finished JSON (compressor/report/render.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +35,12 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
     length = flops_sequence_length(benchmark, teacher_bundle, task, recipe.data.max_eval_samples)
     teacher_cost = model_cost(teacher_bundle, length)
 
+    def scores(accuracy: float, predictions) -> dict:
+        return {"retention": accuracy / teacher_acc if teacher_acc else None,
+                "agreement": agreement(np.asarray(predictions), teacher.predictions)}
+
     def scored(entry: dict, predictions: np.ndarray) -> dict:
-        entry["retention"] = entry["accuracy"] / teacher_acc if teacher_acc else None
-        entry["agreement"] = agreement(np.asarray(predictions), teacher.predictions)
+        entry.update(scores(entry["accuracy"], predictions))
         entry["latency"] = latency.get(entry["name"], [])
         return entry
 
@@ -46,7 +50,7 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
 
     models = [scored(costed(stage), deployed_predictions(stage, exports)) for stage in variants]
     # Baselines are built from the teacher: its compute, in another runtime.
-    models += [scored({**baseline_entry(b), "flops": teacher_cost["flops"]}, np.asarray(b["predictions"]))
+    models += [scored({**baseline_entry(b, scores), "flops": teacher_cost["flops"]}, np.asarray(b["predictions"]))
                for b in baselines]
     report = {
         "recipe": recipe.model_dump(mode="json"),
@@ -97,11 +101,21 @@ def deployed_predictions(stage: Stage, exports: dict[str, dict]) -> np.ndarray:
     return np.asarray(export["predictions"]) if export is not None else stage.predictions
 
 
-def baseline_entry(b: dict) -> dict:
+def baseline_entry(b: dict, scores: Callable[[float, list], dict]) -> dict:
     return {"name": b["name"], "baseline": True, "path": b["path"], "kind": b["kind"],
             "precision": b["precision"], "accuracy": b["metrics"]["accuracy"],
             "macro_f1": b["metrics"]["macro_f1"], "params": b["params"], "size_bytes": b["size_bytes"],
-            "passes": [], **({"optimum": b["optimum"]} if "optimum" in b else {})}
+            "passes": [], **({"optimum": scored_builds(b["optimum"], scores)} if "optimum" in b else {})}
+
+
+def scored_builds(optimum: dict, scores: Callable[[float, list], dict]) -> dict:
+    """The Optimum record with every preset's build scored against the teacher (retention,
+    agreement), as the entry is: a profile timed against another preset's build than the
+    entry's is judged by that build (compressor/report/analysis.py: as_timed_on)."""
+    builds = {preset: {**{k: v for k, v in build.items() if k != "predictions"},
+                       **scores(build["accuracy"], build["predictions"])}
+              for preset, build in optimum["builds"].items()}
+    return {**optimum, "builds": builds}
 
 
 def latency_by_model(benchmark: dict | None) -> dict[str, list[dict]]:

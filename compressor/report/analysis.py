@@ -1,4 +1,4 @@
-"""What report.json's numbers say: Pareto fronts, runtime warnings, latency lookups.
+"""What report.json's numbers say: Pareto fronts, runtime warnings, latency and accuracy lookups.
 
 Plain functions of report.json's model entries (no rendering, no files), so a search over
 models can rank and filter candidates with the same rules the report uses.
@@ -30,11 +30,27 @@ def latency_row(model: dict, key: tuple) -> dict | None:
     return None
 
 
+# What differs between the Optimum baseline's builds (one per preset), beside their settings.
+BUILD_FIELDS = ("path", "accuracy", "macro_f1", "retention", "agreement", "size_bytes")
+
+
+def as_timed_on(model: dict, profile: str) -> dict:
+    """The entry as `profile` timed it. The Optimum baseline is built once per preset and each
+    profile times its own preset's build, whose accuracy and size may differ from the entry's
+    (the first profile's build); every other model is one artifact on every profile."""
+    optimum = model.get("optimum") or {}
+    build = optimum.get("builds", {}).get(optimum.get("profiles", {}).get(profile))
+    if build is None:
+        return model
+    # A build of an older report has no retention or agreement: None, not the first build's.
+    return {**model, **{k: build.get(k) for k in BUILD_FIELDS}}
+
+
 def pareto_fronts(models: list[dict]) -> list[dict]:
     """Per measurement, the models no other model beats on both accuracy and p50 latency."""
     fronts = []
     for key in measurement_keys(models):
-        points = [(m["name"], m["accuracy"], row["p50_ms"]) for m in models
+        points = [(m["name"], as_timed_on(m, key[0])["accuracy"], row["p50_ms"]) for m in models
                   if (row := latency_row(m, key)) is not None]
         front = [name for name, acc, lat in points
                  if not any(a >= acc and t <= lat and (a > acc or t < lat) for _, a, t in points)]
@@ -77,18 +93,28 @@ def runtime_warnings(report: dict) -> list[str]:
         if any(step.get("pass") == "share-layers" for step in m.get("passes") or ()):
             warnings.append(shared_layers_warning(m, reference, speedups))
         saved = compute_saved(m, report["teacher"])
-        for key, speedup in speedups.items():
-            where = f"on {key[0]} at batch {key[1]}"
-            if saved is not None and saved[0] >= 1.25 and speedup < 1 + 0.5 * (saved[0] - 1):
-                warnings.append(f"{m['name']} {saved[1]} but runs only {speedup:.2f}x as fast as "
-                                f"onnxruntime-fp32 {where}")
-            if m["size_bytes"] <= 0.6 * reference["size_bytes"] and speedup < 1.1:
-                warnings.append(
-                    f"{m['name']} is {1 - m['size_bytes'] / reference['size_bytes']:.0%} smaller than "
-                    f"onnxruntime-fp32 but only {speedup:.2f}x as fast {where}: the runtime does not turn "
-                    f"the saved bytes into speed{slow_int8_cause(m)}")
-            elif (twin := fp32_twin(m, models, key)) is not None:
-                warnings.append(twin_warning(m, twin, key, where))
+        for key in measurement_keys([m]):
+            warnings += measurement_warnings(m, models, reference, saved, key, speedups.get(key))
+    return warnings
+
+
+def measurement_warnings(model: dict, models: list[dict], reference: dict | None, saved: tuple[float, str] | None,
+                         key: tuple, speedup: float | None) -> list[str]:
+    """On one measurement: compute or bytes saved that bought no speed against onnxruntime-fp32
+    (`speedup`; None when the run did not time it), and a lower precision no faster than its
+    fp32 twin, which needs no baseline (the twin is a variant timed in the same run)."""
+    where = f"on {key[0]} at batch {key[1]}"
+    warnings = []
+    if speedup is not None and saved is not None and saved[0] >= 1.25 and speedup < 1 + 0.5 * (saved[0] - 1):
+        warnings.append(f"{model['name']} {saved[1]} but runs only {speedup:.2f}x as fast as "
+                        f"onnxruntime-fp32 {where}")
+    if speedup is not None and model["size_bytes"] <= 0.6 * reference["size_bytes"] and speedup < 1.1:
+        warnings.append(
+            f"{model['name']} is {1 - model['size_bytes'] / reference['size_bytes']:.0%} smaller than "
+            f"onnxruntime-fp32 but only {speedup:.2f}x as fast {where}: the runtime does not turn "
+            f"the saved bytes into speed{slow_int8_cause(model)}")
+    elif (twin := fp32_twin(model, models, key)) is not None:   # one cause, told once
+        warnings.append(twin_warning(model, twin, key, where))
     return warnings
 
 

@@ -11,7 +11,7 @@ import html
 import io
 from pathlib import Path
 
-from compressor.report.analysis import latency_row, measurement_keys
+from compressor.report.analysis import as_timed_on, latency_row, measurement_keys
 from pretrain.atomic import atomic_file
 
 Table = tuple[list[str], list[list[str]]]
@@ -111,7 +111,8 @@ def latency_table(report: dict, key: tuple) -> Table:
         row = latency_row(m, key)
         if row is None:
             continue
-        rows.append([m["name"], f"{m['accuracy']:.4f}", f"{row['p50_ms']:.2f}", f"{row['p90_ms']:.2f}",
+        accuracy = as_timed_on(m, key[0])["accuracy"]    # Optimum's: this profile's preset's build
+        rows.append([m["name"], f"{accuracy:.4f}", f"{row['p50_ms']:.2f}", f"{row['p90_ms']:.2f}",
                      f"{row['p99_ms']:.2f}", f"{row['throughput']:.0f}", fmt(row.get("peak_rss_mb"), 0)] +
                     [f"{latency_row(b, key)['p50_ms'] / row['p50_ms']:.2f}x" for b in bases] +
                     ["yes" if m["name"] in front else ""])
@@ -177,7 +178,7 @@ def pareto_png(report: dict) -> bytes | None:
     biggest = max(m["size_bytes"] for m in report["models"]) or 1
     fronts = {(f["profile"], f["batch_size"], f["sequence_length"]): f["models"] for f in report.get("pareto", [])}
     for ax, key in zip(axes[0], keys):
-        measured = sorted((m for m in report["models"] if latency_row(m, key)),
+        measured = sorted((as_timed_on(m, key[0]) for m in report["models"] if latency_row(m, key)),
                           key=lambda m: latency_row(m, key)["p50_ms"])
         # Names beside close markers land on the wrong ones: each marker carries a number
         # (fastest first) and the key beside the panel names it.
@@ -190,7 +191,7 @@ def pareto_png(report: dict) -> bytes | None:
         ax.text(1.02, 1.0, "\n".join(f"{n:>2}  {m['name']}" for n, m in enumerate(measured, start=1)),
                 transform=ax.transAxes, fontsize=8, va="top", ha="left", family="monospace")
         front = [(latency_row(m, key)["p50_ms"], m["accuracy"]) for name in fronts.get(key, [])
-                 for m in report["models"] if m["name"] == name]
+                 for m in measured if m["name"] == name]
         if front:
             xs, ys = zip(*sorted(front))
             # markers too: a front of one model is a step of no length
@@ -291,7 +292,8 @@ def baseline_lines(report: dict) -> list[str]:
             for preset, build in optimum["builds"].items():
                 s = build["settings"]
                 profiles = [p for p, q in optimum["profiles"].items() if q == preset]
-                line += (f"; preset {preset} (activations {s['activations_dtype']}, weights {s['weights_dtype']}, "
+                line += (f"; preset {preset} (accuracy {build['accuracy']:.4f}, activations {s['activations_dtype']}, "
+                         f"weights {s['weights_dtype']}, "
                          f"{'per-channel' if s['per_channel'] else 'per-tensor'}, reduce_range {s['reduce_range']}, "
                          f"operators {', '.join(s['operators_to_quantize'])})"
                          + (f" on profile {', '.join(profiles)}" if profiles else ""))

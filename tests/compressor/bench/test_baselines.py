@@ -107,6 +107,8 @@ def test_each_profile_is_measured_against_its_own_preset(tiny_bert_dir, tiny_csv
     assert optimum["preset"] == own and optimum["profiles"] == {"cpu": own, "cpu-avx2": other}
     assert set(optimum["builds"]) == {own, other}
     assert optimum["builds"][other]["settings"]["weights_dtype"] == "QUInt8"
+    for build in optimum["builds"].values():      # scored like the entry, predictions left out
+        assert {"retention", "agreement"} <= set(build) and "predictions" not in build
     timed = {profile: path for profile, name, path in loaded if name == "optimum-default-int8"}
     assert timed["cpu"].parent.name == f"optimum-default-int8-{own}"
     assert timed["cpu-avx2"].parent.name == f"optimum-default-int8-{other}"

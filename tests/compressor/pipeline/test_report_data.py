@@ -61,3 +61,34 @@ def test_a_sparse_model_reports_its_sparsity_compressed_size_and_a_warning(repor
     assert sparse["compressed_size_bytes"] == compressed_size(files) < sparse["size_bytes"]
     (warning,) = [w for w in report["warnings"] if w.startswith("sparse ")]
     assert "dense runtimes do not run it faster" in warning and "1.05x as fast" in warning
+
+
+def test_every_optimum_build_is_scored_and_each_profile_judged_by_its_own(bert_bundle, tiny_bert_dir, tiny_csv,
+                                                                         tiny_task):
+    """Two profiles timed against two presets' builds: each build gets its retention and
+    agreement, and each profile's front uses its own build's accuracy."""
+    n = len(tiny_task.split("test"))
+    recipe, _ = parse_recipe({"name": "r", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
+                              "variants": {"as-is": []}})
+
+    def build(accuracy, predictions):
+        return {"path": "b", "accuracy": accuracy, "macro_f1": 0.1, "size_bytes": 10, "settings": {},
+                "predictions": predictions}
+    builds = {"avx2": build(0.5, [0] * n), "avx512_vnni": build(0.25, [1] * (n // 2) + [0] * (n - n // 2))}
+    optimum = {"name": "optimum-default-int8", "path": "b", "kind": "onnx", "precision": "dynamic-int8", "params": 1,
+               "metrics": {"accuracy": 0.5, "macro_f1": 0.1}, "size_bytes": 10, "predictions": [0] * n,
+               "optimum": {"preset": "avx2", "profiles": {"a": "avx2", "b": "avx512_vnni"}, "builds": builds}}
+    onnx = {"name": "onnxruntime-fp32", "path": "f", "kind": "onnx", "precision": "fp32", "params": 1,
+            "metrics": {"accuracy": 0.4, "macro_f1": 0.1}, "size_bytes": 40, "predictions": [0] * n}
+    rows = [{**latency(model, p50), "profile": profile} for profile in ("a", "b")
+            for model, p50 in (("optimum-default-int8", 5.0), ("onnxruntime-fp32", 10.0))]
+    benchmark = {"harness_version": HARNESS_VERSION, "profiles": [{"name": "a"}, {"name": "b"}], "skipped": [],
+                 "measurements": rows}
+    report = build_report(recipe, stage("teacher", tiny_bert_dir, bert_bundle, n), [],
+                          baselines=[optimum, onnx], benchmark=benchmark, task=tiny_task)
+    scored = report["models"][0]["optimum"]["builds"]
+    assert {preset: (b["retention"], b["agreement"]) for preset, b in scored.items()} == {
+        "avx2": (1.0, 1.0), "avx512_vnni": (0.5, (n - n // 2) / n)}      # the teacher predicts 0, at 0.5
+    assert not any("predictions" in b for b in scored.values())
+    assert {f["profile"]: f["models"] for f in report["pareto"]} == {
+        "a": ["optimum-default-int8"], "b": ["optimum-default-int8", "onnxruntime-fp32"]}

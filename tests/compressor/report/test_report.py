@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 
 from compressor.report.analysis import pareto_fronts, runtime_warnings
-from compressor.report.render import markdown_table, ranking_lines, render_report_md
+from compressor.report.render import (baseline_lines, latency_table, markdown_table, ranking_lines,
+                                      render_report_md)
 
 
-def entry(name, accuracy, p50, *, size=100, params=1000, precision="fp32", baseline=False, model_dir=None):
+def entry(name, accuracy, p50, *, size=100, params=1000, precision="fp32", baseline=False, model_dir=None,
+          profiles=("cpu",)):
     return {"name": name, "accuracy": accuracy, "size_bytes": size, "params": params, "precision": precision,
             "baseline": baseline, "kind": "onnx", "model_dir": model_dir, "retention": accuracy, "agreement": 1.0,
-            "latency": [{"profile": "cpu", "batch_size": 8, "sequence_length": "real", "p50_ms": p50,
-                         "p90_ms": p50, "p99_ms": p50, "throughput": 8e3 / p50, "peak_rss_mb": 100.0}]}
+            "latency": [{"profile": profile, "batch_size": 8, "sequence_length": "real", "p50_ms": p50,
+                         "p90_ms": p50, "p99_ms": p50, "throughput": 8e3 / p50, "peak_rss_mb": 100.0}
+                        for profile in profiles]}
 
 
 def test_pareto_front_keeps_only_undominated_models():
@@ -169,3 +172,48 @@ def test_a_lower_precision_no_faster_than_its_fp32_twin_is_warned_about():
     assert [w for w in warnings if "fp32)" in w] == [
         "int8 is dynamic-int8 and 75% smaller than fused (the same structure in fp32), but only 1.03x as fast "
         "on cpu at batch 8: the precision buys no speed there"]
+
+
+def test_the_fp32_twin_check_needs_no_baseline():
+    """Without onnxruntime-fp32 among the baselines there is no speedup to judge bytes by, but
+    a lower precision slower than the same structure in fp32, timed in the same run, is still told."""
+    models = [{**entry("as-is", 0.8, 34.3, size=1000), "flops": 100},
+              {**entry("half", 0.8, 41.5, size=500, precision="fp16"), "flops": 100},
+              entry("pytorch-eager-fp32", 0.8, 50.0, size=1000, baseline=True)]
+    report = {"teacher": {"params": 1000, "flops": 100}, "models": models,
+              "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "fp16"]}]}}
+    assert runtime_warnings(report) == [
+        "half is fp16 and 50% smaller than as-is (the same structure in fp32), but only 0.83x as fast "
+        "on cpu at batch 8: the precision buys no speed there"]
+
+
+SETTINGS = {"activations_dtype": "QUInt8", "weights_dtype": "QInt8", "per_channel": True, "reduce_range": False,
+            "operators_to_quantize": ["MatMul"]}
+BUILDS = {"avx2": {"path": "o-avx2", "accuracy": 0.18, "size_bytes": 100, "settings": SETTINGS},
+          "avx512_vnni": {"path": "o-vnni", "accuracy": 0.17, "size_bytes": 90, "settings": SETTINGS}}
+PRESETS = {"avx2-1t": "avx2", "vnni": "avx512_vnni"}
+
+
+def optimum_entry(p50, profiles):
+    """The Optimum baseline timed on profiles of different presets, each against its own
+    preset's build; the entry itself is the first profile's build, as report_data writes it."""
+    first = PRESETS[profiles[0]]
+    optimum = {"preset": first, "profiles": {p: PRESETS[p] for p in profiles}, "builds": BUILDS}
+    return {**entry("optimum-default-int8", BUILDS[first]["accuracy"], p50, size=BUILDS[first]["size_bytes"],
+                    precision="dynamic-int8", baseline=True, profiles=profiles), "optimum": optimum}
+
+
+def test_each_profile_judges_the_optimum_baseline_by_its_own_presets_build():
+    """A profile's front and latency table use the accuracy of the build that profile timed,
+    whichever profile comes first (and so gives the entry its accuracy)."""
+    for profiles in (("avx2-1t", "vnni"), ("vnni", "avx2-1t")):
+        models = [entry("v", 0.175, 10.0, profiles=profiles), optimum_entry(5.0, profiles)]
+        fronts = {f["profile"]: f["models"] for f in pareto_fronts(models)}
+        # avx2's build (0.18) beats v on both counts; avx512_vnni's (0.17) is faster but less accurate
+        assert fronts == {"avx2-1t": ["optimum-default-int8"], "vnni": ["optimum-default-int8", "v"]}, profiles
+        report = {"models": models, "pareto": pareto_fronts(models)}
+        accuracy = {profile: row[1] for profile in profiles
+                    for row in latency_table(report, (profile, 8, "real"))[1] if row[0] == "optimum-default-int8"}
+        assert accuracy == {"avx2-1t": "0.1800", "vnni": "0.1700"}, profiles
+    (line,) = baseline_lines({"models": models})
+    assert "preset avx2 (accuracy 0.1800, " in line and "preset avx512_vnni (accuracy 0.1700, " in line
