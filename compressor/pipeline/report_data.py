@@ -17,7 +17,7 @@ from compressor.export.onnx import ONNX_FILE
 from compressor.modeling.cost import SPARSE_THRESHOLD, compressed_size, encoder_sparsity, multiply_adds
 from compressor.pipeline.recipe import Recipe
 from compressor.pipeline.stages import Stage
-from compressor.report.analysis import pareto_fronts, runtime_warnings
+from compressor.report.analysis import pareto_fronts, recipe_warnings, runtime_warnings
 from pretrain.batching import encode, usable_length
 from pretrain.data import TaskData
 from pretrain.metrics import agreement
@@ -69,7 +69,7 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
                                "environment": benchmark.get("environment"), "profiles": benchmark["profiles"],
                                "skipped": benchmark["skipped"], "rankings": benchmark.get("rankings", [])}
         report["pareto"] = pareto_fronts(models)
-        report["warnings"] = runtime_warnings(report)
+    report["warnings"] = recipe_warnings(models) + (runtime_warnings(report) if benchmark is not None else [])
     return report
 
 

@@ -72,6 +72,32 @@ def encoder_params(model_dir: str | None, params: int) -> int | None:
     return params - rows * hidden if hidden else None
 
 
+# Passes that only record what the ONNX export should do (or, for qat, train for it).
+EXPORT_RECORDS = ("quantize", "qat", "sensitivity")
+
+
+def recipe_warnings(models: list[dict]) -> list[str]:
+    """Steps whose record nothing applied: a quantize (or qat, sensitivity) in a run that
+    exported nothing, so the variant was scored and timed as its fp32 PyTorch model; and
+    qat's learned activation ranges under a later quantize mode that does not read them."""
+    warnings = []
+    for m in (m for m in models if not m.get("baseline")):
+        names = [step.get("pass") for step in m.get("passes") or ()]
+        recorded = [n for n in dict.fromkeys(names) if n in EXPORT_RECORDS]
+        if recorded and "onnx" not in m and m.get("kind") == "torch" and m.get("precision") == "fp32":
+            warnings.append(f"{m['name']}: {', '.join(recorded)} recorded what the ONNX export should do, and this run "
+                            "exported nothing, so it is scored and timed as its fp32 PyTorch model; add `export: "
+                            "{onnx: true}` to the recipe, or run `compressor export --model` on its dir")
+        if "qat" in names:
+            last_qat = len(names) - 1 - names[::-1].index("qat")
+            later = [step["config"].get("mode") for step in m["passes"][last_qat + 1:] if step.get("pass") == "quantize"]
+            if later and later[-1] != "static-int8":
+                warnings.append(f"{m['name']}: qat learned int8 activation ranges, and the quantize after it "
+                                f"({later[-1]}) does not use them; expected quantize mode static-int8 after "
+                                "qat, or no quantize step (qat exports static int8 itself)")
+    return warnings
+
+
 def runtime_warnings(report: dict) -> list[str]:
     """Where a pass saved compute or bytes that the runtime did not turn into speed."""
     models = report["models"]

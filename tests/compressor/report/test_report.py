@@ -217,3 +217,24 @@ def test_each_profile_judges_the_optimum_baseline_by_its_own_presets_build():
         assert accuracy == {"avx2-1t": "0.1800", "vnni": "0.1700"}, profiles
     (line,) = baseline_lines({"models": models})
     assert "preset avx2 (accuracy 0.1800, " in line and "preset avx512_vnni (accuracy 0.1700, " in line
+
+
+def test_export_records_that_nothing_applied_are_warned_about():
+    from compressor.report.analysis import recipe_warnings
+
+    def variant(name, passes, exported):
+        m = {"name": name, "baseline": False, "kind": "onnx" if exported else "torch",
+             "precision": "int8" if exported else "fp32", "passes": [{"pass": p, "config": c} for p, c in passes]}
+        return {**m, "onnx": {}} if exported else m
+    quantized = [("quantize", {"mode": "dynamic-int8"})]
+    after_qat = [("qat", {"epochs": 1}), ("quantize", {"mode": "dynamic-int8"})]
+    warnings = recipe_warnings([variant("int8", quantized, exported=False), variant("q", quantized, exported=True),
+                                variant("plain", [("finetune", {})], exported=False),
+                                variant("qat-dyn", after_qat, exported=True),
+                                variant("qat-static", [after_qat[0], ("quantize", {"mode": "static-int8"})], True),
+                                variant("qat-alone", after_qat[:1], exported=True)])
+    assert len(warnings) == 2
+    assert warnings[0].startswith("int8: quantize recorded what the ONNX export should do, and this run exported "
+                                  "nothing, so it is scored and timed as its fp32 PyTorch model")
+    assert warnings[1].startswith("qat-dyn: qat learned int8 activation ranges, and the quantize after it "
+                                  "(dynamic-int8) does not use them")
