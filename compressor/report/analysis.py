@@ -105,13 +105,9 @@ def runtime_warnings(report: dict) -> list[str]:
     reference = next((m for m in models if m["name"] == "onnxruntime-fp32"), None)
     warnings = []
     for m in models:
+        warnings += precision_warnings(m, profiles)    # a baseline's precision too (Optimum's int8)
         if m.get("baseline"):
             continue
-        for name in sorted({row["profile"] for row in m.get("latency", [])}):
-            suited = profiles.get(name, {}).get("precisions", [])
-            if suited and precision_family(m["precision"]) not in suited:
-                warnings.append(f"{m['name']} is {m['precision']}, which profile {name} does not run fast "
-                                f"(it suits {', '.join(suited)}): expect no speed-up from the precision there")
         speedups = {key: latency_row(reference, key)["p50_ms"] / latency_row(m, key)["p50_ms"]
                     for key in measurement_keys([m]) if reference and latency_row(reference, key)}
         if m.get("sparsity"):
@@ -121,6 +117,17 @@ def runtime_warnings(report: dict) -> list[str]:
         saved = compute_saved(m, report["teacher"])
         for key in measurement_keys([m]):
             warnings += measurement_warnings(m, models, reference, saved, key, speedups.get(key))
+    return warnings
+
+
+def precision_warnings(model: dict, profiles: dict[str, dict]) -> list[str]:
+    """The model's precision where a profile that timed it does not list it as fast."""
+    warnings = []
+    for name in sorted({row["profile"] for row in model.get("latency", [])}):
+        suited = profiles.get(name, {}).get("precisions", [])
+        if suited and precision_family(model["precision"]) not in suited:
+            warnings.append(f"{model['name']} is {model['precision']}, which profile {name} does not run fast "
+                            f"(it suits {', '.join(suited)}): expect no speed-up from the precision there")
     return warnings
 
 

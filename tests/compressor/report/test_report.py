@@ -54,6 +54,11 @@ def test_warnings_name_savings_the_runtime_did_not_turn_into_speed(tmp_path):
     assert any(w.startswith("half is fp16, which profile cpu does not run fast") for w in warnings)
     assert not any(w.startswith("good") for w in warnings)
     assert not any("scope: linears" in w for w in warnings)
+    # a baseline's precision is judged too (Optimum's int8 on a profile listing fp32 only)
+    report["models"].append(entry("optimum-default-int8", 0.8, 6.0, precision="dynamic-int8", baseline=True))
+    report["benchmark"]["profiles"][0]["precisions"] = ["fp32"]
+    assert any(w.startswith("optimum-default-int8 is dynamic-int8, which profile cpu does not run fast")
+               for w in runtime_warnings(report))
 
 
 def test_a_slow_static_int8_graph_is_told_why():
