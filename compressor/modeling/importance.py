@@ -182,16 +182,24 @@ def neuron_importance(family: Family, layers: nn.ModuleList, kind: Importance, m
              + outer.weight.detach().pow(2).sum(0)).sqrt() for layer, outer in zip(layers, outers)]
 
 
-def lowest(scores: list[torch.Tensor], count: int, keep_per_layer: int) -> dict[int, list[int]]:
+def lowest(scores: list[torch.Tensor], count: int, keep_per_layer: int,
+           sizes: Sequence[int] | None = None) -> dict[int, list[int]]:
     """The `count` globally lowest-scoring units, never taking a layer below `keep_per_layer`:
-    {layer: [unit indices]} (layers with nothing removed left out)."""
+    {layer: [unit indices]} (layers with nothing removed left out).
+
+    `sizes[r]` (1 each by default) is how many layers row r stands for (layers sharing one set
+    of weights): one of its units counts that many towards `count`, and a unit that would take
+    the total past `count` is passed over for a cheaper one."""
+    sizes = sizes or [1] * len(scores)
     order = sorted((float(s), layer, unit) for layer, row in enumerate(scores) for unit, s in enumerate(row))
     left = [len(row) for row in scores]
     chosen: dict[int, list[int]] = {}
+    taken = 0
     for _, layer, unit in order:
-        if sum(len(units) for units in chosen.values()) == count:
+        if taken == count:
             break
-        if left[layer] > keep_per_layer:
+        if left[layer] > keep_per_layer and taken + sizes[layer] <= count:
             left[layer] -= 1
+            taken += sizes[layer]
             chosen.setdefault(layer, []).append(unit)
     return {layer: sorted(units) for layer, units in sorted(chosen.items())}

@@ -8,6 +8,13 @@ makes it survive a save. No pass calls it yet; the tests exercise it on the tiny
 - `set_intermediate_size(model, layer, keep)`: slice one layer's FFN to the listed neurons.
 - `tie_layers(model, groups)`: layers of a group share the first one's parameters.
 
+Layers that share their attention or FFN weights (`tie_layers`) compute with one set of
+weights, so pruning treats them as one: heads given for one layer of such a group go from
+all of them (different heads for two of them are refused), an FFN sliced in one layer is
+sliced in all, and the sharing is restored afterwards. Pruning layer by layer would give
+each layer new tensors for what it prunes while the rest of the sublayer (its LayerNorm,
+the outer bias) stayed tied: a half-shared model whose record no longer describes it.
+
 The last two change what the config implies, so they keep a record in the config
 (`compressor_structure`, format in pretrain/structured.py) and `update_record` points
 `config.auto_map` at the modeling file `save_structure_code` copies beside the weights. The
@@ -43,9 +50,20 @@ def family_for(model: PreTrainedModel, capability: str) -> Family:
 
 
 def prune_heads(model: PreTrainedModel, heads: dict[int, list[int]]) -> None:
-    """Remove attention heads in place: {layer index: [head indices]}."""
-    family_for(model, "prune-heads")
-    model.prune_heads({int(layer): list(hs) for layer, hs in heads.items()})
+    """Remove attention heads in place: {layer index: [head indices]}, numbered as in the
+    unpruned model (heads already gone are skipped, as Transformers does)."""
+    remaining = remaining_heads(model, family_for(model, "prune-heads"))
+    heads = {int(layer): hs for layer, hs in heads.items()}
+    remove_current_heads(model, {layer: [remaining[layer].index(h) for h in hs if h in remaining[layer]]
+                                 for layer, hs in heads.items()})
+
+
+def remaining_heads(model: PreTrainedModel, family: Family) -> list[list[int]]:
+    """Each layer's heads as the unpruned model numbered them, in their current order."""
+    total = getattr(model.config, family.heads_field)
+    already = {int(k): set(v) for k, v in (getattr(model.config, "pruned_heads", None) or {}).items()}
+    return [[h for h in range(total) if h not in already.get(layer, set())]
+            for layer in range(len(encoder_layers(model)))]
 
 
 def remove_current_heads(model: PreTrainedModel, heads: dict[int, list[int]]) -> None:
@@ -54,37 +72,88 @@ def remove_current_heads(model: PreTrainedModel, heads: dict[int, list[int]]) ->
     Transformers' `prune_heads` numbers heads as the unpruned model did (and breaks on a layer
     with no heads left), so current positions are mapped to original numbers through
     `config.pruned_heads`, and a layer losing all its heads is dropped whole (its FFN with it):
-    what remains is an ordinary model that saves, reloads and exports like any other.
+    what remains is an ordinary model that saves, reloads and exports like any other. Layers
+    sharing their attention lose the same heads and keep sharing it (see the module doc).
     """
     family = family_for(model, "prune-heads")
-    config = model.config
-    total = getattr(config, family.heads_field)
-    already = {int(k): set(v) for k, v in (getattr(config, "pruned_heads", None) or {}).items()}
+    heads = same_in_groups(heads, head_groups(model, family), "heads to remove")
+    remaining = remaining_heads(model, family)
     original, emptied = {}, []
     for layer, current in heads.items():
-        remaining = [h for h in range(total) if h not in already.get(layer, set())]
-        if not all(0 <= h < len(remaining) for h in current):
-            raise UserError(f"layer {layer}: heads to remove must be in [0, {len(remaining)}); got {list(current)}")
-        if len(set(current)) == len(remaining):
+        if not all(0 <= h < len(remaining[layer]) for h in current):
+            raise UserError(f"layer {layer}: heads to remove must be in [0, {len(remaining[layer])}); "
+                            f"got {list(current)}")
+        if len(set(current)) == len(remaining[layer]):
             emptied.append(layer)
-        else:
-            original[layer] = [remaining[h] for h in current]
+        elif current:
+            original[layer] = [remaining[layer][h] for h in current]
     if len(emptied) == len(encoder_layers(model)):
         raise UserError("removing these heads would leave no layer at all; expected at least one head to stay")
-    prune_heads(model, original)
+    shared = record_for(model)
+    model.prune_heads(original)
+    restore_sharing(model, shared)
     if emptied:
         keep_encoder_layers(model, [i for i in range(len(encoder_layers(model))) if i not in emptied])
 
 
 def set_intermediate_size(model: PreTrainedModel, layer: int, keep: Sequence[int]) -> None:
-    """Keep only the FFN neurons `keep` (indices into the layer's current width) of one layer."""
+    """Keep only the FFN neurons `keep` (indices into the layer's current width) of one layer,
+    and of every layer that shares its FFN weights (they are one FFN)."""
     family = family_for(model, "prune-ffn")
     layers = encoder_layers(model)
     width = structured.submodule(layers[layer], family.ffn.inner).out_features
     if not keep or len(set(keep)) != len(keep) or not all(0 <= i < width for i in keep):
         raise UserError(f"layer {layer}: FFN neurons to keep must be distinct indices in [0, {width}); got {list(keep)}")
-    structured.keep_ffn_neurons(layers[layer], (family.ffn.inner, family.ffn.outer), torch.tensor(sorted(keep)))
+    shared = record_for(model)
+    group = next(g for g in ffn_groups(model, family) if layer in g)
+    for index in group:   # each slices the same tensors with the same indices: equal values
+        structured.keep_ffn_neurons(layers[index], (family.ffn.inner, family.ffn.outer), torch.tensor(sorted(keep)))
+    restore_sharing(model, shared)
     update_record(model)
+
+
+def weight_groups(model: PreTrainedModel, family: Family, paths: Sequence[str]) -> list[list[int]]:
+    """Every layer once, in layer order: the layers whose modules at `paths` hold the very
+    same tensors (shared by `tie_layers`) together, each other layer alone."""
+    shared = structured.shared_groups(model, family.layers, tuple(paths))
+    grouped = {i for group in shared for i in group}
+    alone = [[i] for i in range(len(encoder_layers(model))) if i not in grouped]
+    return sorted(shared + alone)
+
+
+def head_groups(model: PreTrainedModel, family: Family) -> list[list[int]]:
+    """Layers that compute with one set of attention weights, which lose their heads together."""
+    attention = family.attention
+    return weight_groups(model, family, (attention.query, attention.key, attention.value, attention.output))
+
+
+def ffn_groups(model: PreTrainedModel, family: Family) -> list[list[int]]:
+    """Layers that compute with one FFN, which lose their neurons together."""
+    return weight_groups(model, family, (family.ffn.inner, family.ffn.outer))
+
+
+def same_in_groups(units: dict[int, list[int]], groups: list[list[int]], what: str) -> dict[int, list[int]]:
+    """`units` ({layer: [unit, ...]}) with a group's entry given to each of its layers; a
+    group whose layers are given different units is refused (one set of weights)."""
+    spread = {int(layer): sorted(set(us)) for layer, us in units.items()}
+    for group in groups:
+        given = [(layer, spread[layer]) for layer in group if spread.get(layer)]
+        for layer, chosen in given[1:]:
+            if chosen != given[0][1]:
+                raise UserError(f"layers {given[0][0]} and {layer} share their weights (share-layers), so "
+                                f"they lose the same {what}; got {given[0][1]} and {chosen}")
+        if given:
+            spread |= dict.fromkeys(group, given[0][1])
+    return spread
+
+
+def restore_sharing(model: PreTrainedModel, record: dict | None) -> None:
+    """Point the layers of each group the record (taken before pruning) names at their
+    leader's tensors again: pruning gave every layer new tensors for what it pruned, equal
+    to its leader's since the same units went."""
+    if record is not None and (record["shared_layers"] or record.get("shared_sublayers")):
+        structured.tie_shared(model, record)
+        update_record(model)
 
 
 def tie_layers(model: PreTrainedModel, groups: Sequence[Sequence[int]], sublayer: str | None = None) -> None:

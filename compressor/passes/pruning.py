@@ -5,6 +5,12 @@ magnitude or random) and remove the lowest-scoring ones physically: smaller Q/K/
 matrices, narrower FFN layers (compressor/modeling/structure.py). Per-layer head counts and
 FFN widths may differ; they survive save, reload and ONNX export. Nothing trains here: follow
 with `finetune` in the recipe to recover accuracy.
+
+Layers that share their attention or FFN weights (`share-layers` earlier in the variant) are
+one set of weights: their scores are summed (a head's gradient reaches the shared tensors
+from every layer of the group) and the group loses the same units in every layer, so the
+model keeps its sharing. A unit of a group of k layers counts k towards `fraction` / `count`,
+as the layers compute it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from compressor.bundle import ModelBundle
 from compressor.modeling import importance
 from compressor.modeling.cost import unit_costs
 from compressor.modeling.importance import Importance
-from compressor.modeling.structure import family_for, remove_current_heads, set_intermediate_size
+from compressor.modeling.structure import (family_for, ffn_groups, head_groups, remove_current_heads,
+                                           set_intermediate_size)
 from compressor.passes.registry import Context, Known, PassConfig, Shape, register
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES, families_supporting
@@ -111,6 +118,8 @@ def prune_heads_pass(bundle: ModelBundle, cfg: PruneHeads, ctx: Context) -> Mode
     family = family_for(model, "prune-heads")
     counts = importance.heads_per_layer(model, family, encoder_layers(model))
     target = heads_to_remove(cfg, counts)          # every check on the config runs before scoring
+    if isinstance(target, list):
+        per_group_counts(target, head_groups(model, family))
     data = sample(bundle, model, ctx, 0, cfg.samples, "prune-heads") if needs_sample(cfg) else None
     if cfg.iterative:
         model = prune_iteratively(bundle, model, cfg, ctx, target, data)
@@ -152,11 +161,25 @@ def choose_heads(model: PreTrainedModel, cfg: PruneHeads, ctx: Context, data, ta
     family = family_for(model, "prune-heads")
     scores = importance.head_importance(model, family, encoder_layers(model), cfg.importance, data, ctx.seed,
                                         cfg.batch_size)
+    groups = head_groups(model, family)
+    costs = unit_costs_of(model, "head", data) if cfg.cost_aware and not isinstance(target, list) else None
+    scores = group_scores(scores, groups, costs)
     if isinstance(target, list):
-        return {layer: sorted(row.argsort()[:n].tolist()) for layer, (row, n) in enumerate(zip(scores, target)) if n}
-    if cfg.cost_aware:
-        scores = per_cost(scores, model, "head", data)
-    return importance.lowest(scores, target, 0 if cfg.allow_drop_layers else 1)
+        counts = per_group_counts(target, groups)
+        chosen = {g: sorted(row.argsort()[:n].tolist()) for g, (row, n) in enumerate(zip(scores, counts)) if n}
+    else:
+        chosen = importance.lowest(scores, target, 0 if cfg.allow_drop_layers else 1, list(map(len, groups)))
+    return for_each_layer(chosen, groups)
+
+
+def per_group_counts(per_layer: list[int], groups: list[list[int]]) -> list[int]:
+    """`per_layer`'s count for each group, whose layers must be given the same one."""
+    for group in groups:
+        if len({per_layer[i] for i in group}) > 1:
+            raise UserError(f"prune-heads: per_layer asks layers {group} to lose {[per_layer[i] for i in group]} "
+                            f"heads, but they share their attention weights (share-layers); expected one count "
+                            f"for all of them")
+    return [per_layer[group[0]] for group in groups]
 
 
 def prune_iteratively(bundle: ModelBundle, model: PreTrainedModel, cfg: PruneHeads, ctx: Context, target: int,
@@ -166,15 +189,19 @@ def prune_iteratively(bundle: ModelBundle, model: PreTrainedModel, cfg: PruneHea
     family = family_for(model, "prune-heads")
     held_out = sample(bundle, model, ctx, cfg.samples, cfg.samples + cfg.validation_samples, "prune-heads")
     floor = cfg.min_retention * importance.accuracy(model, held_out, cfg.batch_size)
-    per_step = max(1, math.ceil(cfg.step * sum(importance.heads_per_layer(model, family, encoder_layers(model)))))
+    # a step removes at least one head of the largest group of shared layers (k heads at once)
+    per_step = max(max(map(len, head_groups(model, family))),
+                   math.ceil(cfg.step * sum(importance.heads_per_layer(model, family, encoder_layers(model)))))
     removed = 0
     while removed < target:
-        n = min(per_step, target - removed)
         candidate = copy.deepcopy(model)
-        remove_current_heads(candidate, choose_heads(candidate, cfg, ctx, data, n))
+        chosen = choose_heads(candidate, cfg, ctx, data, min(per_step, target - removed))
+        if not chosen:        # what is left to remove is less than any group's heads
+            break
+        remove_current_heads(candidate, chosen)
         if importance.accuracy(candidate, held_out, cfg.batch_size) < floor:
             break
-        model, removed = candidate, removed + n
+        model, removed = candidate, removed + sum(map(len, chosen.values()))
     return model
 
 
@@ -183,12 +210,27 @@ def needs_sample(cfg: PruningConfig) -> bool:
     return cfg.importance == "taylor" or cfg.cost_aware
 
 
-def per_cost(scores: list[torch.Tensor], model: PreTrainedModel, unit: str, data) -> list[torch.Tensor]:
-    """Each layer's scores divided by what one of its units costs (mean cost 1), at the sample's
-    mean length: global ranking then removes the units that buy least per multiply-add."""
+def unit_costs_of(model: PreTrainedModel, unit: str, data) -> list[float]:
+    """What one unit of each layer costs (mean cost 1), at the sample's mean length."""
     costs = torch.tensor(unit_costs(model, unit, float(data.lengths().mean())))
-    costs = costs / costs.mean()
-    return [row / cost for row, cost in zip(scores, costs)]
+    return (costs / costs.mean()).tolist()
+
+
+def group_scores(scores: list[torch.Tensor], groups: list[list[int]], costs: list[float] | None = None
+                 ) -> list[torch.Tensor]:
+    """One row per group of layers sharing the pruned weights (a layer alone is a group of one):
+    the sum of its layers' scores, since their units are one set of weights. With `costs`, divided
+    by what the unit costs in all of them: global ranking then removes the units that buy least
+    per multiply-add."""
+    rows = [sum(scores[i] for i in group) for group in groups]
+    if costs is None:
+        return rows
+    return [row / sum(costs[i] for i in group) for row, group in zip(rows, groups)]
+
+
+def for_each_layer(chosen: dict[int, list[int]], groups: list[list[int]]) -> dict[int, list[int]]:
+    """{group: units} as {layer: units}, every layer of a group losing the same units."""
+    return {layer: units for g, units in chosen.items() for layer in groups[g]}
 
 
 def sample(bundle: ModelBundle, model: PreTrainedModel, ctx: Context, start: int, stop: int, name: str):
@@ -213,15 +255,18 @@ def prune_ffn_pass(bundle: ModelBundle, cfg: PruneFFN, ctx: Context) -> ModelBun
     layers = encoder_layers(model)
     data = sample(bundle, model, ctx, 0, cfg.samples, "prune-ffn") if needs_sample(cfg) else None
     scores = importance.neuron_importance(family, layers, cfg.importance, model, data, ctx.seed, cfg.batch_size)
-    if cfg.cost_aware and cfg.scope == "global":
-        scores = per_cost(scores, model, "neuron", data)
+    groups = ffn_groups(model, family)
+    sizes = list(map(len, groups))
+    costs = unit_costs_of(model, "neuron", data) if cfg.cost_aware and cfg.scope == "global" else None
+    scores = group_scores(scores, groups, costs)
     if cfg.scope == "per_layer":
-        drop = {layer: row.argsort()[:min(round(cfg.fraction * len(row)), len(row) - 1)].tolist()
-                for layer, row in enumerate(scores)}
+        drop = {g: row.argsort()[:min(round(cfg.fraction * len(row)), len(row) - 1)].tolist()
+                for g, row in enumerate(scores)}
     else:
-        drop = importance.lowest(scores, round(cfg.fraction * sum(len(row) for row in scores)), 1)
-    for layer, row in enumerate(scores):
-        gone = set(drop.get(layer, ()))
-        if gone:
-            set_intermediate_size(model, layer, [i for i in range(len(row)) if i not in gone])
+        count = round(cfg.fraction * sum(len(row) * k for row, k in zip(scores, sizes)))   # as the layers compute
+        drop = importance.lowest(scores, count, 1, sizes)
+    for g, row in enumerate(scores):
+        gone = set(drop.get(g, ()))
+        if gone:   # slices every layer of the group (one FFN)
+            set_intermediate_size(model, groups[g][0], [i for i in range(len(row)) if i not in gone])
     return bundle.replace(model=model)

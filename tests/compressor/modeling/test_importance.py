@@ -35,3 +35,12 @@ def test_lowest_takes_global_minima_but_keeps_the_floor():
     # layer 1 and 2 may give only what leaves one unit: the next lowest come from layer 0
     assert lowest(scores, 3, keep_per_layer=1) == {0: [0, 1], 1: [0]}
     assert lowest(scores, 4, keep_per_layer=0) == {0: [0, 1], 1: [0], 2: [0]}
+
+
+def test_lowest_counts_a_unit_of_shared_layers_once_per_layer():
+    """Row 0 stands for 2 layers sharing one set of weights: one of its units counts 2, and a
+    unit that would go past the count is passed over for one of a single layer."""
+    scores = [torch.tensor([0.1, 0.2, 0.9]), torch.tensor([0.15, 0.8])]
+    assert lowest(scores, 5, keep_per_layer=1, sizes=[2, 1]) == {0: [0, 1], 1: [0]}
+    assert lowest(scores, 4, keep_per_layer=1, sizes=[2, 1]) == {0: [0], 1: [0]}     # 3: row 0's next is 2
+    assert lowest(scores, 1, keep_per_layer=1, sizes=[2, 1]) == {1: [0]}

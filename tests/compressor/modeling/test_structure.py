@@ -1,9 +1,10 @@
 """Structures the config cannot express survive save, reload, ONNX export and ORT fusion.
 
 A 3-layer tiny BERT with per-layer FFN widths [37, 64, 20] and per-layer pruned heads
-(3, 2, 4 heads left), and a 4-layer one whose layers 0-1 and 2-3 share parameters. Each is
-saved by ModelBundle, reloaded by this tool and by plain Transformers in a fresh process
-(trust_remote_code, without this tool's packages), and exported behind the parity gate.
+(3, 2, 4 heads left), and a 4-layer one whose layers 0-1 and 2-3 share parameters (also
+pruned: a group loses its units together and keeps sharing). Each is saved by ModelBundle,
+reloaded by this tool and by plain Transformers in a fresh process (trust_remote_code,
+without this tool's packages), and exported behind the parity gate.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from compressor.bundle import ModelBundle
 from compressor.export.onnx import ExportSettings, export_bundle
-from compressor.modeling.structure import prune_heads, record_for, set_intermediate_size, tie_layers
+from compressor.modeling.structure import (prune_heads, record_for, remove_current_heads, set_intermediate_size,
+                                           tie_layers)
 from pretrain.errors import UserError
 from pretrain.models import encoder_layers, keep_encoder_layers
 from pretrain.structured import RECORD_FIELD
@@ -195,3 +197,69 @@ def test_bad_ffn_indices_are_refused(bert_bundle, keep):
 def test_overlapping_share_groups_are_refused(bert_bundle):
     with pytest.raises(UserError, match="disjoint"):
         tie_layers(bert_bundle.model, [[0, 1], [1, 2]])
+
+
+def shared_pairs(model, pairs=((0, 1), (2, 3)), prefix: str = "") -> bool:
+    """Whether each pair of layers holds the very same tensors (those under `prefix`)."""
+    layers = encoder_layers(model)
+    named = [{k: v for k, v in layer.named_parameters(remove_duplicate=False) if k.startswith(prefix)}
+             for layer in layers]
+    return all(named[a].keys() == named[b].keys() and all(named[a][k] is named[b][k] for k in named[a])
+               for a, b in pairs)
+
+
+def test_pruning_shared_layers_prunes_the_group_and_round_trips(shared, tiny_task, tmp_path):
+    """Heads given for one layer of a group and an FFN sliced in one go from the whole group,
+    which keeps sharing every tensor (LayerNorms and biases included): the record says so, the
+    file stores each once, and this tool, plain Transformers and the ONNX export read it back."""
+    model = shared.model
+    remove_current_heads(model, {0: [1, 3]})        # layer 1 computes with the same weights
+    set_intermediate_size(model, 3, list(range(0, 64, 2)))
+    layers = encoder_layers(model)
+    assert [layer.attention.self.num_attention_heads for layer in layers] == [2, 2, 4, 4]
+    assert [layer.intermediate.dense.out_features for layer in layers] == [64, 64, 32, 32]
+    assert shared_pairs(model)
+    assert model.config.compressor_structure == {
+        "layers": "encoder.layer", "ffn": ["intermediate.dense", "output.dense"],
+        "intermediate_sizes": [64, 64, 32, 32], "shared_layers": [[0, 1], [2, 3]]}
+
+    directory = shared.save(tmp_path / "m")
+    inputs = example_ids(shared)
+    expected = logits(model, inputs)
+    loaded = ModelBundle.load(directory).model
+    assert shapes(loaded) == shapes(model) and shared_pairs(loaded)
+    np.testing.assert_allclose(logits(loaded, inputs), expected, atol=1e-5)
+    plain = load_in_plain_process(directory, inputs, tmp_path)
+    ptrs = plain["same_storage"]
+    assert ptrs[0] == ptrs[1] and ptrs[2] == ptrs[3] and ptrs[0] != ptrs[2]
+    assert plain["shapes"] == shapes(model)
+    np.testing.assert_allclose(np.array(plain["logits"]), expected, atol=1e-5)
+    record = export_bundle(shared, tmp_path / "onnx", ExportSettings(), tiny_task).record
+    assert record["parity_max_abs_diff"] <= record["parity_tolerance"]
+
+
+def test_different_units_for_layers_of_one_group_are_refused(shared):
+    before = {k: v.clone() for k, v in shared.model.state_dict().items()}
+    with pytest.raises(UserError, match=r"layers 0 and 1 share their weights \(share-layers\), so they lose the "
+                                        r"same heads to remove; got \[1\] and \[2\]") as err:
+        remove_current_heads(shared.model, {0: [1], 1: [2]})
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match="layers 2 and 3 share"):
+        prune_heads(shared.model, {2: [0], 3: [1]})           # numbered as unpruned: the same check
+    assert all(torch.equal(v, before[k]) for k, v in shared.model.state_dict().items())
+
+
+def test_a_shared_sublayer_is_pruned_as_one_and_the_other_layer_by_layer(bert_bundle):
+    """FFN shared by all layers, attention not: heads go layer by layer, the FFN in all four."""
+    model = bert_bundle.model
+    tie_layers(model, [[0, 1, 2, 3]], "ffn")
+    remove_current_heads(model, {0: [0], 2: [1, 2]})
+    set_intermediate_size(model, 1, list(range(40)))
+    layers = encoder_layers(model)
+    assert [layer.attention.self.num_attention_heads for layer in layers] == [3, 4, 2, 4]
+    assert [layer.intermediate.dense.out_features for layer in layers] == [40] * 4
+    everything = ((0, 1), (1, 2), (2, 3))
+    assert shared_pairs(model, everything, "intermediate.") and shared_pairs(model, everything, "output.")
+    assert not shared_pairs(model, ((0, 1),), "attention.")
+    assert model.config.compressor_structure["shared_sublayers"] == {
+        "ffn": {"modules": ["intermediate", "output"], "groups": [[0, 1, 2, 3]]}}

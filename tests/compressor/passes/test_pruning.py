@@ -1,6 +1,6 @@
 """prune-heads and prune-ffn: units really removed, per-layer counts, reload in a fresh process,
-ORT fusion with per-layer head counts, taylor finding the heads that matter, refusals; and
-drop-layers choosing layers by importance (`count`).
+ORT fusion with per-layer head counts, taylor finding the heads that matter, refusals, layers
+shared by `share-layers` pruned as one; and drop-layers choosing layers by importance (`count`).
 
 The tiny BERT of the conftest: 4 layers, 4 heads of width 8, FFN 64.
 """
@@ -18,10 +18,11 @@ from compressor.bundle import ModelBundle
 from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.modeling.importance import encode_for_model, mean_loss, train_rows
 from compressor.passes import Context, apply_pass, get_pass
+from compressor.passes.sharing import ShareLayers
 from compressor.pipeline.recipe import parse_step
 from pretrain.errors import UserError
 from pretrain.models import encoder_layers, keep_encoder_layers
-from tests.compressor.modeling.test_structure import example_ids, load_in_plain_process, logits
+from tests.compressor.modeling.test_structure import example_ids, load_in_plain_process, logits, shared_pairs
 
 
 def run(bundle, name: str, task, **config) -> ModelBundle:
@@ -148,6 +149,100 @@ def test_iterative_stops_before_accuracy_falls(bert_bundle, tiny_task):
     everything = run(bert_bundle, "prune-heads", tiny_task, iterative=True, min_retention=0.01, fraction=0.5,
                      validation_samples=64)
     assert sum(heads(everything.model)) == 8
+
+
+# --- after share-layers: a group of layers is one set of weights ---
+
+def share(bundle, task, **config) -> ModelBundle:
+    return apply_pass(bundle, "share-layers", ShareLayers(**config), Context(task=task, seed=0, show_progress=False))
+
+
+def widths(model) -> list[int]:
+    return [layer.intermediate.dense.out_features for layer in encoder_layers(model)]
+
+
+SUBLAYER_PREFIXES = {"all": ("",), "attention": ("attention.",), "ffn": ("intermediate.", "output.")}
+
+
+@pytest.mark.parametrize("name, mode", [("prune-heads", "all"), ("prune-heads", "attention"),
+                                        ("prune-ffn", "all"), ("prune-ffn", "ffn")])
+def test_pruning_shared_layers_keeps_each_group_shared(bert_bundle, tiny_task, name, mode, tmp_path):
+    """Pruning the shared sublayer: every layer of a group loses the same units and the group
+    still holds one set of tensors (LayerNorms and the outer bias included, which pruning layer
+    by layer left tied to a leader whose record no longer said so); the record is the one
+    share-layers wrote but the widths, and the dir reloads with the same sharing and logits."""
+    shared = share(bert_bundle, tiny_task, mode=mode, groups=2)            # layers [0, 1] and [2, 3]
+    out = run(shared, name, tiny_task, fraction=0.5)
+    model = out.model
+    if name == "prune-heads":
+        assert sum(heads(model)) == 8 and heads(model)[0] == heads(model)[1] and heads(model)[2] == heads(model)[3]
+        pruned = model.config.pruned_heads
+        assert pruned.get(0) == pruned.get(1) and pruned.get(2) == pruned.get(3)
+    else:
+        width = widths(model)
+        assert sum(width) == 128 and width[0] == width[1] and width[2] == width[3]
+    assert all(shared_pairs(model, prefix=prefix) for prefix in SUBLAYER_PREFIXES[mode])
+    before, after = shared.model.config.compressor_structure, model.config.compressor_structure
+    assert {**after, "intermediate_sizes": None} == {**before, "intermediate_sizes": None}
+    assert after["intermediate_sizes"] == widths(model)
+
+    inputs = example_ids(out)
+    loaded = ModelBundle.load(out.save(tmp_path / "m")).model
+    assert heads(loaded) == heads(model) and widths(loaded) == widths(model)
+    assert all(shared_pairs(loaded, prefix=prefix) for prefix in SUBLAYER_PREFIXES[mode])
+    np.testing.assert_allclose(logits(loaded, inputs), logits(model, inputs), atol=1e-5)
+
+
+def test_heads_and_ffn_pruned_after_sharing_export_behind_the_parity_gate(bert_bundle, tiny_task, tmp_path):
+    """The tester's combination (share whole layers, then prune heads and FFN neurons): loaded
+    by plain Transformers in a fresh process with nothing missing, exported and fused."""
+    shared = share(bert_bundle, tiny_task, mode="all", groups=2)
+    out = run(run(shared, "prune-heads", tiny_task, fraction=0.5), "prune-ffn", tiny_task, fraction=0.5)
+    assert shared_pairs(out.model)
+    inputs = example_ids(out)
+    plain = load_in_plain_process(out.save(tmp_path / "m"), inputs, tmp_path)
+    ptrs = plain["same_storage"]
+    assert ptrs[0] == ptrs[1] and ptrs[2] == ptrs[3] and ptrs[0] != ptrs[2]
+    np.testing.assert_allclose(np.array(plain["logits"]), logits(out.model, inputs), atol=1e-5)
+    record = export_bundle(out, tmp_path / "onnx", ExportSettings(), tiny_task).record
+    assert record["parity_max_abs_diff"] <= record["parity_tolerance"]
+    assert record["optimized"], record.get("fusion_fallback")
+
+
+def test_a_groups_scores_are_summed_over_its_layers(bert_bundle, tiny_task, monkeypatch):
+    """Layers 0 and 1 share their heads: the heads that go are the lowest by the sum of the two
+    layers' scores (heads 3 and 0), not either layer's own lowest (0 and 1; 2 and 3); a head of
+    the group counts twice towards `count`."""
+    from compressor.modeling import importance
+    scores = [torch.tensor([0.1, 0.3, 0.9, 0.5]), torch.tensor([0.7, 0.6, 0.0, 0.2]),
+              torch.ones(4), torch.ones(4)]
+    monkeypatch.setattr(importance, "head_importance", lambda *args: [row.clone() for row in scores])
+    shared = share(bert_bundle, tiny_task, mode="attention", groups=2)
+    out = run(shared, "prune-heads", tiny_task, count=4, importance="random")
+    assert {layer: sorted(hs) for layer, hs in out.model.config.pruned_heads.items()} == {0: [0, 3], 1: [0, 3]}
+    assert heads(out.model) == [2, 2, 4, 4]
+
+
+def test_per_layer_counts_must_agree_within_a_group(bert_bundle, tiny_task, monkeypatch):
+    from compressor.modeling import importance
+    monkeypatch.setattr(importance, "taylor_scores", lambda *a, **k: pytest.fail("scored before refusing"))
+    shared = share(bert_bundle, tiny_task, mode="all", groups=2)
+    with pytest.raises(UserError, match=r"per_layer asks layers \[0, 1\] to lose \[1, 2\] heads, but they share "
+                                        r"their attention weights") as err:
+        run(shared, "prune-heads", tiny_task, per_layer=[1, 2, 0, 0])
+    assert "\n" not in str(err.value)
+    agreed = run(shared, "prune-heads", tiny_task, per_layer=[2, 2, 1, 1], importance="random")
+    assert heads(agreed.model) == [2, 2, 3, 3]
+
+
+def test_iterative_steps_remove_whole_groups(bert_bundle, tiny_task):
+    """All four layers share one attention: each step removes one head from all of them (a
+    step of 1 head is raised to the group's 4), and the sharing stays."""
+    shared = share(bert_bundle, tiny_task, mode="attention", groups=1)
+    out = run(shared, "prune-heads", tiny_task, iterative=True, min_retention=0.01, fraction=0.5, step=0.05,
+              validation_samples=64)
+    assert heads(out.model) == [2, 2, 2, 2]
+    assert shared_pairs(out.model, ((0, 1), (1, 2), (2, 3)), "attention.")
 
 
 # --- drop-layers: count ---
