@@ -67,11 +67,11 @@ def model_in(annotation: Any) -> type[BaseModel] | None:
     return next((found for arg in get_args(annotation) if (found := model_in(arg)) is not None), None)
 
 
-def refuse_bool_items(values: Any) -> Any:
+def refuse_bool_items(values: Any, expected: str = "numbers") -> Any:
     """A `mode="before"` check for a list of numbers whose own validator runs before
     refuse_bool_numbers could: `[true]` is refused as written, not as the 1 it became."""
     if isinstance(values, list) and any(isinstance(v, bool) for v in values):
-        raise ValueError(f"expected numbers, got {yaml.safe_dump(values, default_flow_style=True).strip()}")
+        raise ValueError(f"expected {expected}, got {yaml.safe_dump(values, default_flow_style=True).strip()}")
     return values
 
 

@@ -17,7 +17,7 @@ from types import UnionType
 from typing import Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_items, refuse_bool_numbers, yaml_problem
 from pretrain.errors import UserError, validation_message
@@ -67,8 +67,8 @@ class Profile(BaseModel):
 
     @field_validator("batch_sizes", "sequence_lengths", mode="before")
     @classmethod
-    def _no_bool_items(cls, values: object) -> object:
-        return refuse_bool_items(values)
+    def _no_bool_items(cls, values: object, info: ValidationInfo) -> object:
+        return refuse_bool_items(values, "numbers or 'real'" if info.field_name == "sequence_lengths" else "numbers")
 
     @field_validator("batch_sizes")
     @classmethod

@@ -28,7 +28,7 @@ from compressor.bundle import ModelBundle
 from compressor.passes import distill_losses as dl
 from compressor.passes.distill_augment import AugmentConfig, check_unlabeled_fit, transfer_data
 from compressor.passes.registry import (Context, Known, PassConfig, Shape, check_teacher_bundle, check_teacher_fits,
-                                       register, shape_of)
+                                       register, shape_of, word_embedding_training)
 from pretrain.batching import encode, iterate, inference_order, usable_length
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
@@ -332,7 +332,8 @@ def check_projection(cfg: DistillConfig, student_width: int | None, teacher_widt
                         "widths")
 
 
-@register("distill", DistillConfig, trains=True, check_family=check_distill_family, check_shape=distill_shape)
+@register("distill", DistillConfig, trains=True, check_family=check_distill_family, check_shape=distill_shape,
+          trains_embedding=word_embedding_training)
 def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> ModelBundle:
     """Train the bundle (the student) against the teacher; the teacher is only read."""
     cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)

@@ -24,7 +24,7 @@ from compressor.bundle import ModelBundle
 from compressor.export.quantize import QuantizeConfig, StaticInt8Config, check_quantize_family
 from compressor.modeling.fake_quant import input_maxima, linear_layers, one_layer_quantized, q8bert_fake_quant
 from compressor.modeling.importance import encode_for_model
-from compressor.passes.registry import Context, PassConfig, register
+from compressor.passes.registry import Context, PassConfig, register, word_embedding_training
 from pretrain.batching import Encoded, in_data_order
 from pretrain.data import TaskData
 from pretrain.errors import UserError
@@ -67,7 +67,7 @@ class QATConfig(FinetuneConfig):
         return self
 
 
-@register("qat", QATConfig, trains=True, names_layers=True)
+@register("qat", QATConfig, trains=True, names_layers=True, trains_embedding=word_embedding_training)
 def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
     """Q8BERT quantization-aware training, then an int8 export that uses the learned ranges.
 

@@ -161,6 +161,9 @@ class PassSpec:
     # renumbers, removes or replaces encoder layers: names recorded before point elsewhere
     # (a function of the config where only some settings do)
     renames_layers: bool | Callable[[BaseModel], bool] = False
+    # how the step trains the model's word embedding (config -> e.g. "sparse updates"), None
+    # where it never does (it freezes it, or builds a new network)
+    trains_embedding: Callable[[BaseModel], str | None] | None = None
 
 
 _REGISTRY: dict[str, PassSpec] = {}
@@ -170,14 +173,15 @@ def register(name: str, config_type: type[BaseModel], *, preserves_function: boo
              trains: bool = False, check_family: FamilyCheck | None = None,
              check_tokenizer: TokenizerCheck | None = None,
              check_shape: ShapeCheck | None = None, names_layers: bool = False,
-             renames_layers: bool | Callable[[BaseModel], bool] = False) -> Callable[[PassFn], PassFn]:
+             renames_layers: bool | Callable[[BaseModel], bool] = False,
+             trains_embedding: Callable[[BaseModel], str | None] | None = None) -> Callable[[PassFn], PassFn]:
     check_config_type(name, config_type)
 
     def decorate(fn: PassFn) -> PassFn:
         if name in _REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
         _REGISTRY[name] = PassSpec(name, config_type, fn, preserves_function, trains, check_family,
-                                   check_tokenizer, check_shape, names_layers, renames_layers)
+                                   check_tokenizer, check_shape, names_layers, renames_layers, trains_embedding)
         return fn
     return decorate
 
@@ -282,11 +286,25 @@ def shape_after(name: str, config: BaseModel, known: Known) -> Known:
 def check_embedding_rank_kept(name: str, config: BaseModel, rank: int | None) -> None:
     """Refuse (UserError) a step that would train a factorized word embedding off its rank:
     the export re-factorizes at that rank, and its parity check fails after the training."""
-    updates = getattr(config, "embedding_updates", "frozen")
-    if rank is not None and get_pass(name).trains and updates != "frozen":
+    spec = get_pass(name)
+    how = spec.trains_embedding(config) if rank is not None and spec.trains_embedding is not None else None
+    if how is not None:
+        remedy = "no domain_corpus" if "domain" in how else "embedding_updates: frozen"
         raise UserError(f"{name}: factorize-embedding before it left the word embedding at rank {rank}, which the "
-                        f"export stores as two factors, and {name} would train it ({updates} updates) off that rank; "
-                        "expected embedding_updates: frozen")
+                        f"export stores as two factors, and {name} would train it ({how}) off that rank; "
+                        f"expected {remedy}")
+
+
+def word_embedding_training(config: BaseModel) -> str | None:
+    """How a step with the `finetune` settings trains the word embedding; None where it does
+    not: no epochs, or a strategy that trains only its own modules on a frozen encoder. The
+    domain MLM of a two-stage run updates it densely whatever `embedding_updates` says."""
+    if getattr(config, "epochs", 1) == 0:
+        return None
+    if getattr(config, "domain_corpus", None) is not None:
+        return "its domain MLM, dense updates"
+    updates = getattr(config, "embedding_updates", "frozen")
+    return f"{updates} updates" if getattr(config, "strategy", "full") == "full" and updates != "frozen" else None
 
 
 def check_layer_names_hold(name: str, config: BaseModel, named_by: Iterable[str]) -> None:

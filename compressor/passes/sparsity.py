@@ -47,7 +47,8 @@ from transformers import PreTrainedModel
 from compressor.bundle import ModelBundle
 from compressor.modeling.cost import encoder_linears
 from compressor.passes.distill_losses import TeacherLogits, soft_kl
-from compressor.passes.registry import Context, Known, Shape, check_teacher_bundle, check_teacher_fits, register, shape_of
+from compressor.passes.registry import (Context, Known, Shape, check_teacher_bundle, check_teacher_fits, register,
+                                        shape_of, word_embedding_training)
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES, TRANSFORMER_FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
@@ -337,14 +338,14 @@ def prune(bundle: ModelBundle, cfg: SparsityConfig, ctx: Context, by: Literal["m
 
 
 @register("prune-magnitude", MagnitudeConfig, trains=True, check_family=check_linear_family,
-          check_shape=soft_targets_shape)
+          check_shape=soft_targets_shape, trains_embedding=word_embedding_training)
 def prune_magnitude(bundle: ModelBundle, cfg: MagnitudeConfig, ctx: Context) -> ModelBundle:
     """Gordon et al.: zero the smallest |W| of the encoder's Linears, gradually while fine-tuning."""
     return prune(bundle, cfg, ctx, "magnitude")
 
 
 @register("prune-movement", MovementConfig, trains=True, check_family=check_linear_family,
-          check_shape=soft_targets_shape)
+          check_shape=soft_targets_shape, trains_embedding=word_embedding_training)
 def prune_movement(bundle: ModelBundle, cfg: MovementConfig, ctx: Context) -> ModelBundle:
     """Sanh et al.: keep the weights whose learned scores (how they move away from 0) are largest."""
     return prune(bundle, cfg, ctx, "movement")

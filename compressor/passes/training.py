@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from compressor.bundle import ModelBundle
-from compressor.passes.registry import Context, register
+from compressor.passes.registry import Context, register, word_embedding_training
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
 
 
-@register("finetune", FinetuneConfig, trains=True)
+@register("finetune", FinetuneConfig, trains=True, trains_embedding=word_embedding_training)
 def finetune_pass(bundle: ModelBundle, cfg: FinetuneConfig, ctx: Context) -> ModelBundle:
     """Continue training on the task (e.g. to recover accuracy after a structural pass)."""
     cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)

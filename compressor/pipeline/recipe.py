@@ -89,8 +89,8 @@ class BenchmarkSettings(Strict):
 
     @field_validator("batch_sizes", "sequence_lengths", mode="before")
     @classmethod
-    def _no_bool_items(cls, values: object) -> object:
-        return refuse_bool_items(values)
+    def _no_bool_items(cls, values: object, info: ValidationInfo) -> object:
+        return refuse_bool_items(values, "numbers or 'real'" if info.field_name == "sequence_lengths" else "numbers")
 
     @field_validator("batch_sizes")
     @classmethod

@@ -59,7 +59,9 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
     task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
     task = load_task(task_spec, seed=recipe.seed)
     if recipe.benchmark is not None:
-        check_batches_fit(recipe.benchmark, len(task.split("test").head(recipe.data.max_eval_samples)))
+        test = task.split("test")
+        scored = len(test.head(recipe.data.max_eval_samples))
+        check_batches_fit(recipe.benchmark, scored, capped=scored < len(test))
     if recipe.teacher.finetune is None:
         check_head_for(teacher_path, tuple(task.label_names), task.name)
     else:

@@ -65,3 +65,19 @@ def test_a_recipe_batch_larger_than_the_scored_test_rows_stops_before_training(t
     with pytest.raises(UserError, match="batch size 4 is larger than the 3 test examples scored"):
         run_raw(raw, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_profile_this_machine_skips_does_not_count_in_the_batch_check():
+    import pytest
+
+    from compressor.bench.profiles import load_profile, unavailable_reason
+    from compressor.pipeline.benchmark_stages import check_batches_fit
+    from compressor.pipeline.recipe import BenchmarkSettings
+    from pretrain.errors import UserError
+    if unavailable_reason(load_profile("gpu-cuda-fp16")) is None:
+        pytest.skip("this machine runs the GPU profile")
+    settings = BenchmarkSettings(profiles=["cpu", "gpu-cuda-fp16"], batch_sizes=[1, 64])
+    with pytest.raises(UserError, match=r"profile cpu: batch size 64 is larger than the 50 test examples scored; "
+                                        r"expected batch sizes of at most 50$"):
+        check_batches_fit(settings, 50, capped=False)
+    check_batches_fit(BenchmarkSettings(profiles=["cpu", "gpu-cuda-fp16"]), 50, capped=True)   # cpu: [1, 8]

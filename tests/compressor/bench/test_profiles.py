@@ -60,7 +60,7 @@ def profile_file(tmp_path, **changes):
     ({"threads": True}, "threads"),
     ({"warmup": True}, "warmup: expected a number, got true"),
     ({"batch_sizes": [8, True]}, r"batch_sizes: expected numbers, got \[8, true\]"),
-    ({"sequence_lengths": [True, 128]}, r"sequence_lengths: expected numbers, got \[true, 128\]"),
+    ({"sequence_lengths": [True, 128]}, r"sequence_lengths: expected numbers or 'real', got \[true, 128\]"),
     ({"provider": "CPUExecutionprovider"}, "no ONNX Runtime execution provider has that name.*'CPUExecutionprovider'"),
     ({"sequence_lengths": []}, "at least 1 item"),
     ({"sequence_lengths": [16, 16]}, "distinct"),

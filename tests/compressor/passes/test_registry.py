@@ -242,6 +242,20 @@ def test_a_step_that_would_train_a_factorized_embedding_off_its_rank_is_refused_
     with pytest.raises(UserError, match="rank 8"):
         shape_after("distill", DistillConfig(losses=("soft",)), known)
     shape_after("distill", DistillConfig(losses=("soft",), embedding_updates="frozen"), known)
+    # steps that leave the word embedding alone pass: a strategy on a frozen encoder, theseus
+    # (only the successors train), one-shot pruning, a new network
+    from compressor.passes.sparsity import MagnitudeConfig
+    from compressor.passes.theseus import TheseusConfig
+    shape_after("finetune", FinetuneConfig(strategy="adapters"), known)
+    shape_after("theseus", TheseusConfig(successor_layers=2), known)
+    shape_after("prune-magnitude", MagnitudeConfig(sparsity=0.5, epochs=0), known)
+    from compressor.passes.shallow_students import DistillStructure
+    shape_after("distill-structure", DistillStructure(kind="cnn"), known)
+    with pytest.raises(UserError, match="rank 8"):
+        shape_after("prune-magnitude", MagnitudeConfig(sparsity=0.5), known)
+    # a domain MLM first trains the embedding densely whatever embedding_updates says
+    with pytest.raises(UserError, match=r"its domain MLM, dense updates.*expected no domain_corpus$"):
+        shape_after("finetune", FinetuneConfig(embedding_updates="frozen", domain_corpus="wordnet"), known)
     shape_after("quantize", registry.get_pass("quantize").config_type.model_validate({"mode": "fp16"}), known)
     # a student of the bundle's layers keeps the factorized embedding; one of the teacher's does not
     student = shape_after("student", StudentConfig.model_validate({"layers": [0, 2], "from": "bundle"}), known)

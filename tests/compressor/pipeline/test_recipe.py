@@ -245,7 +245,7 @@ def test_yaml_true_or_false_for_a_number_is_refused_not_read_as_1_or_0(tmp_path)
     assert "distill.weights.soft: expected a number, got true" in message
     # A list whose own validator runs first is refused as written, not as [1, 128].
     message = error_of(tmp_path, "name: r\n" + TEACHER + "variants:\n  v: []\nbenchmark: {sequence_lengths: [true, 128]}\n")
-    assert message.endswith("benchmark.sequence_lengths: expected numbers, got [true, 128]")
+    assert message.endswith("benchmark.sequence_lengths: expected numbers or 'real', got [true, 128]")
 
 
 def test_a_profile_file_is_found_beside_the_recipe_as_its_other_paths_are(tmp_path, monkeypatch):
