@@ -119,17 +119,26 @@ def spread(total: int, parts: int) -> tuple[int, ...]:
 
 def suggest_plan(trial, depth: int, recoveries: Sequence[Recovery], precisions: Sequence[Precision]) -> Plan:
     """One plan from an Optuna trial (define-by-run: a theseus plan has no pruning parameters)."""
-    usable = [r for r in recoveries if r != "theseus" or theseus_depths(depth)]
-    recovery = trial.suggest_categorical("recovery", usable)
+    possible = [r for r in RECOVERIES if r != "theseus" or theseus_depths(depth)]
+    recovery = suggest_choice(trial, "recovery", [r for r in recoveries if r in possible], possible)
     if recovery == "theseus":
         layers, heads, ffn = trial.suggest_categorical("successor_layers", theseus_depths(depth)), 0.0, 0.0
     else:
         layers = trial.suggest_int("layers", 1, depth)
         heads = trial.suggest_float("heads_removed", 0.0, MAX_HEADS_REMOVED, step=0.05)
         ffn = trial.suggest_float("ffn_removed", 0.0, MAX_FFN_REMOVED, step=0.05)
-    precision = trial.suggest_categorical("precision", list(precisions))
+    precision = suggest_choice(trial, "precision", precisions, PRECISIONS)
     return Plan(layers=layers, heads_removed=round(heads, 2), ffn_removed=round(ffn, 2), recovery=recovery,
                 precision=precision)
+
+
+def suggest_choice(trial, name: str, choices: Sequence[str], domain: Sequence[str]) -> str:
+    """One of `choices`. Optuna refuses a categorical whose choices change within a study, and
+    a resumed search may narrow --precisions or --recoveries: a list other than the whole
+    domain is a parameter of its own (`precision:int8`), so no study holds two lists under one
+    name. Plans are read from the trials' `plan` records, never from these names."""
+    key = name if list(choices) == list(domain) else f"{name}:{'/'.join(choices)}"
+    return trial.suggest_categorical(key, list(choices))
 
 
 def theseus_depths(depth: int) -> list[int]:

@@ -90,3 +90,17 @@ def test_suggested_plans_are_valid_for_the_depth():
     assert seen == {"finetune", "distill", "theseus"}
     trial = optuna.create_study().ask()
     assert suggest_plan(trial, 1, ("theseus", "finetune"), ("fp32",)).recovery == "finetune"   # no block to replace
+
+
+def test_a_resumed_study_may_narrow_the_precisions_and_recoveries():
+    # Optuna refused a categorical whose choices changed within a study: a resumed search with
+    # fewer --precisions (as the README allows) raised a traceback on its first trial.
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(3):
+        trial = study.ask()
+        study.tell(trial, len(suggest_plan(trial, 6, ("finetune", "distill", "theseus"), ("fp32", "int8")).name))
+    for _ in range(5):
+        trial = study.ask()
+        plan = suggest_plan(trial, 6, ("finetune",), ("int8",))
+        assert (plan.precision, plan.recovery) == ("int8", "finetune")
+        study.tell(trial, 1.0)
