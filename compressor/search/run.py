@@ -158,9 +158,12 @@ def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, da
         model = fit_latency_model(bundle, data, target, [settings.batch_size], work=out_dir / STRUCTURES_DIR,
                                   cache=latency_cache(target, bundle), fit_count=settings.latency_structures,
                                   held_out_count=settings.latency_held_out, precisions=settings.precisions,
-                                  seed=settings.seed, log=log)
+                                  seed=settings.seed, log=log, deadline=deadline)
         model.save(out_dir / "latency_model.json")
         study.set_user_attr("latency_model", model.model_dump(mode="json"))
+        # The timed structure exports (hundreds of MB) served the model, now saved here, in
+        # the study and in the cache: nothing later reads them, even if the search fails.
+        shutil.rmtree(out_dir / STRUCTURES_DIR, ignore_errors=True)
         study.set_user_attr("teacher_validation_accuracy", evaluate(bundle.model, bundle.tokenizer, validation)[0]["accuracy"])
     while "latency_model" not in study.user_attrs or "teacher_validation_accuracy" not in study.user_attrs:
         if time.monotonic() > deadline:
@@ -268,9 +271,7 @@ def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task
         if picked:
             atomic_file(out_dir / section["recipe_file"], yaml.safe_dump(
                 {**raw, "variants": {picked: raw["variants"][picked]}}, sort_keys=False).encode())
-    # The timed structure exports (hundreds of MB) served the latency model, which is saved
-    # (latency_model.json, and the cache): a finished search needs them no more.
-    shutil.rmtree(out_dir / STRUCTURES_DIR, ignore_errors=True)
+    shutil.rmtree(out_dir / STRUCTURES_DIR, ignore_errors=True)   # left by a search of an earlier version
     return section
 
 

@@ -12,6 +12,9 @@ from compressor.search.plans import PRECISIONS, RECOVERIES, Precision, Recovery
 from pretrain.limits import MAX_SEED
 
 
+MAX_LATENCY_STRUCTURES = 500
+
+
 class SearchSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -37,8 +40,10 @@ class SearchSettings(BaseModel):
     # Plans predicted up to this share over the budget still train: the latency model errs by
     # a few percent, and measured numbers decide.
     latency_slack: float = Field(0.1, ge=0, le=1)
-    latency_structures: int = Field(12, ge=2)      # random structures per precision the latency model is fitted on
-    latency_held_out: int = Field(6, ge=1)         # ... and scored on (its error is reported)
+    # Random structures per precision the latency model is fitted on, and scored on (its error
+    # is reported); each is exported and timed, a few seconds to a minute apiece.
+    latency_structures: int = Field(12, ge=2, le=MAX_LATENCY_STRUCTURES)
+    latency_held_out: int = Field(6, ge=1, le=MAX_LATENCY_STRUCTURES)
     max_eval_samples: int | None = Field(5000, ge=1)   # test examples the finalists are scored on
     baselines: list[Literal[BASELINES]] = list(BASELINES)    # type: ignore[valid-type]
     seed: int = Field(0, ge=0, le=MAX_SEED)

@@ -11,6 +11,7 @@ optimization.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -28,6 +29,7 @@ from compressor.search.latency import (LatencyModel, Point, Precision, Structure
                                        held_out_error, load_or_none, model_key)
 from pretrain.batching import usable_length
 from pretrain.data import Split, TaskData
+from pretrain.errors import UserError
 from pretrain.families import family_of
 from pretrain.models import keep_encoder_layers
 
@@ -82,12 +84,19 @@ def build(teacher: ModelBundle, structure: Structure) -> ModelBundle:
 
 
 def export_structures(teacher: ModelBundle, structures: Sequence[Structure], task: TaskData,
-                      work: Path, log: Callable[[str], None] = print) -> dict[Structure, Path]:
+                      work: Path, log: Callable[[str], None] = print,
+                      deadline: float | None = None) -> dict[Structure, Path]:
     """Each structure's ONNX file under `work` (an export already there is reused; the dir
-    names the exporter's graph version, so a graph traced the old way is not)."""
+    names the exporter's graph version, so a graph traced the old way is not). Past
+    `deadline` (time.monotonic()), the exports stop with a UserError; those made are kept for
+    a rerun."""
     files = {}
-    for structure in structures:
+    for done, structure in enumerate(structures):
         out = Path(work) / f"{structure.name}-g{GRAPH_VERSION}"
+        if deadline is not None and time.monotonic() > deadline and not (out / ONNX_FILE).is_file():
+            raise UserError(f"the latency model's structure exports used up the time budget ({done} of "
+                            f"{len(structures)} made, kept in {work} for a rerun); expected a larger time budget or "
+                            "fewer latency structures")
         if not (out / ONNX_FILE).is_file():
             log(f"latency model: exporting {structure.name}")
             export_bundle(build(teacher, structure), out, STRUCTURE_EXPORT, task, GATE_SAMPLES)
@@ -118,7 +127,7 @@ def measure(files: dict[Structure, Path], profile: Profile, tokenizer, test: Spl
 def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, batch_sizes: Sequence[int], *,
                       work: Path, cache: Path | None = None, fit_count: int = 12, held_out_count: int = 6,
                       precisions: Sequence[Precision] = ("fp32", "int8"), seed: int = 0,
-                      log: Callable[[str], None] = print) -> LatencyModel:
+                      log: Callable[[str], None] = print, deadline: float | None = None) -> LatencyModel:
     """The profile's latency model for this teacher: from `cache` if it was fitted on this
     machine for the same profile and teacher shape, else measured (`fit_count` random
     structures per precision plus the teacher itself to fit, `held_out_count` more to score it)
@@ -137,7 +146,7 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
              for p in precisions]
     fitting = whole + sample_structures(shape, fit_count, precisions, seed)
     held_out = [s for s in sample_structures(shape, held_out_count, precisions, seed + 1) if s not in fitting]
-    files = export_structures(teacher, fitting + held_out, task, work, log)
+    files = export_structures(teacher, fitting + held_out, task, work, log, deadline)
     test = task.split("test")
     points = measure(files, profile, teacher.tokenizer, test, batch_sizes, usable_length(teacher.model))
     seen = set(fitting)

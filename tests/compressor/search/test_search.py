@@ -217,6 +217,7 @@ def test_a_second_search_into_a_dir_in_use_is_refused_before_touching_it(searche
     (["--teacher", "minilm"], "without a trained classifier"),    # the bundled encoder: not fine-tuned
     (["--task", "wordnet-wsd"], "model labels do not match"),       # a teacher of another task
     (["--latency-budget-ms", "inf"], "--latency-budget-ms: Input should be a finite number"),
+    (["--latency-structures", "100000"], "--latency-structures: Input should be less than or equal to 500"),
 ])
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(args, message, tiny_bert_dir, tiny_csv, tmp_path, capsys):
     out = tmp_path / "never"

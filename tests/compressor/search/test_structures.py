@@ -51,3 +51,22 @@ def test_fit_measures_then_reuses_on_the_same_machine(bert_bundle, tiny_task, tm
                               cache=tmp_path / "latency.json", fit_count=3, held_out_count=2,
                               precisions=("fp32",), log=lambda _: None)
     assert again == model
+
+
+def test_structure_exports_stop_at_the_deadline_and_keep_what_they_made(bert_bundle, tiny_task, tmp_path):
+    """--time-budget-min did not bound the latency model's phase: any number of structures was
+    exported past it."""
+    import time
+
+    from pretrain.errors import UserError
+    shape = teacher_shape(bert_bundle)
+    structures = sample_structures(shape, 2, ("fp32",), seed=0)
+    with pytest.raises(UserError, match=r"structure exports used up the time budget \(0 of 2 made, kept in .*\); "
+                                        r"expected a larger time budget or fewer latency structures"):
+        module.export_structures(bert_bundle, structures, tiny_task, tmp_path / "work", deadline=time.monotonic() - 1)
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
+    made = module.export_structures(bert_bundle, structures[:1], tiny_task, tmp_path / "work")
+    # an export already made is reused past the deadline; the next one is not started
+    with pytest.raises(UserError, match=r"\(1 of 2 made"):
+        module.export_structures(bert_bundle, structures, tiny_task, tmp_path / "work", deadline=time.monotonic() - 1)
+    assert all(path.is_file() for path in made.values())
