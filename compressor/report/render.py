@@ -81,7 +81,8 @@ def search_lines(search: dict) -> list[str]:
     trials, held_out = search["trials"], search["latency_model"].get("held_out") or {}
     lines = [search["outcome"],
              f"trials: {trials['total']} ({trials['trained']} trained briefly, {trials['not_trained_over_budget']} "
-             f"predicted over budget and not trained, {trials['failed']} failed)"]
+             f"predicted over budget and not trained, {trials['failed']} failed"
+             + (f", {trials['stopped']} stopped by an interrupt" if trials.get("stopped") else "") + ")"]
     if held_out:
         lines.append(f"latency model: median error {held_out['median_abs_relative_error']:.1%} on "
                      f"{held_out['structures']} held-out structures, rank correlation {fmt(held_out['spearman'], 3)}")

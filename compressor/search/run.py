@@ -305,6 +305,17 @@ def measured_p50(entry: dict, profile: str, batch_size: int) -> float | None:
     return row["p50_ms"] if row else None
 
 
+def trial_counts(trials: list[optuna.trial.FrozenTrial]) -> dict[str, int]:
+    """The report's tally of the study's trials. A trial Ctrl-C or SIGTERM cut short (retried
+    once on resume) is counted as stopped, not as a failed plan."""
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    stopped = [t for t in trials if t.user_attrs.get("stopped")]
+    return {"total": len(trials), "complete": len(done), "trained": len(proxy_trials(done)),
+            "not_trained_over_budget": sum(1 for t in done if "proxy_accuracy" not in t.user_attrs),
+            "failed": sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL and t not in stopped),
+            "stopped": len(stopped)}
+
+
 def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, runner: ProxyRunner,
                    settings: SearchSettings) -> dict:
     """What the search did and found: budget, latency model, trials, every finalist measured,
@@ -326,7 +337,6 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
     best_effort = None if chosen else best_effort_pick(rows)
     compared = compared_rows(by_name, report, settings, chosen or best_effort)
     trials = study.get_trials(deepcopy=False)
-    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     latency = runner.latency
     return {
         "budget": {"latency_ms": settings.latency_budget_ms, "batch_size": settings.batch_size,
@@ -334,9 +344,7 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
                    "searched_for_ms": runner.budget_ms},
         "latency_model": {"key": latency.key, "points": latency.points,
                           "held_out": {k: v for k, v in (latency.held_out or {}).items() if k != "rows"}},
-        "trials": {"total": len(trials), "complete": len(done), "trained": len(proxy_trials(done)),
-                   "not_trained_over_budget": sum(1 for t in done if "proxy_accuracy" not in t.user_attrs),
-                   "failed": sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL),
+        "trials": {**trial_counts(trials),
                    "teacher_validation_accuracy": runner.teacher_accuracy,
                    "validation_samples": settings.validation_samples,
                    "proxy_train_samples": settings.proxy_train_samples, "proxy_lr": settings.proxy_lr},

@@ -169,3 +169,17 @@ def test_a_resumed_or_joined_study_of_the_largest_seed_gets_a_sampler(tmp_path):
     resumed = open_study(storage, "s", {"a": 1}, False, 2**32 - 1)
     joined = open_study(storage, "s", {"a": 1}, True, 2**32 - 1 + 1 + 4321)
     assert len(resumed.trials) == len(joined.trials) == 1
+
+
+def test_a_trial_an_interrupt_cut_short_is_counted_as_stopped_not_failed():
+    from optuna.trial import TrialState
+
+    from compressor.search.run import trial_counts
+    study = optuna.create_study()
+    stopped, failed, done = (study.ask({"x": FloatDistribution(0.0, 1.0)}) for _ in range(3))
+    stopped.set_user_attr("stopped", True)
+    study.tell(stopped, state=TrialState.FAIL)
+    study.tell(failed, state=TrialState.FAIL)
+    study.tell(done, 1.0)
+    counts = trial_counts(study.get_trials())
+    assert (counts["total"], counts["complete"], counts["failed"], counts["stopped"]) == (3, 1, 1, 1)
