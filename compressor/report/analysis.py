@@ -84,7 +84,7 @@ def recipe_warnings(models: list[dict]) -> list[str]:
     for m in (m for m in models if not m.get("baseline")):
         names = [step.get("pass") for step in m.get("passes") or ()]
         recorded = [n for n in dict.fromkeys(names) if n in EXPORT_RECORDS]
-        if recorded and "onnx" not in m and m.get("kind") == "torch" and m.get("precision") == "fp32":
+        if recorded and "onnx" not in m:       # no export record: the entry is the PyTorch dir
             warnings.append(f"{m['name']}: {', '.join(recorded)} recorded what the ONNX export should do, and this run "
                             "exported nothing, so it is scored and timed as its fp32 PyTorch model; add `export: "
                             "{onnx: true}` to the recipe, or run `compressor export --model` on its dir")

@@ -312,7 +312,8 @@ def trial_counts(trials: list[optuna.trial.FrozenTrial]) -> dict[str, int]:
     stopped = [t for t in trials if t.user_attrs.get("stopped")]
     return {"total": len(trials), "complete": len(done), "trained": len(proxy_trials(done)),
             "not_trained_over_budget": sum(1 for t in done if "proxy_accuracy" not in t.user_attrs),
-            "failed": sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL and t not in stopped),
+            "failed": sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL
+                          and not t.user_attrs.get("stopped")),
             "stopped": len(stopped)}
 
 
