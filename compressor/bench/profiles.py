@@ -68,7 +68,7 @@ class Profile(BaseModel):
     @field_validator("batch_sizes", "sequence_lengths", mode="before")
     @classmethod
     def _no_bool_items(cls, values: object, info: ValidationInfo) -> object:
-        return refuse_bool_items(values, "numbers or 'real'" if info.field_name == "sequence_lengths" else "numbers")
+        return numbers_as_written(values, info)
 
     @field_validator("batch_sizes")
     @classmethod
@@ -97,6 +97,12 @@ class Profile(BaseModel):
 
     def suits(self, precision: str) -> bool:
         return precision_family(precision) in self.precisions
+
+
+def numbers_as_written(values: object, info: ValidationInfo) -> object:
+    """Shared by profiles and a recipe's `benchmark:` overrides: YAML's true/false in
+    batch_sizes or sequence_lengths refused as written (before pydantic makes them 1 and 0)."""
+    return refuse_bool_items(values, "numbers or 'real'" if info.field_name == "sequence_lengths" else "numbers")
 
 
 def check_batch_sizes(sizes: list[int]) -> list[int]:

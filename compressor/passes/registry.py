@@ -289,7 +289,7 @@ def check_embedding_rank_kept(name: str, config: BaseModel, rank: int | None) ->
     spec = get_pass(name)
     how = spec.trains_embedding(config) if rank is not None and spec.trains_embedding is not None else None
     if how is not None:
-        remedy = "no domain_corpus" if "domain" in how else "embedding_updates: frozen"
+        remedy = "no domain_corpus" if getattr(config, "domain_corpus", None) else "embedding_updates: frozen"
         raise UserError(f"{name}: factorize-embedding before it left the word embedding at rank {rank}, which the "
                         f"export stores as two factors, and {name} would train it ({how}) off that rank; "
                         f"expected {remedy}")

@@ -18,7 +18,7 @@ from compressor.bench.baselines import BASELINES, distinct_baselines
 from compressor.export.onnx import ExportSettings
 from compressor.passes import get_pass
 from compressor.search.settings import SearchSettings
-from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_items, refuse_bool_numbers, yaml_problem
+from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_numbers, yaml_problem
 from pretrain.errors import UserError, validation_message
 from pretrain.finetune import FinetuneConfig
 from pretrain.limits import MAX_SEED
@@ -90,7 +90,8 @@ class BenchmarkSettings(Strict):
     @field_validator("batch_sizes", "sequence_lengths", mode="before")
     @classmethod
     def _no_bool_items(cls, values: object, info: ValidationInfo) -> object:
-        return refuse_bool_items(values, "numbers or 'real'" if info.field_name == "sequence_lengths" else "numbers")
+        from compressor.bench.profiles import numbers_as_written
+        return numbers_as_written(values, info)
 
     @field_validator("batch_sizes")
     @classmethod
