@@ -119,26 +119,41 @@ def spread(total: int, parts: int) -> tuple[int, ...]:
 
 def suggest_plan(trial, depth: int, recoveries: Sequence[Recovery], precisions: Sequence[Precision]) -> Plan:
     """One plan from an Optuna trial (define-by-run: a theseus plan has no pruning parameters)."""
-    possible = [r for r in RECOVERIES if r != "theseus" or theseus_depths(depth)]
-    recovery = suggest_choice(trial, "recovery", [r for r in recoveries if r in possible], possible)
+    recovery = trial.suggest_categorical(*categorical("recovery", usable_recoveries(depth, recoveries),
+                                                      usable_recoveries(depth, RECOVERIES)))
     if recovery == "theseus":
         layers, heads, ffn = trial.suggest_categorical("successor_layers", theseus_depths(depth)), 0.0, 0.0
     else:
         layers = trial.suggest_int("layers", 1, depth)
         heads = trial.suggest_float("heads_removed", 0.0, MAX_HEADS_REMOVED, step=0.05)
         ffn = trial.suggest_float("ffn_removed", 0.0, MAX_FFN_REMOVED, step=0.05)
-    precision = suggest_choice(trial, "precision", precisions, PRECISIONS)
+    precision = trial.suggest_categorical(*categorical("precision", precisions, PRECISIONS))
     return Plan(layers=layers, heads_removed=round(heads, 2), ffn_removed=round(ffn, 2), recovery=recovery,
                 precision=precision)
 
 
-def suggest_choice(trial, name: str, choices: Sequence[str], domain: Sequence[str]) -> str:
-    """One of `choices`. Optuna refuses a categorical whose choices change within a study, and
-    a resumed search may narrow --precisions or --recoveries: a list other than the whole
-    domain is a parameter of its own (`precision:int8`), so no study holds two lists under one
-    name. Plans are read from the trials' `plan` records, never from these names."""
+def plan_params(plan: Plan, depth: int, recoveries: Sequence[Recovery], precisions: Sequence[Precision]) -> dict:
+    """The trial parameters from which `suggest_plan` proposes `plan` (for `enqueue_trial`)."""
+    recovery, _ = categorical("recovery", usable_recoveries(depth, recoveries), usable_recoveries(depth, RECOVERIES))
+    precision, _ = categorical("precision", precisions, PRECISIONS)
+    shape = {"successor_layers": plan.layers} if plan.recovery == "theseus" else \
+        {"layers": plan.layers, "heads_removed": plan.heads_removed, "ffn_removed": plan.ffn_removed}
+    return {recovery: plan.recovery, **shape, precision: plan.precision}
+
+
+def categorical(name: str, choices: Sequence[str], domain: Sequence[str]) -> tuple[str, list[str]]:
+    """A categorical parameter's name and choices. Optuna refuses a categorical whose choices
+    change within a study, and a resumed search may narrow --precisions or --recoveries: a
+    list other than the whole domain is a parameter of its own (`precision:int8`), so no study
+    holds two lists under one name. Plans are read from the trials' `plan` records, never from
+    these names."""
     key = name if list(choices) == list(domain) else f"{name}:{'/'.join(choices)}"
-    return trial.suggest_categorical(key, list(choices))
+    return key, list(choices)
+
+
+def usable_recoveries(depth: int, recoveries: Sequence[Recovery]) -> list[Recovery]:
+    """`recoveries` less theseus where the teacher has no blocks of layers to replace."""
+    return [r for r in recoveries if r != "theseus" or theseus_depths(depth)]
 
 
 def theseus_depths(depth: int) -> list[int]:
@@ -146,7 +161,17 @@ def theseus_depths(depth: int) -> list[int]:
     return [n for n in range(1, depth) if depth % n == 0]
 
 
-def fastest_plan(depth: int, precisions: Sequence[Precision]) -> Plan:
-    """The smallest plan of the space (one layer, the most pruning, int8 if allowed)."""
-    return Plan(layers=1, heads_removed=MAX_HEADS_REMOVED, ffn_removed=MAX_FFN_REMOVED,
-                precision="int8" if "int8" in precisions else "fp32")
+def smallest_plans(depth: int, recoveries: Sequence[Recovery], precisions: Sequence[Precision]) -> list[Plan]:
+    """The smallest plan of each recovery and precision the search may use: one layer with the
+    most pruning (theseus: its fewest successor layers). The latency model says which is fastest
+    (int8 kernels are not faster everywhere)."""
+    return [Plan(layers=theseus_depths(depth)[0], recovery=r, precision=p) if r == "theseus" else
+            Plan(layers=1, heads_removed=MAX_HEADS_REMOVED, ffn_removed=MAX_FFN_REMOVED, recovery=r, precision=p)
+            for r in usable_recoveries(depth, recoveries) for p in precisions]
+
+
+def largest_plans(depth: int, recoveries: Sequence[Recovery], precisions: Sequence[Precision]) -> list[Plan]:
+    """The largest plan of each recovery and precision: every layer, nothing pruned (theseus:
+    its most successor layers)."""
+    return [Plan(layers=theseus_depths(depth)[-1] if r == "theseus" else depth, recovery=r, precision=p)
+            for r in usable_recoveries(depth, recoveries) for p in precisions]

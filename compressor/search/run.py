@@ -38,11 +38,12 @@ from compressor.pipeline.recipe import RESERVED_NAMES, VARIANT_NAME, parse_recip
 from compressor.report.analysis import latency_row
 from compressor.report.render import write_human_reports
 from compressor.search.latency import LatencyModel
-from compressor.search.plans import Plan, fastest_plan, plan_steps, theseus_depths
+from compressor.search.plans import (Plan, largest_plans, plan_params, plan_steps, smallest_plans, theseus_depths,
+                                     usable_recoveries)
 from compressor.search.settings import SearchSettings
 from compressor.search.structures import fit_latency_model, teacher_shape
 from compressor.search.study import (ProxyRunner, completed, connect, default_storage, finalists, open_study,
-                                     progress_line, proxy_trials)
+                                     progress_line, proxy_trials, seed_study)
 from pretrain.atomic import atomic_file, check_output, write_json
 from pretrain.batching import usable_length
 from pretrain.data import TaskData, load_task, task_files
@@ -117,6 +118,9 @@ def check_inputs(teacher: str | Path, profile: str, settings: SearchSettings) ->
                         "expected a profile whose hardware is here (latency is measured on the target)")
     family = read_model_type(teacher_dir)
     depth = shape_of(teacher_dir).layers
+    if not usable_recoveries(depth, settings.recoveries):
+        raise UserError(f"--recoveries {','.join(settings.recoveries)}: theseus needs a teacher of two or more "
+                        f"layers (this one has {depth}); expected finetune or distill among them")
     for plan in example_plans(depth, settings):
         for item in plan_steps(plan, depth, settings.proxy_train_samples, scoring_samples=settings.scoring_samples):
             step = parse_step(item, "search")
@@ -182,7 +186,8 @@ def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, da
     runner = ProxyRunner(teacher=bundle, teacher_dir=teacher_dir, task=data, validation=validation,
                          teacher_accuracy=study.user_attrs["teacher_validation_accuracy"], latency=latency,
                          shapes=shapes, settings=settings, budget_ms=settings.latency_budget_ms, log=log)
-    fastest = runner.predicted_ms(fastest_plan(runner.depth, settings.precisions))
+    fastest = runner.predicted_ms(runner.fastest(smallest_plans(runner.depth, settings.recoveries,
+                                                                settings.precisions)))
     if fastest > settings.latency_budget_ms:
         log(f"search: the latency budget {settings.latency_budget_ms:.2f} ms is below what the fastest plan "
             f"reaches ({fastest:.2f} ms predicted); searching the fastest plans instead")
@@ -213,8 +218,21 @@ def run_proxies(study: optuna.Study, runner: ProxyRunner, deadline: float, join:
                 (settings.max_trials is not None and len(done) >= settings.max_trials):
             study.stop()
 
+    if not join:
+        seed_study(study, {name: plan_params(plan, runner.depth, settings.recoveries, settings.precisions)
+                           for name, plan in seed_plans(runner).items()})
     if not out_of_time(completed(study)):
         study.optimize(runner.objective, callbacks=[enough], catch=(UserError,))
+
+
+def seed_plans(runner: ProxyRunner) -> dict[str, Plan]:
+    """The plans the lead queues before the sampler draws, in this order: the fastest the latency
+    model predicts (the budget is never below it, so however few the trials, a plan is trained),
+    then the largest it predicts fastest (the accuracy end of the space, free when predicted over
+    the budget: it is not trained)."""
+    settings = runner.settings
+    space = (runner.depth, settings.recoveries, settings.precisions)
+    return {"fastest": runner.fastest(smallest_plans(*space)), "largest": runner.fastest(largest_plans(*space))}
 
 
 def finals_reserve(done: list, runner: ProxyRunner, compared_samples: list[float]) -> float:
@@ -307,10 +325,12 @@ def measured_p50(entry: dict, profile: str, batch_size: int) -> float | None:
 
 def trial_counts(trials: list[optuna.trial.FrozenTrial]) -> dict[str, int]:
     """The report's tally of the study's trials. A trial Ctrl-C or SIGTERM cut short (retried
-    once on resume) is counted as stopped, not as a failed plan."""
+    once on resume) is counted as stopped, not as a failed plan; a queued trial no worker
+    started (a seed or a retry the trial limit left) is not counted."""
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     stopped = [t for t in trials if t.user_attrs.get("stopped")]
-    return {"total": len(trials), "complete": len(done), "trained": len(proxy_trials(done)),
+    started = [t for t in trials if t.state != optuna.trial.TrialState.WAITING]
+    return {"total": len(started), "complete": len(done), "trained": len(proxy_trials(done)),
             "not_trained_over_budget": sum(1 for t in done if "proxy_accuracy" not in t.user_attrs),
             "failed": sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL
                           and not t.user_attrs.get("stopped")),

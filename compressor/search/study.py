@@ -48,6 +48,7 @@ HEARTBEAT_S = 30                              # a worker silent for GRACE_S has 
 GRACE_S = 120
 SAMPLER_STARTUP = 8                           # random trials before TPE models the space
 UNTRAINED = "over budget: not trained"
+SEED = "seed"                                 # the user attribute naming a queued seed plan
 CONNECT_ATTEMPTS = 5
 JOIN_WAIT_S = 60.0                            # how long a joining worker waits for the study to appear
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -101,6 +102,16 @@ def open_study(storage: RDBStorage, name: str, identity: dict, join: bool, seed:
     if not join:
         retry_stopped_trials(study)
     return study
+
+
+def seed_study(study: optuna.Study, seeds: dict[str, dict]) -> None:
+    """Queue each seed (its name -> its trial parameters) ahead of the sampler's draws, once per
+    study: a seed that a trial already carries (queued, run or retried, by this lead earlier or
+    before it was killed) is not queued again. Joining workers never seed; they run the queue."""
+    queued = {t.user_attrs.get(SEED) for t in study.get_trials(deepcopy=False)}
+    for name, params in seeds.items():
+        if name not in queued:
+            study.enqueue_trial(params, user_attrs={SEED: name})
 
 
 def retry_stopped_trials(study: optuna.Study) -> None:
@@ -184,6 +195,9 @@ class ProxyRunner:
 
     def predicted_ms(self, plan: Plan) -> float:
         return self.latency.predict_p50(plan_structure(plan, self.latency.teacher), self.shapes)
+
+    def fastest(self, plans: list[Plan]) -> Plan:
+        return min(plans, key=self.predicted_ms)
 
     def train_proxy(self, plan: Plan) -> tuple[float, float, float]:
         """(accuracy on the validation rows, seconds before training (scoring, cutting), seconds

@@ -8,8 +8,8 @@ from pydantic import ValidationError
 
 from compressor.pipeline.recipe import parse_step
 from compressor.search.latency import TeacherShape
-from compressor.search.plans import (Plan, fastest_plan, kept_layers, plan_steps, plan_structure, suggest_plan,
-                                     theseus_depths)
+from compressor.search.plans import (Plan, kept_layers, largest_plans, plan_params, plan_steps, plan_structure,
+                                     smallest_plans, suggest_plan, theseus_depths)
 
 SHAPE = TeacherShape(hidden=384, head_dim=32, layers=6, heads=12, ffn=1536)
 
@@ -72,10 +72,29 @@ def test_structure_keeps_the_totals_pruning_leaves():
     assert plan_structure(Plan(layers=2, heads_removed=0.95), SHAPE).heads == (1, 1)   # a head per layer stays
 
 
-def test_fastest_plan_is_the_smallest_structure():
-    fastest = plan_structure(fastest_plan(6, ("fp32", "int8")), SHAPE)
-    assert fastest.precision == "int8" and len(fastest.heads) == 1
-    assert fastest_plan(6, ("fp32",)).precision == "fp32"
+def test_the_smallest_and_largest_plans_cover_every_recovery_and_precision_asked_for():
+    smallest = smallest_plans(6, ("distill", "theseus"), ("fp32", "int8"))
+    assert [(p.recovery, p.precision) for p in smallest] == [("distill", "fp32"), ("distill", "int8"),
+                                                            ("theseus", "fp32"), ("theseus", "int8")]
+    assert len(plan_structure(smallest[1], SHAPE).heads) == 1 and smallest[1].ffn_removed == 0.9
+    assert smallest[2].layers == 1                                        # theseus: one successor
+    assert [p.layers for p in largest_plans(6, ("finetune", "theseus"), ("fp32",))] == [6, 3]
+    assert [p.recovery for p in smallest_plans(1, ("theseus", "finetune"), ("fp32",))] == ["finetune"]
+
+
+@pytest.mark.parametrize("recoveries, precisions", [(("finetune", "distill", "theseus"), ("fp32", "int8")),
+                                                    (("theseus", "distill"), ("int8",))])
+def test_a_plan_queued_by_its_params_is_the_plan_suggested(recoveries, precisions):
+    """The search queues its seed plans as trial parameters: they must be the names and values
+    suggest_plan reads, narrowed lists included, or the sampler would draw them instead."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    plans = smallest_plans(6, recoveries, precisions) + largest_plans(6, recoveries, precisions)
+    for plan in plans:
+        study.enqueue_trial(plan_params(plan, 6, recoveries, precisions))
+    for plan in plans:
+        trial = study.ask()
+        assert suggest_plan(trial, 6, recoveries, precisions) == plan
+        study.tell(trial, 1.0)
 
 
 def test_suggested_plans_are_valid_for_the_depth():

@@ -90,6 +90,26 @@ def test_search_meets_a_loose_budget_and_reports_it(searched):
     assert not (out / ".latency-structures").exists()      # the timed exports go once the model is fitted
 
 
+def test_one_trial_trains_the_fastest_plan_first(searched, tiny_bert_dir, tiny_csv, quick_profile, cache_dir,
+                                                tmp_path, monkeypatch):
+    """With a budget only the fastest plans meet and one trial, the sampler's random draw was
+    predicted over it and the search ended with "no plan was trained": the lead queues the
+    plan the latency model predicts fastest first (the latency model from the cache the first
+    search filled)."""
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
+    monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
+    settings = SearchSettings(latency_budget_ms=0.001, min_retention=0.5, max_trials=1,
+                              **{**TINY, "finalists": 1})
+    out = tmp_path / "run"
+    result = run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), settings, out, threads=1,
+                        show_progress=False, log=lambda _: None)
+    (row,) = result["finalists"]
+    assert row["plan"]["layers"] == 1 and row["plan"]["ffn_removed"] == 0.9 and result["best_effort"] == row["name"]
+    assert result["trials"]["total"] == result["trials"]["trained"] == 1     # the queued largest plan never ran
+    trials = optuna.load_study(study_name="search", storage=f"sqlite:///{out / 'study.db'}").trials
+    assert [t.user_attrs.get("seed") for t in trials] == ["fastest", "largest"]
+
+
 def test_hand_written_variants_are_measured_in_the_same_run_against_the_searched_model(searched):
     out, _, result = searched
     report = json.loads((out / "report.json").read_text())
@@ -226,6 +246,23 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(args, message, ti
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
     assert not out.exists()             # not even the dir: a storage it could not reach included
+
+
+def test_theseus_alone_on_a_one_layer_teacher_is_refused(make_tiny_bert, tokenizer, tiny_task, tiny_csv, tmp_path,
+                                                          capsys):
+    """No plan of the space exists: the seed plans (and the sampler) would have nothing to pick."""
+    teacher = tmp_path / "one-layer"
+    model = make_tiny_bert(num_labels=len(tiny_task.label_names), layers=1)
+    model.config.id2label = dict(enumerate(tiny_task.label_names))
+    model.config.label2id = {name: i for i, name in enumerate(tiny_task.label_names)}
+    model.save_pretrained(teacher)
+    tokenizer.save_pretrained(teacher)
+    out = tmp_path / "never"
+    code = main(["search", "--teacher", str(teacher), "--task", str(tiny_csv), "--latency-budget-ms", "5",
+                 "--out", str(out), "--recoveries", "theseus"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "theseus needs a teacher of two or more layers" in err, err
+    assert not out.exists()
 
 
 def test_join_without_a_study_says_how_to_start_one(tiny_bert_dir, tiny_csv, tmp_path, capsys, monkeypatch):

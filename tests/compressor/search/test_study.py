@@ -183,3 +183,28 @@ def test_a_trial_an_interrupt_cut_short_is_counted_as_stopped_not_failed():
     study.tell(done, 1.0)
     counts = trial_counts(study.get_trials())
     assert (counts["total"], counts["complete"], counts["failed"], counts["stopped"]) == (3, 1, 1, 1)
+
+
+def test_seeds_are_queued_first_and_once_per_study(tmp_path):
+    """The lead queues its seed plans ahead of the sampler's draws; a resumed lead (the seeds
+    waiting, run, or cut short and retried) must not queue them again."""
+    from optuna.trial import TrialState
+
+    from compressor.search.study import connect, open_study, seed_study
+    storage = connect(f"sqlite:///{tmp_path / 'study.db'}")
+    seeds = {"fastest": {"x": 0.1}, "largest": {"x": 0.9}}
+
+    def resumed() -> optuna.Study:
+        study = open_study(storage, "s", {"task": "t"}, join=False, seed=0)
+        seed_study(study, seeds)
+        return study
+    study = resumed()
+    first = study.ask()
+    assert first.suggest_float("x", 0.0, 1.0) == 0.1 and first.user_attrs["seed"] == "fastest"
+    first.set_user_attr("stopped", True)                     # cut short: retried on resume, with its plan
+    study.tell(first, state=TrialState.FAIL)
+    study = resumed()
+    study = resumed()
+    trials = study.get_trials()
+    assert sorted(t.user_attrs.get("seed") for t in trials if "seed" in t.user_attrs) == ["fastest", "largest"]
+    assert [t.system_attrs["fixed_params"]["x"] for t in trials if t.state == TrialState.WAITING] == [0.9, 0.1]
