@@ -28,7 +28,7 @@ from compressor.bundle import ModelBundle
 from compressor.passes import distill_losses as dl
 from compressor.passes.distill_augment import AugmentConfig, check_unlabeled_fit, transfer_data
 from compressor.passes.registry import (Context, Known, PassConfig, Shape, check_teacher_bundle, check_teacher_fits,
-                                       register, shape_of, word_embedding_training)
+                                       kept_groups, register, shape_of, word_embedding_training)
 from pretrain.batching import encode, iterate, inference_order, usable_length
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
@@ -93,7 +93,8 @@ def student_shape(cfg: StudentConfig, known: Known) -> Shape:
     check_student_layers(cfg, source.layers)
     heads = tuple(source.heads[i] for i in cfg.layers) if source.heads else None
     return Shape(source.family, len(cfg.layers), heads, source.hidden, known.model.labels, source.vocab,
-                 source.embedding, embedding_rank=source.embedding_rank)
+                 source.embedding, embedding_rank=source.embedding_rank,
+                 shared_attention=kept_groups(source.shared_attention, cfg.layers))
 
 
 def check_head_size(hidden: int, heads: int) -> None:

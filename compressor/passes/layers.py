@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.modeling.importance import check_train_rows, encode_for_model, mean_loss, train_rows
-from compressor.passes.registry import Context, PassConfig, Shape, register
+from compressor.passes.registry import Context, PassConfig, Shape, kept_groups, register
 from pretrain.batching import Encoded
 from pretrain.errors import UserError
 from pretrain.models import check_transformer_family, encoder_layers, keep_encoder_layers
@@ -55,7 +55,9 @@ def dropped_shape(cfg: DropLayers, shape: Shape, train_examples: int | None) -> 
     if cfg.count is not None:
         check_train_rows(train_examples, cfg.samples, "drop-layers")
     heads = tuple(shape.heads[i] for i in cfg.keep) if cfg.keep is not None and shape.heads else None
-    return dataclasses.replace(shape, layers=layers, heads=heads)
+    return dataclasses.replace(shape, layers=layers, heads=heads,
+                               shared_attention=kept_groups(shape.shared_attention, cfg.keep))
+
 
 
 @register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"),

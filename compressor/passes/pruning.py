@@ -100,14 +100,16 @@ def pruned_heads_shape(cfg: PruneHeads, known: Known) -> Shape:
     shape = known.model
     check_per_layer_length(cfg, shape.layers)
     removed = heads_to_remove(cfg, list(shape.heads)) if shape.heads is not None else None
+    if cfg.per_layer is not None and shape.shared_attention and shape.layers is not None:
+        per_group_counts(list(cfg.per_layer), [list(g) for g in shape.shared_attention])
     # iterative: the held-out rows come after the scored ones, scored or not
     needed = cfg.samples + cfg.validation_samples if cfg.iterative else cfg.samples if needs_sample(cfg) else 0
     importance.check_train_rows(known.train_rows, needed, "prune-heads")
-    if removed is None:
-        return dataclasses.replace(shape, heads=None, layers=None if cfg.allow_drop_layers else shape.layers)
-    if cfg.per_layer is not None and not cfg.allow_drop_layers:
+    if cfg.allow_drop_layers:       # an emptied layer goes whole: the rest are numbered anew
+        return dataclasses.replace(shape, heads=None, layers=None, shared_attention=None)
+    if removed is not None and cfg.per_layer is not None:
         return dataclasses.replace(shape, heads=tuple(h - n for h, n in zip(shape.heads, removed)))
-    return dataclasses.replace(shape, heads=None, layers=None if cfg.allow_drop_layers else shape.layers)
+    return dataclasses.replace(shape, heads=None)
 
 
 @register("prune-heads", PruneHeads, check_family=refuse_unsupported("prune-heads"), check_shape=pruned_heads_shape,

@@ -124,6 +124,9 @@ class Shape:
     # factorize-embedding's rank: the export stores the word embedding as two factors of it,
     # so a later step that trains the embedding would move it off that rank.
     embedding_rank: int | None = None
+    # Groups (2 or more) of layers that compute with one set of attention weights (share-layers),
+    # which lose the same heads: () where none do, None where the steps before hide it.
+    shared_attention: tuple[tuple[int, ...], ...] | None = ()
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,20 @@ class Known:
     train_rows: int | None = None
     max_train_samples: int | None = None   # the recipe's cap for training passes that set none
     steps_before: tuple[str, ...] = ()     # the variant's steps before this one
+
+
+def kept_groups(groups: tuple[tuple[int, ...], ...] | None,
+                keep: tuple[int, ...] | None) -> tuple[tuple[int, ...], ...] | None:
+    """Shared layer groups (Shape.shared_attention) renumbered as the layers `keep` lists, in its
+    order (a group left with one layer shares nothing); unknown where `keep` is None (a
+    measurement will choose the layers)."""
+    if not groups:
+        return groups
+    if keep is None:
+        return None
+    position = {layer: new for new, layer in enumerate(keep)}
+    renamed = (tuple(sorted(position[i] for i in g if i in position)) for g in groups)
+    return tuple(sorted(g for g in renamed if len(g) > 1))
 
 
 # (config, shapes before) -> the model's shape after the step; raises UserError for what
@@ -222,7 +239,17 @@ def shape_of(path: Path, labels: tuple[str, ...] | None = None) -> Shape:
     # ALBERT and ELECTRA may embed narrower than their hidden width (`embedding_size`).
     width = getattr(config, "embedding_size", None) or hidden
     embedding = (config.vocab_size, width) if getattr(config, "vocab_size", None) and width else None
-    return Shape(config.model_type, layers, heads, hidden, labels, vocabulary_of(path), embedding)
+    return Shape(config.model_type, layers, heads, hidden, labels, vocabulary_of(path), embedding,
+                 shared_attention=recorded_attention_groups(config))
+
+
+def recorded_attention_groups(config) -> tuple[tuple[int, ...], ...]:
+    """The layers a saved model's structure record says share their attention: whole layers,
+    or the attention sublayer alone (a model shared by an earlier run)."""
+    from pretrain.structured import record_of
+    record = record_of(config) or {}
+    attention = (record.get("shared_sublayers") or {}).get("attention") or {}
+    return tuple(sorted(tuple(g) for g in [*(record.get("shared_layers") or []), *attention.get("groups", [])]))
 
 
 def vocabulary_of(path: Path) -> str | None:

@@ -13,6 +13,7 @@ gradients, as ALBERT trains.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import torch
@@ -63,9 +64,17 @@ def checked_groups(cfg: ShareLayers, n_layers: int) -> list[list[int]]:
 
 
 def shared_shape(cfg: ShareLayers, known: Known) -> Shape:
-    if known.model.layers is not None:
-        checked_groups(cfg, known.model.layers)
-    return known.model
+    """The groups fit the layers; with the attention shared, they are its groups (pruning
+    then takes the same heads from every layer of one)."""
+    shape = known.model
+    if shape.layers is None:
+        return dataclasses.replace(shape, shared_attention=None) if cfg.mode != "ffn" else shape
+    groups = checked_groups(cfg, shape.layers)
+    if cfg.mode == "ffn":
+        return shape
+    # Sharing on top of sharing: what ties to what is known only once it has run.
+    shared = tuple(tuple(g) for g in groups if len(g) > 1) if shape.shared_attention == () else None
+    return dataclasses.replace(shape, shared_attention=shared)
 
 
 @register("share-layers", ShareLayers, check_family=check_shareable, check_shape=shared_shape)

@@ -178,12 +178,14 @@ def replacing(model: PreTrainedModel, predecessors: nn.ModuleList) -> Iterator[T
 def theseus_shape(cfg: TheseusConfig, known: Known) -> Shape:
     """N successor layers, once N is known to split the model's layers into equal blocks."""
     shape = known.model
+    # Successors start from the layers' own tensors: whether shared ones stay tied, only the run tells.
+    shared = () if shape.shared_attention == () else None
     if shape.layers is not None:
         k = block_size(shape.layers, cfg.successor_layers)
         starts = init_layers(cfg, k)
         heads = tuple(shape.heads[i] for i in starts) if shape.heads else None
-        return dataclasses.replace(shape, layers=cfg.successor_layers, heads=heads)
-    return dataclasses.replace(shape, layers=cfg.successor_layers, heads=None)
+        return dataclasses.replace(shape, layers=cfg.successor_layers, heads=heads, shared_attention=shared)
+    return dataclasses.replace(shape, layers=cfg.successor_layers, heads=None, shared_attention=shared)
 
 
 @register("theseus", TheseusConfig, trains=True, check_family=check_theseus_family, check_shape=theseus_shape,

@@ -235,6 +235,47 @@ def test_per_layer_counts_must_agree_within_a_group(bert_bundle, tiny_task, monk
     assert heads(agreed.model) == [2, 2, 3, 3]
 
 
+def test_per_layer_counts_that_split_a_shared_group_are_refused_up_front():
+    """The run-time refusal above came after the steps before had trained: the groups are
+    followed through the variant's steps, so `compressor run` refuses before any stage."""
+    from compressor.passes.distillation import StudentConfig
+    from compressor.passes.layers import DropLayers
+    from compressor.passes.pruning import PruneHeads
+    from compressor.passes.registry import Known, Shape, shape_after
+    from compressor.passes.theseus import TheseusConfig
+    from pretrain.finetune import FinetuneConfig
+    teacher = Shape("bert", layers=4, heads=(4,) * 4, hidden=32)
+
+    def after(*steps) -> Known:
+        known = Known(model=teacher, teacher=teacher)
+        for name, config in steps:
+            known = shape_after(name, config, known)
+        return known
+    shared = after(("share-layers", ShareLayers(groups=2)), ("finetune", FinetuneConfig()))
+    assert shared.model.shared_attention == ((0, 1), (2, 3))
+    with pytest.raises(UserError, match=r"^prune-heads: per_layer asks layers \[0, 1\] to lose \[1, 2\] heads, "
+                                        r"but they share their attention weights \(share-layers\)") as err:
+        shape_after("prune-heads", PruneHeads(per_layer=(1, 2, 0, 0)), shared)
+    assert "\n" not in str(err.value)
+    assert shape_after("prune-heads", PruneHeads(per_layer=(2, 2, 1, 1)), shared).model.heads == (2, 2, 3, 3)
+    shape_after("prune-heads", PruneHeads(per_layer=(1, 2, 0, 0)), after(("share-layers", ShareLayers(mode="ffn"))))
+    # renumbered by the layers kept (in their order), a group left with one layer shares nothing
+    kept = after(("share-layers", ShareLayers(groups=2, mode="attention")), ("drop-layers", DropLayers(keep=(3, 0, 2))))
+    assert kept.model.shared_attention == ((0, 2),)
+    student = after(("share-layers", ShareLayers(groups=1)),
+                    ("student", StudentConfig.model_validate({"layers": [0, 2], "from": "bundle"})))
+    with pytest.raises(UserError, match=r"layers \[0, 1\] to lose \[0, 1\]"):
+        shape_after("prune-heads", PruneHeads(per_layer=(0, 1)), student)
+    # where only the run tells (successors trained from shared layers, a layer emptied whole,
+    # layers chosen by measurement), the pass's own check decides
+    for unknown in (after(("share-layers", ShareLayers(groups=1)), ("theseus", TheseusConfig(successor_layers=2))),
+                    after(("share-layers", ShareLayers(groups=1)), ("drop-layers", DropLayers(count=2))),
+                    after(("share-layers", ShareLayers(groups=2)),
+                          ("prune-heads", PruneHeads(per_layer=(0, 0, 4, 4), allow_drop_layers=True)))):
+        assert unknown.model.shared_attention is None
+        shape_after("prune-heads", PruneHeads(per_layer=(1, 0)), unknown)
+
+
 def test_iterative_steps_remove_whole_groups(bert_bundle, tiny_task):
     """All four layers share one attention: each step removes one head from all of them (a
     step of 1 head is raised to the group's 4), and the sharing stays."""

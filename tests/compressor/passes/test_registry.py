@@ -263,3 +263,17 @@ def test_a_step_that_would_train_a_factorized_embedding_off_its_rank_is_refused_
         shape_after("finetune", FinetuneConfig(), student)
     fresh = shape_after("student", StudentConfig(layers=(0, 2)), Known(model=shape, teacher=shape))
     shape_after("finetune", FinetuneConfig(), fresh)
+
+
+def test_a_saved_model_s_shape_names_the_layers_that_share_their_attention(bert_bundle, tiny_task, tmp_path):
+    """A teacher shared by an earlier run: its per_layer head counts are checked against its
+    groups up front too (whole layers shared, or the attention sublayer alone; not the FFN)."""
+    from compressor.passes.sharing import ShareLayers
+
+    def saved(**config):
+        out = apply_pass(bert_bundle, "share-layers", ShareLayers(**config), Context(task=tiny_task))
+        return registry.shape_of(out.save(tmp_path / "-".join(map(str, config.values()))))
+    assert saved(groups=2, mode="all").shared_attention == ((0, 1), (2, 3))
+    assert saved(groups=1, mode="attention").shared_attention == ((0, 1, 2, 3),)
+    assert saved(groups=1, mode="ffn").shared_attention == ()
+    assert registry.shape_of(bert_bundle.save(tmp_path / "plain")).shared_attention == ()

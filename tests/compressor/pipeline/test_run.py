@@ -270,6 +270,12 @@ def test_late_user_error_before_any_stage_finished_leaves_no_dir(tiny_bert_dir, 
      "per_layer asks layer 0 to lose 3 heads but it has 3"),
     ([{"share-layers": {"groups": 4}}], "groups=4 shares nothing in a model of 4 layers"),
     ([{"student": {"layers": [0, 1]}}, {"share-layers": {"groups": 1, "init": 2}}], "init=2 is no position"),
+    # per_layer counts within a group of shared attention, followed through the steps between
+    ([{"share-layers": {"groups": 2}}, {"finetune": {"epochs": 1}},
+      {"prune-heads": {"per_layer": [1, 2, 0, 0], "samples": 8}}],
+     r"v\[2\]: prune-heads: per_layer asks layers \[0, 1\] to lose \[1, 2\] heads, but they share their attention"),
+    ([{"share-layers": {"groups": 1, "mode": "attention"}}, {"drop-layers": {"keep": [3, 0, 2]}},
+      {"prune-heads": {"per_layer": [1, 1, 0], "samples": 8}}], r"layers \[0, 1, 2\] to lose \[1, 1, 0\] heads"),
     # widths and families
     ([{"student": {"shape": {"layers": 2, "hidden": 30}}}], "hidden width 30 is not a multiple of the 4 heads"),
     ([{"student": {"shape": {"layers": 2, "hidden": 64}}}, {"distill": {"losses": ["hidden"], "projection": False}}],
