@@ -37,6 +37,14 @@ def optimum_presets(settings) -> dict[str, str]:
             if unavailable_reason(profile) is None}
 
 
+def baselines_to_build(settings) -> list[str]:
+    """The benchmark's baselines, or none when every profile is skipped here (its hardware is
+    absent): a baseline is built (exported, quantized) only to be measured beside the variants."""
+    if any(unavailable_reason(profile) is None for profile in settings.profile_objects()):
+        return list(settings.baselines)
+    return []
+
+
 def check_sequence_lengths(settings, teacher_path: Path) -> None:
     """A fixed benchmark length the teacher (and so every variant) cannot embed stops the
     run before it trains anything, not at the benchmark stage."""

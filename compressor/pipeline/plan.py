@@ -17,8 +17,8 @@ from pathlib import Path
 from compressor.bench.baselines import OPTIMUM, preset_for_this_cpu
 from compressor.passes import get_pass
 from compressor.passes.registry import pass_names
-from compressor.pipeline.benchmark_stages import (baseline_dir, baseline_key, baseline_stage, benchmark_key,
-                                                  baseline_deployable, variant_deployable)
+from compressor.pipeline.benchmark_stages import (baseline_dir, baseline_key, baseline_stage, baselines_to_build,
+                                                  benchmark_key, baseline_deployable, variant_deployable)
 from compressor.pipeline.cache import BUILD_SECONDS
 from compressor.pipeline.outdir import holder_of, make_out_dir, read_json, replaced_by_claim
 from compressor.pipeline.recipe import (BENCHMARK_DIR, PREFIXES_DIR, SEARCH_DIR, STAGE_FILE, WORK_DIR, Recipe,
@@ -62,6 +62,9 @@ def plan_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *, 
     if recipe.benchmark is not None:
         stages += planner.baseline_stages()
         stages.append(planner.benchmark_stage(stages, rebenchmark))
+        if recipe.benchmark.baselines and not baselines_to_build(recipe.benchmark):
+            notes.append("every benchmark profile is skipped on this machine: nothing will be measured, and the "
+                         f"baselines ({', '.join(recipe.benchmark.baselines)}) are not built")
     if recipe.search is not None:
         stages.append(PlannedStage(SEARCH_DIR, "search", "build", passes=["search"], trains=True))
     return {"recipe": recipe.name, "out": str(out_dir), "notes": notes, "stages": [asdict(s) for s in stages]}
@@ -151,7 +154,7 @@ class Planner:
 
     def baseline_stages(self) -> list[PlannedStage]:
         planned = []
-        for name in self.recipe.benchmark.baselines:
+        for name in baselines_to_build(self.recipe.benchmark):
             if name == PYTORCH_BASELINE:
                 continue
             presets: list[str | None] = [None]
@@ -187,7 +190,7 @@ class Planner:
             exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir)
                        for stage in [teacher, *variants]}
         baselines = [baseline_stage(name, teacher, recipe, task, out_dir, self.prepared.presets)
-                     for name in recipe.benchmark.baselines]
+                     for name in baselines_to_build(recipe.benchmark)]
         return [baseline_deployable(b) for b in baselines] + \
             [variant_deployable(stage, exports.get(stage.name)) for stage in variants]
 

@@ -68,6 +68,9 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
         report["benchmark"] = {"harness_version": benchmark["harness_version"],
                                "environment": benchmark.get("environment"), "profiles": benchmark["profiles"],
                                "skipped": benchmark["skipped"], "rankings": benchmark.get("rankings", [])}
+        if not benchmark["profiles"]:     # every profile skipped: the baselines were not built
+            built = {b["name"] for b in baselines}
+            report["benchmark"]["baselines_not_built"] = [n for n in recipe.benchmark.baselines if n not in built]
         report["pareto"] = pareto_fronts(models)
     report["warnings"] = recipe_warnings(models) + (runtime_warnings(report) if benchmark is not None else [])
     return report

@@ -11,9 +11,9 @@ from compressor.bench.baselines import OPTIMUM, check_baselines
 from compressor.export.onnx import calibration_rows
 from compressor.passes import get_pass
 from compressor.passes.registry import Known, check_pass_tokenizer, shape_after, shape_of
-from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, benchmark_stage,
-                                                  check_batches_fit, check_sequence_lengths, optimum_presets,
-                                                  variant_deployable)
+from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, baselines_to_build,
+                                                  benchmark_stage, check_batches_fit, check_sequence_lengths,
+                                                  optimum_presets, variant_deployable)
 from compressor.pipeline.outdir import WriteError, claimed_out_dir, disk_errors
 from compressor.pipeline.paths import resolve_config_paths, resolve_path, resolve_step_paths, resolve_task_paths
 from compressor.pipeline.recipe import SEARCH_DIR, STAGE_FILE, WORK_DIR, Recipe, Step
@@ -109,7 +109,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
             baselines, benchmark = [], None
             if recipe.benchmark is not None:
                 baselines = [baseline_stage(name, teacher, recipe, task, out_dir, presets)
-                             for name in recipe.benchmark.baselines]
+                             for name in baselines_to_build(recipe.benchmark)]
                 deployables = [baseline_deployable(b) for b in baselines] + \
                     [variant_deployable(stage, exports.get(stage.name)) for stage in variants]
                 benchmark = benchmark_stage(deployables, teacher, recipe, task, out_dir, rebenchmark)

@@ -263,7 +263,8 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
                     [search["outcome"], f"its own report: {search['dir']}/report.json"]))
     skipped = report.get("benchmark", {}).get("skipped", [])
     if skipped:
-        out.append(("lines", "Skipped profiles", [f"{s['profile']}: {s['reason']}" for s in skipped]))
+        out.append(("lines", "Skipped profiles", unmeasured_lines(report["benchmark"]) +
+                    [f"{s['profile']}: {s['reason']}" for s in skipped]))
     if report.get("warnings"):
         out.append(("lines", "Warnings", report["warnings"]))
     measured = report.get("benchmark", {}).get("environment")
@@ -272,6 +273,15 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
     out.append(("lines", "Environment (this report written)" if measured else "Environment",
                 environment_lines(report["environment"])))
     return out
+
+
+def unmeasured_lines(benchmark: dict) -> list[str]:
+    """Why a run with a benchmark has no latency at all: every profile was skipped here."""
+    if benchmark.get("profiles"):
+        return []
+    unbuilt = benchmark.get("baselines_not_built")
+    return ["nothing was measured: every profile is skipped on this machine (below)" +
+            (f"; the baselines {', '.join(unbuilt)} were not built, as nothing would measure them" if unbuilt else "")]
 
 
 BASELINE_RECIPES = {

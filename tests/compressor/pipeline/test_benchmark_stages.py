@@ -241,3 +241,30 @@ def test_benchmark_progress_goes_to_stderr_and_quiet_hides_it(done, tmp_path, mo
     assert main([*argv, "--quiet"]) == 0
     captured = capsys.readouterr()
     assert "benchmark:" not in captured.out + captured.err
+
+
+def test_with_every_profile_skipped_no_baseline_is_built_and_the_report_says_why(tiny_bert_dir, tiny_csv, tmp_path,
+                                                                                run_raw, monkeypatch):
+    """A GPU profile on a machine without one: the baselines were exported and quantized by
+    Optimum for a benchmark that measures nothing."""
+    from compressor.pipeline import benchmark_stages
+    from compressor.pipeline.plan import plan_lines, plan_recipe
+    monkeypatch.setattr(benchmark_stages, "BUILDERS", {name: lambda *a: pytest.fail("a baseline was built")
+                                                       for name in benchmark_stages.BUILDERS})
+    raw = {**raw_recipe(tiny_bert_dir, tiny_csv), "variants": {"same": []},
+           "benchmark": {"profiles": ["gpu-cuda-fp16"], "batch_sizes": [1]}}
+    recipe, steps = parse_recipe(raw)
+    plan = plan_recipe(recipe, steps, tmp_path / "run")
+    assert [s["kind"] for s in plan["stages"]] == ["teacher", "variant", "export", "export", "benchmark"]
+    assert "note: every benchmark profile is skipped on this machine: nothing will be measured, and the baselines " \
+           "(pytorch-eager-fp32, onnxruntime-fp32, optimum-default-int8) are not built" in plan_lines(plan)
+    report = run_raw(raw, tmp_path / "run")
+    assert [m["name"] for m in report["models"]] == ["same"] and not (tmp_path / "run" / "baselines").exists()
+    assert report["benchmark"]["profiles"] == []
+    assert report["benchmark"]["skipped"] == [{"profile": "gpu-cuda-fp16", "reason": "no CUDA device is visible"}]
+    assert report["benchmark"]["baselines_not_built"] == ["pytorch-eager-fp32", "onnxruntime-fp32",
+                                                         "optimum-default-int8"]
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "nothing was measured: every profile is skipped on this machine (below); the baselines " \
+           "pytorch-eager-fp32, onnxruntime-fp32, optimum-default-int8 were not built" in md
+    assert "gpu-cuda-fp16: no CUDA device is visible" in md

@@ -243,3 +243,16 @@ def test_export_records_that_nothing_applied_are_warned_about():
                                   "nothing, so it is scored and timed as its fp32 PyTorch model")
     assert warnings[1].startswith("qat-dyn: qat learned int8 activation ranges, and the quantize after it "
                                   "(dynamic-int8) does not use them")
+
+
+def test_a_benchmark_that_measured_nothing_says_why():
+    """Every profile skipped here: the skipped section leads with why there is no latency (and
+    which baselines were not built); with a profile measured, it lists the skips alone."""
+    from compressor.report.render import unmeasured_lines
+    skipped = [{"profile": "gpu-cuda-fp16", "reason": "no CUDA device is visible"}]
+    assert unmeasured_lines({"profiles": [], "skipped": skipped, "baselines_not_built": ["onnxruntime-fp32"]}) == [
+        "nothing was measured: every profile is skipped on this machine (below); the baselines onnxruntime-fp32 "
+        "were not built, as nothing would measure them"]
+    assert unmeasured_lines({"profiles": [], "skipped": skipped, "baselines_not_built": []}) == [
+        "nothing was measured: every profile is skipped on this machine (below)"]
+    assert unmeasured_lines({"profiles": [{"name": "cpu"}], "skipped": skipped}) == []
