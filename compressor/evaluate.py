@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 from transformers import AutoConfig, PretrainedConfig
@@ -24,7 +24,10 @@ from pretrain.models import first_line, load_saved_classifier, load_tokenizer, n
 class Predictor:
     """Anything that maps encoded examples to logits, with the labels it was trained on."""
 
-    kind: str                                   # "torch", "torch-int8" or "onnx"
+    # The runtime and precision as report.json and `compressor bench` name them: a
+    # torch-dynamic-int8 export is kind "torch", precision "torch-dynamic-int8".
+    kind: Literal["torch", "onnx"]
+    precision: str                              # fp32, dynamic-int8, torch-dynamic-int8, int8, ...
     label_names: tuple[str, ...]
     tokenizer: object
     logits: Callable[[Encoded], np.ndarray]
@@ -42,7 +45,8 @@ def load_predictor(path: str | Path) -> Predictor:
                         "or a torch-dynamic-int8 export dir")
     if is_int8_dir(path):   # a torch-dynamic-int8 export: int8 state dict + config + tokenizer
         model = load_int8_model(path)
-        return Predictor("torch-int8", config_labels(path), load_tokenizer(path),
+        return Predictor("torch", recorded_precision(path) or "torch-dynamic-int8", config_labels(path),
+                         load_tokenizer(path),
                          lambda data: predict_logits(model, data), read_provenance(path).get("task"),
                          usable_length(model.config), model_positions(model.config),
                          read_provenance(path).get("task_seed"))
@@ -53,11 +57,39 @@ def load_predictor(path: str | Path) -> Predictor:
     if onnx_file is None:
         model, tokenizer = load_saved_classifier(model_dir)
         labels = tuple(model.config.id2label[i] for i in sorted(model.config.id2label))
-        return Predictor("torch", labels, tokenizer, lambda data: predict_logits(model, data), task,
+        return Predictor("torch", "fp32", labels, tokenizer, lambda data: predict_logits(model, data), task,
                          usable_length(model), model_positions(model), seed)
-    return Predictor("onnx", config_labels(model_dir), load_tokenizer(model_dir),
-                     onnx_logits_fn(onnx_file), task, usable_length(saved_config(model_dir)),
+    logits = onnx_logits_fn(onnx_file)      # first: a graph ONNX Runtime cannot load is refused in one line
+    precision = recorded_precision(model_dir) or graph_precision(onnx_file)
+    return Predictor("onnx", precision, config_labels(model_dir), load_tokenizer(model_dir),
+                     logits, task, usable_length(saved_config(model_dir)),
                      model_positions(saved_config(model_dir)), seed)
+
+
+def recorded_precision(model_dir: Path) -> str | None:
+    """The precision an export (or a run's baseline) recorded in its export.json, if any."""
+    from compressor.export.onnx import read_export_record   # imported here: the exporter imports this module
+    return read_export_record(model_dir).get("precision")
+
+
+# Operators that only a quantized graph holds (ORT's quantizers write them), by precision.
+QUANTIZED_OPS = (("int4", ("MatMulNBits",)),
+                 ("int8", ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QAttention",
+                           "QLinearMatMul", "QuantizeLinear", "DynamicQuantizeLSTM", "QGemm")))
+
+
+def graph_precision(onnx_file: Path) -> str:
+    """The precision a graph without this tool's export record computes in, from its operators
+    and initializers (another tool's export, Optimum's int8 among them)."""
+    import onnx
+    graph = onnx.load(str(onnx_file), load_external_data=False).graph
+    ops = {node.op_type for node in graph.node}
+    for precision, markers in QUANTIZED_OPS:
+        if ops & set(markers):
+            return precision
+    if any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer):
+        return "fp16"
+    return "fp32"
 
 
 def split_seed(given: int | None, recorded: int | None, task_given: str | dict | None,
@@ -150,7 +182,8 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
     task = load_task(task_spec, seed=seed)
     data_split = task.split(split).head(max_samples)
     predictions = predict_classes(predictor, data_split, task)
-    result = {"model": str(model), "kind": predictor.kind, "task": task.name, "split": split,
+    result = {"model": str(model), "kind": predictor.kind, "precision": predictor.precision,
+              "task": task.name, "split": split,
               **classification_metrics(np.asarray(data_split.labels), predictions)}
     if reference is not None:
         try:

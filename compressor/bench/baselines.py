@@ -10,6 +10,12 @@
   the way Optimum's docs tell a user to choose it; a profile may name one (`optimum_preset`).
   Where one run measures several profiles, each is measured against its own preset's build.
 
+A built baseline's dir describes itself as an export dir does: `compressor.json` (the
+teacher's task, the seed its splits were drawn with, labels and pass history, and which
+baseline this is) and `export.json` (format and precision, as the report names them), so
+`compressor evaluate` and `compressor bench` score it on the teacher's test rows with no
+--task, and name its precision as the report does.
+
 Optimum's own classes build the Optimum baseline. One step is added, and only because the
 stock recipe otherwise stops: ONNX Runtime >= 1.20's quantizer cannot find the element
 type of tensors produced by O2's fused contrib ops ("Unable to find data type for
@@ -24,9 +30,12 @@ import platform
 import shutil
 from pathlib import Path
 
-from compressor.export.onnx import ONNX_FILE
+from compressor import __version__
+from compressor.bundle import PROVENANCE_FILE, read_provenance
+from compressor.export.onnx import EXPORT_FILE, ONNX_FILE
 from compressor.export.quiet import quiet_logs, scratch_cwd
 from compressor.export.trace import write_onnx
+from pretrain.atomic import write_json
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.models import load_saved_classifier
@@ -71,6 +80,23 @@ def model_file(name: str, directory: Path) -> Path:
     if name == "pytorch-eager-fp32":
         return directory
     return directory / (OPTIMUM_FILE if name == "optimum-default-int8" else ONNX_FILE)
+
+
+def describe_baseline(directory: Path, teacher_dir: Path, name: str, preset: str | None) -> None:
+    """Write compressor.json and export.json into a built baseline's dir (see the module doc)."""
+    kind, precision = baseline_kind(name)
+    # The teacher's deploy settings (a quantize it asked for) were for its own export: this is deployed.
+    provenance = {**read_provenance(teacher_dir), "deploy": {}, "compressor_version": __version__,
+                  "baseline": name}
+    record = {"format": kind, "precision": precision, "baseline": name,
+              "file": model_file(name, directory).name, **({"optimum_preset": preset} if preset else {})}
+    write_json(Path(directory) / PROVENANCE_FILE, provenance)
+    write_json(Path(directory) / EXPORT_FILE, record)
+
+
+def is_described(directory: Path) -> bool:
+    """Whether a baseline's dir holds its description (one cached by an earlier build of the tool may not)."""
+    return all((Path(directory) / f).is_file() for f in (PROVENANCE_FILE, EXPORT_FILE))
 
 
 def build_onnxruntime_fp32(teacher_dir: Path, out: Path, preset: str | None = None) -> None:

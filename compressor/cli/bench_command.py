@@ -13,7 +13,6 @@ from compressor.bench.profiles import Profile, load_profile, unavailable_reason,
 from compressor.bench.runners import Deployable
 from compressor.bundle import weights_size
 from compressor.evaluate import Predictor, find_onnx, load_predictor, predict_classes, split_seed
-from compressor.export.onnx import read_export_record
 from pretrain.atomic import check_output, write_json
 from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
@@ -38,34 +37,12 @@ def check_earlier_result(out: Path) -> None:
                         f"earlier bench result to replace")
 
 
-def deployable_at(path: Path) -> Deployable:
-    """What a path holds: an ONNX file, an export dir, or an HF model dir."""
+def deployable_at(path: Path, predictor: Predictor) -> Deployable:
+    """What a path holds, as `load_predictor` read it (kind and precision named as evaluate and
+    report.json name them): an ONNX file (given, or in an export dir) or a PyTorch dir."""
     onnx_file = path if path.suffix == ".onnx" else find_onnx(path)
-    if onnx_file is not None:
-        precision = read_export_record(onnx_file.parent).get("precision") or graph_precision(onnx_file)
-        return Deployable(path.name, "onnx", onnx_file, precision)
-    precision = read_export_record(path).get("precision", "fp32")   # torch-dynamic-int8 dirs have one
-    return Deployable(path.name, "torch", path, precision)
-
-
-# Operators that only a quantized graph holds (ORT's quantizers write them), by precision.
-QUANTIZED_OPS = (("int4", ("MatMulNBits",)),
-                 ("int8", ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QAttention",
-                           "QLinearMatMul", "QuantizeLinear", "DynamicQuantizeLSTM", "QGemm")))
-
-
-def graph_precision(onnx_file: Path) -> str:
-    """The precision a graph without this tool's export record computes in, from its operators
-    and initializers (another tool's export, Optimum's int8 among them)."""
-    import onnx
-    graph = onnx.load(str(onnx_file), load_external_data=False).graph
-    ops = {node.op_type for node in graph.node}
-    for precision, markers in QUANTIZED_OPS:
-        if ops & set(markers):
-            return precision
-    if any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer):
-        return "fp16"
-    return "fp32"
+    return Deployable(path.name, predictor.kind, onnx_file if predictor.kind == "onnx" else path,
+                      predictor.precision)
 
 
 def model_size(model: Deployable) -> int:
@@ -99,7 +76,7 @@ def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | 
 def bench_result(model_ref: str, profile: Profile, predictor: Predictor, spec: str | dict | None,
                  max_eval_samples: int | None, seed: int) -> dict:
     """Accuracy on the test split, size and latency of the model on the profile (or why skipped)."""
-    model = deployable_at(Path(model_ref))
+    model = deployable_at(Path(model_ref), predictor)
     result = {"model": str(model_ref), "profile": profile.model_dump(mode="json"), "kind": model.kind,
               "precision": model.precision, "size_bytes": model_size(model),
               "environment": measuring_environment([profile])}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor.bench.baselines import (BUILDERS, OPTIMUM, baseline_kind, model_file, optimum_preset,
-                                        preset_for_this_cpu, preset_settings)
+from compressor.bench.baselines import (BUILDERS, OPTIMUM, baseline_kind, describe_baseline, is_described,
+                                        model_file, optimum_preset, preset_for_this_cpu, preset_settings)
 from compressor.bench.environment import cpu_info, package_versions
 from compressor.bench.measure import run_benchmarks
 from compressor.bench.profiles import unavailable_reason
@@ -22,7 +22,7 @@ from compressor.bundle import ModelBundle, weights_size
 from compressor.export.onnx import ONNX_FILE
 from compressor.pipeline.cache import STAGE_FILE, cached, content_key, fingerprint_file, key_fields, log
 from compressor.pipeline.recipe import BASELINES_DIR, BENCHMARK_DIR, Recipe
-from compressor.pipeline.outdir import read_json
+from compressor.pipeline.outdir import disk_errors, read_json
 from compressor.pipeline.stages import Stage, retire_reports, test_predictions
 from pretrain.atomic import write_json
 from pretrain.batching import model_positions, usable_length
@@ -108,11 +108,17 @@ def built_baseline(name: str, preset: str | None, teacher: Stage, recipe: Recipe
 
     def write(tmp: Path) -> dict:
         BUILDERS[name](teacher.path, tmp, preset)
+        describe_baseline(tmp, teacher.path, name, preset)
         predictions = test_predictions(tmp, task, recipe)
         labels = np.asarray(task.split("test").head(recipe.data.max_eval_samples).labels)
         return {"metrics": classification_metrics(labels, predictions), "predictions": predictions.tolist(),
                 "size_bytes": model_file(name, tmp).stat().st_size}
     record = cached(path, key, write)
+    if not is_described(path):
+        # Cached before baselines described themselves: the description is added, not the
+        # baseline rebuilt (its files, and so the benchmark's key, stay as they are).
+        with disk_errors(path.parent):
+            describe_baseline(path, teacher.path, name, preset)
     return {"path": str(path), "file": str(model_file(name, path)), **record}
 
 

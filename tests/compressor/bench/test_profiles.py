@@ -101,7 +101,7 @@ def test_a_graph_without_an_export_record_gets_the_precision_of_its_operators(tm
     import onnx
     from onnx import TensorProto, helper
 
-    from compressor.cli.bench_command import graph_precision
+    from compressor.evaluate import graph_precision
 
     def graph(op: str, dtype=TensorProto.FLOAT):
         inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])]

@@ -34,10 +34,14 @@ def test_recipe_with_qat_sensitivity_and_every_mode_exports_each_variant(tiny_be
     assert entries["sensitive"]["kept_in_float"] and entries["sensitive"]["precision"] == "dynamic-int8"
     assert entries["torch8"]["format"] == "torch" and entries["int4"]["precision"] == "int4-weight-only"
     assert entries["fp16"]["precision"] == "fp16" and entries["torch8-plain"]["format"] == "torch"
+    deployed = {m["name"]: (m["kind"], m["precision"]) for m in report["models"]}
     for name, entry in entries.items():
         if name != "fp16":
             assert entry["size_ratio_to_fp32"] < 0.45   # every int mode shrinks the embedding with the rest
-        assert evaluate_path(entry["path"], None)["accuracy"] == entry["accuracy"]
+        evaluated = evaluate_path(entry["path"], None)
+        assert evaluated["accuracy"] == entry["accuracy"]
+        # `compressor evaluate` names what it scored as the report does (torch-dynamic-int8: kind torch)
+        assert (evaluated["kind"], evaluated["precision"]) == deployed[name]
     # A PyTorch deployment is not named as an ONNX one.
     assert Path(entries["torch8"]["path"]).name == "torch8-torch-int8"
     assert Path(entries["static"]["path"]).name == "static-onnx" and not (tmp_path / "run" / "torch8-onnx").exists()

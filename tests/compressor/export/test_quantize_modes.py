@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -87,11 +88,13 @@ def test_torch_dynamic_int8_saves_only_int8_weights_and_loads_back(tiny_bundle, 
     assert record["size_bytes"] == (out / "model.int8.pt").stat().st_size
     assert record["size_ratio_to_fp32"] <= 0.35          # Linear layers and word embedding in int8
     predictor = load_predictor(out)
-    assert predictor.kind == "torch-int8"
+    # Named as report.json and `compressor bench` name it: the runtime, then the precision.
+    assert (predictor.kind, predictor.precision) == ("torch", "torch-dynamic-int8")
     result = evaluate_path(str(out), tiny_task.spec)
     assert result["accuracy"] == pytest.approx(record["accuracy"])
     assert main(["evaluate", "--model", str(out), "--task", tiny_task.spec["path"]]) == 0
-    assert '"kind": "torch-int8"' in capsys.readouterr().out
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["kind"], printed["precision"]) == ("torch", "torch-dynamic-int8")
 
 
 def test_accuracy_floor_names_the_shortfall(tiny_bundle, tiny_task, tmp_path):

@@ -268,3 +268,47 @@ def test_with_every_profile_skipped_no_baseline_is_built_and_the_report_says_why
     assert "nothing was measured: every profile is skipped on this machine (below); the baselines " \
            "pytorch-eager-fp32, onnxruntime-fp32, optimum-default-int8 were not built" in md
     assert "gpu-cuda-fp16: no CUDA device is visible" in md
+
+
+def baseline_dirs(report: dict) -> dict[str, str]:
+    return {m["name"]: m["path"] for m in report["models"] if m["baseline"]}
+
+
+def test_baseline_dirs_are_evaluated_and_benched_with_no_task_as_the_report_scored_them(done, tiny_task, monkeypatch):
+    """A baseline's dir records the teacher's task and seed and its precision, as an export dir
+    does: `compressor evaluate` and `bench` need no --task, score the rows the report scored,
+    and name the model as the report does."""
+    from compressor.cli import bench_command
+    from compressor.evaluate import evaluate_path
+    _, _, report = done
+    monkeypatch.setattr(bench_command, "measure_models", lambda *a, **k: measure.Measurement([], [], []))
+    for name, path in baseline_dirs(report).items():
+        entry = next(m for m in report["models"] if m["name"] == name)
+        evaluated = evaluate_path(path, None)
+        assert evaluated["accuracy"] == entry["accuracy"], name
+        benched = bench_command.bench_command(path, "cpu", batch_sizes=[1], iterations=2)
+        for result in (evaluated, benched):
+            assert (result["kind"], result["precision"], result["task"]) == (entry["kind"], entry["precision"],
+                                                                        tiny_task.name)
+        assert benched["accuracy"] == entry["accuracy"], name
+
+
+def test_baseline_dirs_cached_without_a_description_get_one_without_a_rebuild(done, tiny_task, tmp_path, monkeypatch,
+                                                                              run_raw):
+    import shutil
+    from compressor.pipeline import benchmark_stages
+    from compressor.evaluate import evaluate_path
+    raw, out, report = done
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    undescribed = [d for d in (copy / "baselines").iterdir() if d.is_dir()]
+    for directory in undescribed:     # as an earlier version of the tool left them
+        (directory / "compressor.json").unlink(missing_ok=True)
+        (directory / "export.json").unlink(missing_ok=True)
+    monkeypatch.setattr(benchmark_stages, "BUILDERS", {})        # a rebuild would fail
+    monkeypatch.setattr(measure, "time_interleaved",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured again")))
+    again = run_raw(raw, copy)
+    assert [m["latency"] for m in again["models"]] == [m["latency"] for m in report["models"]]
+    for name, path in baseline_dirs(again).items():
+        assert evaluate_path(path, None)["task"] == tiny_task.name, name
