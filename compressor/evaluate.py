@@ -103,12 +103,33 @@ def split_seed(given: int | None, recorded: int | None, task_given: str | dict |
     return recorded if same_task and recorded is not None else 0
 
 
+def recorded_task_seed(model_dir: Path, task: str | dict) -> int | None:
+    """The seed a model records beside its task, where that task is `task`: its splits drawn
+    with any other seed would put rows it trained on into the test split. None where it
+    records none, or records another task."""
+    provenance = read_provenance(model_dir)
+    seed = provenance.get("task_seed")
+    return seed if seed is not None and same_task_spec(task, provenance.get("task")) else None
+
+
+# A file task's settings that, left out, read as these (pretrain/data/files.py).
+TASK_SPEC_DEFAULTS = {"text": "text", "label": "label", "split": [0.8, 0.1, 0.1]}
+
+
 def same_task_spec(a: str | dict | None, b: str | dict | None) -> bool:
     """Whether two task specs name the same task: a built-in name, or the same data files
-    (paths compared resolved: a model records them absolute) with the same other settings."""
+    (paths compared resolved: a model records them absolute) with the same other settings
+    (a default named or left out alike)."""
     def normal(spec):
-        return absolute_paths(spec) if isinstance(spec, dict) else spec
+        if not isinstance(spec, dict):
+            return spec
+        return {k: v for k, v in absolute_paths(spec).items()
+                if v is not None and not (k in TASK_SPEC_DEFAULTS and as_list(v) == TASK_SPEC_DEFAULTS[k])}
     return normal(a) == normal(b)
+
+
+def as_list(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def find_onnx(directory: Path) -> Path | None:

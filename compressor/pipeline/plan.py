@@ -46,7 +46,7 @@ def plan_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *, 
                 force: bool = False, rebenchmark: bool = False) -> dict:
     """The plan of `run_recipe` with the same arguments: {"out", "notes", "stages"}."""
     prepared = prepare(recipe, steps, out_dir, base_dir)
-    notes, replaced = [], False
+    notes, replaced = list(prepared.notes), False
     if out_dir.exists():
         make_out_dir(out_dir)                     # a file in its place is refused, as by the run
         replaced = bool(replaced_by_claim(out_dir, recipe, force))

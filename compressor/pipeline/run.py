@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compressor.bench.baselines import OPTIMUM, check_baselines
+from compressor.evaluate import recorded_task_seed
 from compressor.export.onnx import calibration_rows
 from compressor.passes import get_pass
 from compressor.passes.registry import Known, check_pass_tokenizer, shape_after, shape_of
 from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_stage, baselines_to_build,
                                                   benchmark_stage, check_batches_fit, check_sequence_lengths,
                                                   optimum_presets, variant_deployable)
+from compressor.pipeline.cache import log
 from compressor.pipeline.outdir import WriteError, claimed_out_dir, disk_errors
 from compressor.pipeline.paths import resolve_config_paths, resolve_path, resolve_step_paths, resolve_task_paths
 from compressor.pipeline.recipe import SEARCH_DIR, STAGE_FILE, WORK_DIR, Recipe, Step
@@ -38,6 +40,8 @@ class Prepared:
     steps: dict[str, list[Step]]     # each variant's steps, their paths resolved
     task: TaskData
     presets: dict[str, str]          # Optimum's preset for each measured profile
+    split_seed: int                  # the seed the task's splits were drawn with (`task_split_seed`)
+    notes: tuple[str, ...] = ()      # what the run does that the recipe does not say (--plan prints them)
 
 
 def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_dir: Path) -> Prepared:
@@ -57,7 +61,8 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
     steps = {name: [resolve_step_paths(step, base_dir) for step in variant_steps]
              for name, variant_steps in steps.items()}
     task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
-    task = load_task(task_spec, seed=recipe.seed)
+    split_seed, notes = task_split_seed(recipe, teacher_path, task_spec)
+    task = load_task(task_spec, seed=split_seed)
     if recipe.benchmark is not None:
         test = task.split("test")
         scored = len(test.head(recipe.data.max_eval_samples))
@@ -79,7 +84,21 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
     configs += [recipe.teacher.finetune] if recipe.teacher.finetune is not None else []
     check_output(out_dir, [teacher_path, *task_files(task_spec), *(p for c in configs for p in config_inputs(c))],
                  owner_files=None)
-    return Prepared(recipe, teacher_ref, teacher_path, steps, task, presets)
+    return Prepared(recipe, teacher_ref, teacher_path, steps, task, presets, split_seed, notes)
+
+
+def task_split_seed(recipe: Recipe, teacher_path: Path, task_spec: str | dict) -> tuple[int, tuple[str, ...]]:
+    """The seed to draw the task's splits with, and a note where it is not the recipe's. A
+    teacher used as is that records the seed its own fine-tuning drew this task's splits
+    with keeps it: with another, rows it trained on would be scored as test rows. A teacher
+    the recipe fine-tunes trains on the recipe's splits."""
+    recorded = recorded_task_seed(teacher_path, task_spec) if recipe.teacher.finetune is None else None
+    if recorded is None or recorded == recipe.seed:
+        return recipe.seed, ()
+    return recorded, (f"the teacher is used as is (no finetune) and was fine-tuned on this task's splits drawn with "
+                      f"seed {recorded}: the splits are drawn with seed {recorded}, not the recipe's seed "
+                      f"{recipe.seed}, so no row it trained on is scored as a test row (the recipe's seed still "
+                      "seeds the passes)",)
 
 
 def with_teacher_finetune(recipe: Recipe, finetune_cfg) -> Recipe:
@@ -94,10 +113,12 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     set_threads(None)
     prepared = prepare(recipe, steps, out_dir, base_dir)
     recipe, steps, task, presets = prepared.recipe, prepared.steps, prepared.task, prepared.presets
+    for note in prepared.notes:
+        log.info("note: %s", note)
     with claimed_out_dir(out_dir, recipe, force, held=held) as created:
         try:
-            teacher = teacher_stage(recipe, prepared.teacher_ref, prepared.teacher_path, task, out_dir,
-                                    show_progress)
+            teacher = teacher_stage(recipe, prepared.teacher_ref, prepared.teacher_path, task, prepared.split_seed,
+                                    out_dir, show_progress)
             ctx = pass_context(recipe, task, teacher, show_progress)
             variants: list[Stage] = []
             for name, variant_steps in steps.items():

@@ -53,8 +53,10 @@ class Stage:
     history: list[dict]
 
 
-def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir: Path,
+def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, split_seed: int, out_dir: Path,
                   show_progress: bool) -> Stage:
+    """The teacher, fine-tuned if the recipe says so, recorded with the seed `task`'s splits
+    were drawn with (`split_seed`: the recipe's, or the one a teacher used as is records)."""
     finetune_cfg = teacher_finetune(recipe)
     key = teacher_key(recipe, path, task)
 
@@ -65,7 +67,7 @@ def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, out_dir:
             # checkpoint (same key, same work dir), not from the first step.
             finetune(model, tokenizer, task, finetune_cfg, desc="teacher finetune", show_progress=show_progress,
                      checkpoint=Checkpointing(directory=out_dir / WORK_DIR / key))
-        return ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=recipe.seed)
+        return ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=split_seed)
     stage = model_stage("teacher", key, build, task, recipe, out_dir)
     remove_work_dirs(out_dir, [key])
     return stage

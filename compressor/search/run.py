@@ -29,7 +29,7 @@ import yaml
 from compressor.bench.profiles import Profile, load_profile, unavailable_reason
 from compressor.bench.runners import input_batches
 from compressor.bundle import ModelBundle
-from compressor.evaluate import label_permutation
+from compressor.evaluate import label_permutation, recorded_task_seed
 from compressor.passes import check_pass_family
 from compressor.passes.registry import shape_of
 from compressor.pipeline.cache import fingerprint, log as progress
@@ -67,7 +67,7 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
     deadline = time.monotonic() + settings.time_budget_min * 60
     set_threads(threads)
     teacher_dir, target = check_inputs(teacher, profile, settings)
-    data = load_task(task, seed=settings.seed)
+    data = load_task(task, seed=split_seed(teacher_dir, task, settings.seed, log))
     check_output(out_dir, [teacher_dir, *task_files(task)], owner_files=None)
     bundle = ModelBundle.load(teacher_dir)      # a teacher that is no classifier stops before any write
     label_permutation(tuple(bundle.label_names), data)   # nor one of another task: its plans would score chance
@@ -92,6 +92,19 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
             return {"worker": "joined", "trials": len(proxy_trials(completed(study)))}
         return run_finals(study, runner, teacher_dir, task, profile, settings, out_dir, show_progress, deadline,
                           log)
+
+
+def split_seed(teacher_dir: Path, task: str | dict, seed: int, log: Callable[[str], None]) -> int:
+    """The seed a teacher records beside this task, else `seed`: the teacher is used as is, and
+    splits drawn with another seed would score (and select plans by) rows it trained on. The
+    finals recipe keeps it the same way (pipeline/run.py `task_split_seed`)."""
+    recorded = recorded_task_seed(teacher_dir, task)
+    if recorded is None or recorded == seed:
+        return seed
+    log(f"note: the teacher was fine-tuned on this task's splits drawn with seed {recorded}: the splits are drawn "
+        f"with seed {recorded}, not the search's seed {seed}, so no row it trained on is scored (the search's "
+        "seed still seeds its trials)")
+    return recorded
 
 
 def study_for(settings: SearchSettings, out_dir: Path, teacher_dir: Path, data: TaskData, target: Profile,

@@ -174,6 +174,9 @@ def test_split_seed_keeps_the_recorded_seed_for_the_recorded_task_named_again(tm
     monkeypatch.chdir(tmp_path)
     assert split_seed(None, 3, None, recorded) == 3
     assert split_seed(None, 3, {"path": "rows.csv"}, recorded) == 3          # relative, as typed
+    named = {"path": "rows.csv", "text": "text", "label": "label", "split": [0.8, 0.1, 0.1], "test": None}
+    assert split_seed(None, 3, named, recorded) == 3                         # the defaults, named
+    assert split_seed(None, 3, {"path": "rows.csv", "text": "sentence"}, recorded) == 0   # another column
     assert split_seed(None, 3, "wordnet-supersense", "wordnet-supersense") == 3
     assert split_seed(None, 3, "wordnet-wsd", "wordnet-supersense") == 0    # another task
     assert split_seed(None, 3, {"path": "other.csv"}, recorded) == 0

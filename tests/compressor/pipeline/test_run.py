@@ -720,3 +720,29 @@ def test_a_rank_or_transfer_set_that_cannot_fit_stops_before_the_teacher_trains(
     with pytest.raises(UserError, match=rf"^variants\.v\[0\]: {why}"):
         run(raw, tmp_path / "fresh")
     assert not (tmp_path / "fresh").exists()
+
+
+def test_a_teacher_used_as_is_keeps_the_seed_its_splits_were_drawn_with(bert_bundle, tiny_csv, tmp_path):
+    """A teacher fine-tuned elsewhere (`compressor finetune --seed 0`) records the seed of the
+    splits it trained on: a recipe with another seed that uses it as is draws them with the
+    teacher's, or rows it trained on would be scored as test rows; --plan says so."""
+    from compressor.pipeline.plan import plan_recipe
+    from pretrain.data import load_task
+    teacher = bert_bundle.replace(task={"path": str(tiny_csv)}, task_seed=0).save(tmp_path / "teacher")
+    raw = raw_recipe(teacher, tiny_csv, {"as-is": []})
+    del raw["teacher"]["finetune"]
+    raw["seed"] = 1
+    raw["teacher"]["task"] = {"path": str(tiny_csv), "text": "text", "label": "label"}   # the defaults, named
+    recipe, steps = parse_recipe(raw)
+    prepared = pipeline_run.prepare(recipe, steps, tmp_path / "out", tmp_path)
+    drawn = load_task({"path": str(tiny_csv)}, seed=0)
+    assert prepared.split_seed == 0
+    assert prepared.task.split("test").texts == drawn.split("test").texts
+    assert set(prepared.task.split("test").texts) != set(load_task({"path": str(tiny_csv)}, seed=1).split("test").texts)
+    notes = plan_recipe(recipe, steps, tmp_path / "out", base_dir=tmp_path)["notes"]
+    assert any("drawn with seed 0, not the recipe's seed 1" in note for note in notes)
+    run(raw, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "teacher" / "compressor.json").read_text())["task_seed"] == 0
+    raw["teacher"]["finetune"] = {"epochs": 1}          # trained by the recipe: on the recipe's splits
+    prepared = pipeline_run.prepare(*parse_recipe(raw), tmp_path / "other", tmp_path)
+    assert (prepared.split_seed, prepared.notes) == (1, ())

@@ -413,3 +413,24 @@ def test_a_baseline_listed_twice_is_refused():
     from pydantic import ValidationError
     with pytest.raises(ValidationError, match="baseline onnxruntime-fp32 listed more than once"):
         SearchSettings(latency_budget_ms=5, baselines=["onnxruntime-fp32", "onnxruntime-fp32"])
+
+
+def test_a_search_draws_the_splits_with_the_seed_its_teacher_records(bert_bundle, tiny_csv, quick_profile, tmp_path,
+                                                                      monkeypatch):
+    """The search uses its teacher as is: splits drawn with another seed would score (and pick
+    plans by) rows the teacher trained on."""
+    from compressor.search import run as search_run
+    teacher = bert_bundle.replace(task={"path": str(tiny_csv)}, task_seed=3).save(tmp_path / "teacher")
+    seeds, lines = [], []
+
+    def stop_at_load(spec, seed=0):
+        seeds.append(seed)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(search_run, "load_task", stop_at_load)
+    settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=1, seed=1, **TINY)
+    for task in ({"path": str(tiny_csv)}, {"path": str(tmp_path / "other.csv")}):
+        with pytest.raises(KeyboardInterrupt):
+            run_search(teacher, task, str(quick_profile), settings, tmp_path / "out", threads=1, show_progress=False,
+                       log=lines.append)
+    assert seeds == [3, 1]                              # another task: the search's own seed
+    assert len(lines) == 1 and "drawn with seed 3, not the search's seed 1" in lines[0]
