@@ -94,6 +94,20 @@ def check_unlabeled_fit(cfg: PassConfig, known: Known) -> None:
     check_unlabeled_count(cfg.unlabeled_samples, known.train_rows, min(known.train_rows, cap or known.train_rows))
 
 
+def check_augment_fit(cfg: PassConfig, known: Known) -> None:
+    """`augment`'s refusals up front, before any stage trains: a pair task, and a masked LM
+    that cannot propose words (a missing dir is left to the check for missing inputs)."""
+    if cfg.augment is None:
+        return
+    if known.pair_task:
+        raise UserError(PAIR_TASK_REFUSAL)
+    if Path(cfg.augment.mlm).is_dir():
+        load_masked_lm(Path(cfg.augment.mlm))
+
+
+PAIR_TASK_REFUSAL = "augment noises single texts; expected a single-text task, not a pair task"
+
+
 def joined(first: Split, second: Split) -> Split:
     pairs = first.text_pairs + second.text_pairs if first.text_pairs is not None else None
     return Split(first.texts + second.texts, first.labels + second.labels, pairs)
@@ -131,7 +145,7 @@ def load_masked_lm(source: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
 def augment_split(split: Split, cfg: AugmentConfig, mlm_dir: Path, seed: int) -> Augmented:
     """The split with `cfg.copies` noised copies of every text appended."""
     if split.text_pairs is not None:
-        raise UserError("augment noises single texts; expected a single-text task, not a pair task")
+        raise UserError(PAIR_TASK_REFUSAL)
     model, tokenizer = load_masked_lm(mlm_dir)
     generator = torch.Generator().manual_seed(seed)
     one_token = OneTokenWords(tokenizer)

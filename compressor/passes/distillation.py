@@ -26,7 +26,8 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from compressor.bundle import ModelBundle
 from compressor.passes import distill_losses as dl
-from compressor.passes.distill_augment import AugmentConfig, check_unlabeled_fit, transfer_data
+from compressor.passes.distill_augment import (AugmentConfig, check_augment_fit, check_unlabeled_fit,
+                                              transfer_data)
 from compressor.passes.registry import (Context, Known, PassConfig, Shape, check_teacher_bundle, check_teacher_fits,
                                        kept_groups, register, shape_of, word_embedding_training)
 from pretrain.batching import encode, iterate, inference_order, usable_length
@@ -315,6 +316,7 @@ def distill_shape(cfg: DistillConfig, known: Known) -> Shape:
     refuse_losses(cfg.losses, student.family, "student")
     check_teacher_fits("distill", teacher, student)
     check_unlabeled_fit(cfg, known)
+    check_augment_fit(cfg, known)
     if not cfg.layer_losses():
         return student
     check_projection(cfg, student.hidden, teacher.hidden)

@@ -138,6 +138,7 @@ class Known:
     model: Shape
     teacher: Shape
     train_rows: int | None = None
+    pair_task: bool | None = None          # whether the task's examples are text pairs (None: unknown)
     max_train_samples: int | None = None   # the recipe's cap for training passes that set none
     steps_before: tuple[str, ...] = ()     # the variant's steps before this one
 

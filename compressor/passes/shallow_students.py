@@ -35,7 +35,8 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from compressor.bundle import ModelBundle
-from compressor.passes.distill_augment import AugmentConfig, check_unlabeled_fit, transfer_data
+from compressor.passes.distill_augment import (AugmentConfig, check_augment_fit, check_unlabeled_fit,
+                                              transfer_data)
 from compressor.passes.distill_losses import TeacherLogits, hard_ce, soft_kl
 from compressor.passes.registry import Context, Known, Shape, check_teacher_bundle, check_teacher_fits, register
 from pretrain.errors import UserError
@@ -99,6 +100,7 @@ def structure_shape(cfg: "DistillStructure", known: Known) -> Shape:
     if cfg.alpha < 1:
         check_teacher_fits("distill-structure", known.teacher, known.model)
     check_unlabeled_fit(cfg, known)
+    check_augment_fit(cfg, known)
     if cfg.embeddings not in ("teacher", "random") and Path(cfg.embeddings).is_dir():
         check_embedding_width(Path(cfg.embeddings), cfg.embedding_dim)   # a missing dir: run.py says so
     return Shape(family="bilm" if cfg.kind == "bilstm" else "textcnn", labels=known.model.labels,

@@ -204,7 +204,7 @@ def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: Task
     tokenizer = functools.cache(lambda: load_tokenizer(teacher_path))   # only if a pass checks it
     teacher = shape_of(teacher_path, labels=tuple(task.label_names))    # fine-tuned on the task's labels
     for name, variant_steps in steps.items():
-        known = Known(model=teacher, teacher=teacher, train_rows=len(task.split("train")),
+        known = Known(model=teacher, teacher=teacher, train_rows=len(task.split("train")), pair_task=task.is_pair_task,
                       max_train_samples=max_train_samples)
         for i, step in enumerate(variant_steps):
             try:

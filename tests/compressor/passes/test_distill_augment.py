@@ -135,3 +135,24 @@ def test_distill_structure_learns_unlabeled_texts_from_the_teacher(bert_bundle, 
         parse_step({"distill-structure": {"kind": "cnn", "alpha": 1.0, "unlabeled_samples": 8}}, "v")
     with pytest.raises(UserError, match="expected soft among the losses"):
         parse_step({"distill": {"losses": ["hard", "hidden"], "unlabeled_samples": 8}}, "v")
+
+
+@pytest.mark.parametrize("name, step", [
+    ("distill", {"losses": ["soft"]}),
+    ("distill-structure", {"kind": "cnn"}),
+])
+def test_augment_is_refused_up_front_on_a_pair_task_or_a_masked_lm_without_its_head(name, step, tiny_bert_dir,
+                                                                                     mlm_dir, tmp_path):
+    """The refusals the run would meet when the step trains, met by its up-front check."""
+    from compressor.passes.registry import Known, shape_after, shape_of
+    teacher = shape_of(tiny_bert_dir)
+
+    def check(mlm, pair_task: bool):
+        config = parse_step({name: {**step, "augment": {"copies": 1, "mlm": str(mlm)}}}, "v").config
+        return shape_after(name, config, Known(model=teacher, teacher=teacher, pair_task=pair_task))
+    check(mlm_dir, pair_task=False)                                     # accepted
+    with pytest.raises(UserError, match="^augment noises single texts; expected a single-text task"):
+        check(mlm_dir, pair_task=True)
+    with pytest.raises(UserError, match="no trained masked-LM head"):
+        check(tiny_bert_dir, pair_task=False)                           # a classifier
+    check(tmp_path / "nope", pair_task=False)       # missing: left to the run's check for missing inputs

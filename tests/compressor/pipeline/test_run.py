@@ -746,3 +746,22 @@ def test_a_teacher_used_as_is_keeps_the_seed_its_splits_were_drawn_with(bert_bun
     raw["teacher"]["finetune"] = {"epochs": 1}          # trained by the recipe: on the recipe's splits
     prepared = pipeline_run.prepare(*parse_recipe(raw), tmp_path / "other", tmp_path)
     assert (prepared.split_seed, prepared.notes) == (1, ())
+
+
+def test_augment_on_a_pair_task_or_from_a_classifier_stops_before_the_teacher_trains(tiny_bert_dir, tiny_csv,
+                                                                                  tmp_path, monkeypatch):
+    from compressor.pipeline.plan import plan_recipe
+    forbid_building(monkeypatch)
+    augment = {"copies": 1, "mlm": str(tiny_bert_dir)}                  # a classifier: no masked-LM head
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"v": [{"distill": {"losses": ["soft"], "augment": augment}}]})
+    for check in (lambda: plan_recipe(*parse_recipe(raw), tmp_path / "fresh"), lambda: run(raw, tmp_path / "fresh")):
+        with pytest.raises(UserError, match=r"^variants\.v\[0\]: augment\.mlm .* has no trained masked-LM head"):
+            check()
+    pairs = tmp_path / "pairs.csv"
+    rows = tiny_csv.read_text().splitlines()
+    pairs.write_text("\n".join([rows[0] + ",text_pair"] + [row + ",a second text" for row in rows[1:]]) + "\n")
+    raw = raw_recipe(tiny_bert_dir, pairs, {"v": [{"distill-structure": {"kind": "cnn", "augment": augment}}]})
+    with pytest.raises(UserError, match=r"^variants\.v\[0\]: augment noises single texts"):
+        run(raw, tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
+
