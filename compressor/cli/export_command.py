@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from compressor.bundle import ModelBundle, read_provenance
 from compressor.evaluate import find_onnx, split_seed
+from compressor.export.gate import GateFailure
 from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
 from pretrain.atomic import check_output
@@ -45,7 +46,19 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
             deploy["quantize"] = quantize_cfg.model_dump(mode="json")
         bundle = bundle.replace(deploy=deploy)
     set_threads(None)
-    return export_bundle(bundle, out, export_settings, task, max_eval_samples).record
+    try:
+        return export_bundle(bundle, out, export_settings, task, max_eval_samples).record
+    except GateFailure as err:
+        if err.setting not in GATE_FLAGS:
+            raise
+        value = getattr(export_settings, err.setting)
+        raise GateFailure(f"{err}; expected {GATE_FLAGS[err.setting].format(value=value)}", err.setting) from None
+
+
+# What each gate setting's flag must become to accept a model the gate refused.
+GATE_FLAGS = {"accuracy_tolerance": "a larger --accuracy-tolerance (now {value:g}) to accept the drop, or more "
+                                    "test examples (--max-eval-samples) to measure it finer",
+              "min_accuracy": "a lower --min-accuracy (now {value:g}) to accept it"}
 
 
 def quantize_config(mode: str | None, options: dict, recorded: dict | None = None) -> QuantizeConfig | None:

@@ -28,7 +28,13 @@ if TYPE_CHECKING:   # the settings live with the export that reads them
 
 
 class GateFailure(UserError):
-    """An export failed its parity or accuracy gate (a one-line message with the numbers)."""
+    """An export failed its parity or accuracy gate (a one-line message with the numbers);
+    `setting`: the ExportSettings field that decides it, for the caller to name as the
+    remedy the way its user sets it (a recipe's `export.` key, a command's flag)."""
+
+    def __init__(self, message: str, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class Gate:
@@ -54,7 +60,7 @@ class Gate:
         if not diff <= tolerance:   # also catches NaN
             raise GateFailure(f"{what} does not match PyTorch: max |logit difference| {diff:.3g} on "
                               f"{self.parity_samples} test examples exceeds parity_tolerance "
-                              f"{tolerance:g} by {diff - tolerance:.3g}")
+                              f"{tolerance:g} by {diff - tolerance:.3g}", setting="parity_tolerance")
         return {"parity_max_abs_diff": diff}
 
     def predictions(self, logits: np.ndarray) -> np.ndarray:
@@ -83,16 +89,25 @@ class Gate:
                 f"{cfg.mode} model fails the accuracy gate: test accuracy {metrics['accuracy']:.4f} vs "
                 f"fp32 {fp32_accuracy:.4f} on {len(fp32)} examples, a drop of {-change * 100:.2f} "
                 f"points where accuracy_tolerance allows {tolerance * 100:.2f} (agreement with fp32 "
-                f"{agree:.3f}); not written")
+                f"{agree:.3f}{one_example_note(len(fp32), tolerance)}); not written", setting="accuracy_tolerance")
         floor = self.settings.min_accuracy
         if floor is not None and not metrics["accuracy"] >= floor:
             raise GateFailure(
                 f"{cfg.mode} model falls below the accuracy floor (min_accuracy, --min-accuracy): test accuracy "
                 f"{metrics['accuracy']:.4f} on {len(fp32)} examples is {(floor - metrics['accuracy']) * 100:.2f} "
-                f"points under min_accuracy {floor:.4f} (fp32 {fp32_accuracy:.4f}); not written")
+                f"points under min_accuracy {floor:.4f} (fp32 {fp32_accuracy:.4f}); not written", setting="min_accuracy")
         return {"precision": cfg.mode, "quantization": cfg.model_dump(mode="json"),
                 "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"],
                 "accuracy_change": change, "agreement_with_fp32": agree}
+
+
+def one_example_note(examples: int, tolerance: float) -> str:
+    """Where one example weighs more than the tolerance, any changed prediction fails the gate."""
+    step = 100 / max(examples, 1)
+    if step <= tolerance * 100:
+        return ""
+    return f"; one of the {examples} test examples is {step:.2f} points, more than the tolerance: any changed " \
+           "prediction fails it"
 
 
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:

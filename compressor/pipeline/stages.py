@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from compressor.bundle import ModelBundle, read_provenance
 from compressor.evaluate import load_predictor, predict_classes
+from compressor.export.gate import GateFailure
 from compressor.export.onnx import GRAPH_VERSION, ExportSettings, export_into, skip_layernorm_choice
 from compressor.export.quantize import QuantizeConfig, quantize_config_from_record
 from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
@@ -267,9 +268,25 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
         return {"export": exported.record, "predictions": exported.predictions.tolist()}
     if read_json(path / STAGE_FILE).get("key") not in (None, key):
         retire_reports(out_dir)      # they describe the export this one replaces
-    record = cached(path, key, write)
+    try:
+        record = cached(path, key, write)
+    except GateFailure as err:
+        raise GateFailure(f"export of {stage.name}: {err}{gate_remedy(err.setting, settings)}",
+                          err.setting) from None
     # The record's own path is where the export was built: a run dir moved since then holds it here.
     return {**record["export"], "path": str(path), "predictions": record["predictions"]}
+
+
+# What each gate setting's recipe key must become to accept a model the gate refused.
+GATE_REMEDIES = {"accuracy_tolerance": "a larger export.accuracy_tolerance (now {value:g}) to accept the drop, "
+                                       "or more test examples (data.max_eval_samples) to measure it finer",
+                 "min_accuracy": "a lower export.min_accuracy (now {value:g}) to accept it"}
+
+
+def gate_remedy(setting: str | None, settings: ExportSettings) -> str:
+    if setting not in GATE_REMEDIES:
+        return ""
+    return "; expected " + GATE_REMEDIES[setting].format(value=getattr(settings, setting))
 
 
 def export_key(stage_key: str, settings: ExportSettings, quantize: QuantizeConfig | None, recipe: Recipe) -> str:

@@ -141,6 +141,9 @@ def test_accuracy_gate_failure_writes_nothing(tiny_bundle, self_labelled, wrong_
     assert "dynamic-int8 model fails the accuracy gate" in message
     assert "fp32 1.0000" in message and "accuracy_tolerance allows 1.00" in message
     assert "agreement with fp32" in message and "\n" not in message
+    n = len(self_labelled.split("test"))         # fewer than 100: one example outweighs the 1-point tolerance
+    assert f"one of the {n} test examples is {100 / n:.2f} points, more than the tolerance" in message
+    assert err.value.setting == "accuracy_tolerance"
     assert not list(tmp_path.iterdir())
 
 
@@ -154,4 +157,5 @@ def test_cli_accuracy_gate_failure_is_one_line_exit_2(tiny_bert_dir, self_labell
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     assert len(captured.err.splitlines()) == 1 and captured.err.startswith("error: dynamic-int8 model fails")
+    assert "expected a larger --accuracy-tolerance (now 0.01)" in captured.err
     assert not list(tmp_path.iterdir())

@@ -765,3 +765,19 @@ def test_augment_on_a_pair_task_or_from_a_classifier_stops_before_the_teacher_tr
         run(raw, tmp_path / "fresh")
     assert not (tmp_path / "fresh").exists()
 
+
+def test_an_export_the_gate_refuses_names_the_variant_and_the_recipe_key(tiny_bert_dir, tiny_csv, tiny_task, tmp_path,
+                                                                         monkeypatch):
+    from compressor.export.gate import GateFailure
+    from compressor.export.onnx import ExportSettings
+
+    def refused(*args, **kwargs):
+        raise GateFailure("static-int8 model fails the accuracy gate: a drop of 1.56 points where accuracy_tolerance "
+                          "allows 1.00; not written", "accuracy_tolerance")
+    monkeypatch.setattr(stages, "export_into", refused)
+    recipe, _ = parse_recipe(raw_recipe(tiny_bert_dir, tiny_csv))
+    stage = stages.Stage("static-int8", tiny_bert_dir, "k", {}, None, 0, [])
+    with pytest.raises(GateFailure, match=r"^export of static-int8: static-int8 model fails the accuracy gate: .*; "
+                                          r"expected a larger export\.accuracy_tolerance \(now 0\.02\)"):
+        stages.export_stage(stage, ExportSettings(accuracy_tolerance=0.02), recipe, tiny_task, tmp_path)
+    assert not list(tmp_path.iterdir())
