@@ -234,9 +234,15 @@ def threads_line(env: dict) -> str:
     return f"torch {env.get('torch_threads')}"
 
 
+def models_title(report: dict) -> str:
+    """The models table's title, with the test examples every accuracy in the report is measured on."""
+    samples = report["teacher"].get("eval_samples")
+    return "Models" if samples is None else f"Models (accuracies on the same {samples:,} test examples)"
+
+
 def sections(report: dict) -> list[tuple[str, str, object]]:
     """(kind, title, content) in report order; kind is 'table', 'lines' or 'chart'."""
-    out: list[tuple[str, str, object]] = [("table", "Models", summary_table(report))]
+    out: list[tuple[str, str, object]] = [("table", models_title(report), summary_table(report))]
     if baselines_of(report):
         out.append(("lines", "Baselines: how each was built", baseline_lines(report)))
     exports = [("teacher", report["teacher"])] + [(m["name"], m) for m in report["models"]]

@@ -256,3 +256,9 @@ def test_a_benchmark_that_measured_nothing_says_why():
     assert unmeasured_lines({"profiles": [], "skipped": skipped, "baselines_not_built": []}) == [
         "nothing was measured: every profile is skipped on this machine (below)"]
     assert unmeasured_lines({"profiles": [{"name": "cpu"}], "skipped": skipped}) == []
+
+
+def test_the_models_table_says_how_many_test_examples_the_accuracies_come_from():
+    report = {"recipe": {"name": "r"}, "models": [entry("a", 0.8, 3.0)], "environment": {},
+              "teacher": {"path": "t", "accuracy": 0.81, "params": 1000, "size_bytes": 100, "eval_samples": 1250}}
+    assert "## Models (accuracies on the same 1,250 test examples)\n" in render_report_md(report, None)
