@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from compressor import __version__
 from compressor.modeling.structure import save_structure_code, update_record
+from pretrain.batching import MAX_LENGTH, usable_length
 from pretrain.model_code import ship_model_code
 from pretrain.atomic import atomic_dir, check_output
 from pretrain.errors import UserError
@@ -39,6 +40,16 @@ class ModelBundle:
     # The seed the task's splits were drawn with when the model was trained (its test split is
     # the one evaluate, export and bench then score by default); None where not known.
     task_seed: int | None = None
+    # The tokens per example the model was fine-tuned at: what evaluation, export (gate and
+    # shipped tokenizer), calibration and benchmarks cut a text to. compressor.json records it
+    # (`max_length`) only where it is not the default, so a dir trained at the default reads,
+    # writes and is keyed as before.
+    max_length: int = MAX_LENGTH
+
+    @property
+    def usable_length(self) -> int:
+        """`max_length` within the model's positions: the length every later stage encodes at."""
+        return usable_length(self.model, self.max_length)
 
     @property
     def label_names(self) -> tuple[str, ...]:
@@ -86,6 +97,8 @@ class ModelBundle:
         provenance = {"task": self.task, "task_seed": self.task_seed, "label_names": list(self.label_names),
                       "history": list(self.history), "deploy": dict(self.deploy),
                       "compressor_version": __version__}
+        if self.max_length != MAX_LENGTH:
+            provenance["max_length"] = self.max_length
         (Path(directory) / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
 
     @classmethod
@@ -98,7 +111,7 @@ class ModelBundle:
         provenance = read_provenance(path)
         return cls(model=model, tokenizer=tokenizer, task=provenance.get("task"),
                    history=tuple(provenance.get("history", ())), deploy=dict(provenance.get("deploy") or {}),
-                   task_seed=provenance.get("task_seed"))
+                   task_seed=provenance.get("task_seed"), max_length=recorded_length(provenance, path))
 
 
 def read_provenance(path: Path) -> dict:
@@ -109,6 +122,16 @@ def read_provenance(path: Path) -> dict:
         return json.loads(file.read_text())
     except ValueError as err:
         raise UserError(f"{file} is not valid JSON: {err}") from None
+
+
+def recorded_length(provenance: dict, path: Path) -> int:
+    """The length a model dir records it was fine-tuned at (compressor.json `max_length`;
+    absent: the default, as every dir written before the field was)."""
+    length = provenance.get("max_length", MAX_LENGTH)
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise UserError(f"{Path(path) / PROVENANCE_FILE}: max_length is {length!r}; expected a positive "
+                        "integer (the tokens per example the model was fine-tuned at)")
+    return length
 
 
 # The files that hold a saved model's weights: safetensors in an HF dir, the int8 state dict

@@ -10,7 +10,7 @@ from typing import Callable, Literal
 import numpy as np
 from transformers import AutoConfig, PretrainedConfig
 
-from compressor.bundle import read_provenance
+from compressor.bundle import read_provenance, recorded_length
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
 from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, model_positions, usable_length
 from pretrain.data import TaskData, absolute_paths, load_task
@@ -45,24 +45,26 @@ def load_predictor(path: str | Path) -> Predictor:
                         "or a torch-dynamic-int8 export dir")
     if is_int8_dir(path):   # a torch-dynamic-int8 export: int8 state dict + config + tokenizer
         model = load_int8_model(path)
+        provenance = read_provenance(path)
         return Predictor("torch", recorded_precision(path) or "torch-dynamic-int8", config_labels(path),
                          load_tokenizer(path),
-                         lambda data: predict_logits(model, data), read_provenance(path).get("task"),
-                         usable_length(model.config), model_positions(model.config),
-                         read_provenance(path).get("task_seed"))
+                         lambda data: predict_logits(model, data), provenance.get("task"),
+                         usable_length(model.config, recorded_length(provenance, path)), model_positions(model.config),
+                         provenance.get("task_seed"))
     onnx_file = path if path.suffix == ".onnx" else find_onnx(path)
     model_dir = onnx_file.parent if onnx_file else path
     provenance = read_provenance(model_dir)
     task, seed = provenance.get("task"), provenance.get("task_seed")
+    length = recorded_length(provenance, model_dir)     # what it was fine-tuned (and exported) at
     if onnx_file is None:
         model, tokenizer = load_saved_classifier(model_dir)
         labels = tuple(model.config.id2label[i] for i in sorted(model.config.id2label))
         return Predictor("torch", "fp32", labels, tokenizer, lambda data: predict_logits(model, data), task,
-                         usable_length(model), model_positions(model), seed)
+                         usable_length(model, length), model_positions(model), seed)
     logits = onnx_logits_fn(onnx_file)      # first: a graph ONNX Runtime cannot load is refused in one line
     precision = recorded_precision(model_dir) or graph_precision(onnx_file)
     return Predictor("onnx", precision, config_labels(model_dir), load_tokenizer(model_dir),
-                     logits, task, usable_length(saved_config(model_dir)),
+                     logits, task, usable_length(saved_config(model_dir), length),
                      model_positions(saved_config(model_dir)), seed)
 
 

@@ -73,7 +73,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
             distributed.shutdown()
             return {}
         train = result.train
-        test_metrics, _ = evaluate(model, tokenizer, task.split("test").head(max_eval_samples))
+        test_metrics, _ = evaluate(model, tokenizer, task.split("test").head(max_eval_samples), cfg.max_length)
         metrics = {"task": task.name, "split": "test", **test_metrics,
                    "strategy": cfg.strategy, "lr": cfg.lr, "trainable_params": result.trainable_params,
                    "total_params": result.total_params, "trainable_percent": round(result.trainable_percent, 3),
@@ -84,6 +84,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
                    "processes": place.size,
                    "model": model_ref, "config": cfg.model_dump(mode="json"), "environment": environment()}
         bundle = ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=cfg.seed,
+                             max_length=cfg.max_length,
                              history=({"pass": "finetune", "config": cfg.model_dump(mode="json")},))
         with atomic_dir(out) as tmp:
             bundle.save_into(tmp)

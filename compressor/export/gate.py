@@ -17,7 +17,7 @@ import numpy as np
 from compressor.bundle import ModelBundle
 from compressor.evaluate import label_permutation, onnx_logits_fn
 from compressor.export.quantize import QuantizeConfig
-from pretrain.batching import Encoded, encode, usable_length
+from pretrain.batching import Encoded, encode
 from pretrain.data import Split, TaskData
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
@@ -44,7 +44,7 @@ class Gate:
         self.settings = settings
         self.labels = np.asarray(test.labels)
         self.to_task = label_permutation(bundle.label_names, task)   # model class id -> task class id
-        length = usable_length(bundle.model)      # within the model's positions
+        length = bundle.usable_length      # its fine-tuning length, within its positions
         self.data = encode(bundle.tokenizer, test, length)
         parity_split = test.head(settings.parity_samples)
         self.parity_data = encode(bundle.tokenizer, parity_split, length)

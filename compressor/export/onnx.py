@@ -46,7 +46,7 @@ from compressor.export.quantize import (LINEAR_SCOPE_UNFUSED, DynamicInt8Config,
 from compressor.export.torch_int8 import INT8_FILE, quantized_copy, save_int8_model
 from compressor.export.trace import OPSET, check_exportable, input_names, write_onnx
 from pretrain.atomic import atomic_dir, check_output, scratch_dir, write_json
-from pretrain.batching import Encoded, encode, usable_length
+from pretrain.batching import Encoded, encode
 from pretrain.data import TaskData
 from pretrain.model_code import ship_model_code
 from pretrain.errors import UserError, validation_message
@@ -232,14 +232,14 @@ def calibration_split(bundle: ModelBundle, quantize: QuantizeConfig | None, task
     """The first calibration_samples examples: train ones to calibrate static-int8 ranges,
     validation ones for inc's accuracy-aware tuning (which must not see the test split)."""
     rows = calibration_rows(quantize, task)
-    return None if rows is None else encode(bundle.tokenizer, rows, usable_length(bundle.model))
+    return None if rows is None else encode(bundle.tokenizer, rows, bundle.usable_length)
 
 
 def save_deployed_tokenizer(bundle: ModelBundle, directory: Path) -> int:
     """The tokenizer, its `model_max_length` set to the length the gate's accuracy was measured
     at (what `pipeline(..., truncation=True)` then cuts a text to); returns that length. The
     bundle's own tokenizer keeps its value (later steps of the tool read it)."""
-    length = usable_length(bundle.model)
+    length = bundle.usable_length
     deployed = copy.copy(bundle.tokenizer)
     deployed.model_max_length = length
     deployed.save_pretrained(str(directory))

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from pretrain.batching import Encoded, encode, inference_order, iterate, usable_length
+from pretrain.batching import MAX_LENGTH, Encoded, encode, inference_order, iterate, usable_length
 from pretrain.data import Split, TaskData
 from pretrain.errors import UserError
 from pretrain.families import Family
@@ -52,10 +52,12 @@ def check_train_rows(available: int | None, needed: int, what: str) -> None:
                         "lower samples (or validation_samples)")
 
 
-def encode_for_model(model: PreTrainedModel, tokenizer, task: TaskData, split: Split) -> Encoded:
-    """`split` tokenised for `model`, labels turned into the model's class ids."""
+def encode_for_model(model: PreTrainedModel, tokenizer, task: TaskData, split: Split,
+                     max_length: int = MAX_LENGTH) -> Encoded:
+    """`split` tokenised for `model` at `max_length` (the bundle's: the length it was fine-tuned
+    at), labels turned into the model's class ids."""
     from compressor.evaluate import label_permutation
-    data = encode(tokenizer, split, usable_length(model))
+    data = encode(tokenizer, split, usable_length(model, max_length))
     labels = model.config.id2label
     to_model = np.argsort(label_permutation(tuple(labels[i] for i in sorted(labels)), task))
     return Encoded(data.input_ids, data.token_type_ids, to_model[data.labels], data.pad_id, data.pad_left)

@@ -30,7 +30,7 @@ from compressor.passes.distill_augment import (AugmentConfig, check_augment_fit,
                                               transfer_data)
 from compressor.passes.registry import (Context, Known, PassConfig, Shape, check_teacher_bundle, check_teacher_fits,
                                        kept_groups, register, shape_of, word_embedding_training)
-from pretrain.batching import encode, iterate, inference_order, usable_length
+from pretrain.batching import MAX_LENGTH, encode, iterate, inference_order, usable_length
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.finetune import FinetuneConfig, finetune, with_run_defaults
@@ -440,16 +440,20 @@ def choose_layer_map(model: PreTrainedModel, teacher: ModelBundle, cfg: DistillC
         return cfg.layer_map, None
     if cfg.layer_map == "uniform":
         return uniform_map(n_student, n_teacher), None
-    similarity = layer_similarity(model, teacher, ctx.task.split("train").head(cfg.map_samples), cfg.batch_size)
+    similarity = layer_similarity(model, teacher, ctx.task.split("train").head(cfg.map_samples), cfg.batch_size,
+                                  cfg.max_length)
     chosen = tuple(int(i) for i in np.argmax(similarity, axis=1))
     return chosen, [[round(float(v), 4) for v in row] for row in similarity]
 
 
 @torch.no_grad()
-def layer_similarity(model: PreTrainedModel, teacher: ModelBundle, split, batch_size: int) -> np.ndarray:
+def layer_similarity(model: PreTrainedModel, teacher: ModelBundle, split, batch_size: int,
+                     max_length: int = MAX_LENGTH) -> np.ndarray:
     """Linear CKA between every student layer's output and every teacher layer's, over the real
-    tokens of `split` (both models in eval mode, so without dropout): (student, teacher) layers."""
-    data = encode(teacher.tokenizer, split, min(usable_length(model), usable_length(teacher.model)))
+    tokens of `split` cut at `max_length` (the length the pass trains at), both models in eval
+    mode, so without dropout: (student, teacher) layers."""
+    length = min(usable_length(model, max_length), usable_length(teacher.model, max_length))
+    data = encode(teacher.tokenizer, split, length)
     states: dict[str, list[list[torch.Tensor]]] = {"student": [], "teacher": []}
     was_training = model.training
     model.eval()

@@ -70,7 +70,8 @@ def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBund
     if cfg.keep is not None:
         keep_encoder_layers(model, list(cfg.keep))
         return bundle.replace(model=model)
-    data = encode_for_model(model, bundle.tokenizer, ctx.task, train_rows(ctx.task, 0, cfg.samples, "drop-layers"))
+    data = encode_for_model(model, bundle.tokenizer, ctx.task, train_rows(ctx.task, 0, cfg.samples, "drop-layers"),
+                            bundle.max_length)
     keep, rounds = layers_to_keep(model, data, cfg.count, cfg.batch_size)
     keep_encoder_layers(model, keep)
     # Which layers the measurement chose is not in the config: record it (compressor.json, deploy).

@@ -238,7 +238,7 @@ def for_each_layer(chosen: dict[int, list[int]], groups: list[list[int]]) -> dic
 def sample(bundle: ModelBundle, model: PreTrainedModel, ctx: Context, start: int, stop: int, name: str):
     """Train rows [start, stop), encoded for `model`."""
     rows = importance.train_rows(ctx.task, start, stop, name)
-    return importance.encode_for_model(model, bundle.tokenizer, ctx.task, rows)
+    return importance.encode_for_model(model, bundle.tokenizer, ctx.task, rows, bundle.max_length)
 
 
 # --- prune-ffn ---

@@ -155,7 +155,7 @@ def sensitivity_data(bundle: ModelBundle, task: TaskData, samples: int) -> Encod
     if len(train) < samples:
         raise UserError(f"sensitivity: samples={samples} but the train split of {task.name!r} has "
                         f"{len(train)} examples; lower samples to at most {len(train)}")
-    return encode_for_model(bundle.model, bundle.tokenizer, task, train.head(samples))
+    return encode_for_model(bundle.model, bundle.tokenizer, task, train.head(samples), bundle.max_length)
 
 
 def predictions(model: torch.nn.Module, data: Encoded, batch_size: int) -> tuple[float, torch.Tensor]:

@@ -397,11 +397,22 @@ def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) 
     check_pass_tokenizer(name, config, bundle.tokenizer)
     check_layer_names_hold(name, config, [h["pass"] for h in bundle.history
                                   if h.get("pass") in _REGISTRY and _REGISTRY[h["pass"]].names_layers])
+    config = at_model_length(config, bundle)
     out = spec.run(bundle, config, ctx)
     if out is bundle or out.model is bundle.model:
         raise RuntimeError(f"pass {name!r} returned its input model; passes must copy before changing")
     record = {"pass": name, "config": as_run(config, ctx).model_dump(mode="json")}
-    return out.replace(history=bundle.history + (record,))
+    trained_at = getattr(config, "max_length", out.max_length) if spec.trains else out.max_length
+    return out.replace(history=bundle.history + (record,), max_length=trained_at)
+
+
+def at_model_length(config: BaseModel, bundle: ModelBundle) -> BaseModel:
+    """A training pass trains at the length its input model was fine-tuned at, unless its
+    config sets `max_length` itself (the output then records the length it trained at)."""
+    if not hasattr(config, "max_length") or "max_length" in config.model_fields_set \
+            or config.max_length == bundle.max_length:
+        return config
+    return config.model_copy(update={"max_length": bundle.max_length})
 
 
 def as_run(config: BaseModel, ctx: Context) -> BaseModel:

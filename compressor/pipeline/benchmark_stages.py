@@ -25,7 +25,7 @@ from compressor.pipeline.recipe import BASELINES_DIR, BENCHMARK_DIR, Recipe
 from compressor.pipeline.outdir import disk_errors, read_json
 from compressor.pipeline.stages import Stage, retire_reports, test_predictions
 from pretrain.atomic import write_json
-from pretrain.batching import model_positions, usable_length
+from pretrain.batching import model_positions
 from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.metrics import classification_metrics
@@ -157,7 +157,7 @@ def benchmark_stage(models: list[Deployable], teacher: Stage, recipe: Recipe, ta
     def write(tmp: Path) -> dict:
         # Progress goes where the stage lines go (stderr, hidden by --quiet), never to stdout.
         results = run_benchmarks(models, settings, teacher_bundle.tokenizer, test, log=log.info,
-                                 max_length=usable_length(teacher_bundle.model),
+                                 max_length=teacher_bundle.usable_length,
                                  positions=model_positions(teacher_bundle.model))
         write_json(tmp / "benchmark.json", results)
         return results

@@ -18,7 +18,7 @@ from compressor.modeling.cost import SPARSE_THRESHOLD, compressed_size, encoder_
 from compressor.pipeline.recipe import Recipe
 from compressor.pipeline.stages import Stage
 from compressor.report.analysis import pareto_fronts, recipe_warnings, runtime_warnings
-from pretrain.batching import encode, usable_length
+from pretrain.batching import encode
 from pretrain.data import TaskData
 from pretrain.metrics import agreement
 
@@ -143,7 +143,7 @@ def flops_sequence_length(benchmark: dict | None, teacher: ModelBundle, task: Ta
     for row in (benchmark or {}).get("measurements", []):
         if isinstance(row["sequence_length"], int):
             return row["sequence_length"]
-    max_length = usable_length(teacher.model)
+    max_length = teacher.usable_length
     if task is None:
         return max_length
     lengths = encode(teacher.tokenizer, task.split("test").head(max_eval_samples), max_length).lengths()

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel
 
-from compressor.bundle import ModelBundle, read_provenance
+from compressor.bundle import ModelBundle, read_provenance, recorded_length
 from compressor.evaluate import load_predictor, predict_classes
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import GRAPH_VERSION, ExportSettings, export_into, skip_layernorm_choice
@@ -32,6 +32,7 @@ from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerpr
 from compressor.pipeline.outdir import disk_errors, read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
 from pretrain.atomic import write_json
+from pretrain.batching import MAX_LENGTH
 from pretrain.data import BUILTIN_CORPORA, TaskData, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, finetune, with_run_defaults
@@ -68,10 +69,18 @@ def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, split_se
             # checkpoint (same key, same work dir), not from the first step.
             finetune(model, tokenizer, task, finetune_cfg, desc="teacher finetune", show_progress=show_progress,
                      checkpoint=Checkpointing(directory=out_dir / WORK_DIR / key))
-        return ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=split_seed)
+        return ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=split_seed,
+                           max_length=teacher_length(finetune_cfg, path))
     stage = model_stage("teacher", key, build, task, recipe, out_dir)
     remove_work_dirs(out_dir, [key])
     return stage
+
+
+def teacher_length(finetune_cfg, path: Path) -> int:
+    """The length the teacher is fine-tuned at here, else the one its dir records."""
+    if finetune_cfg is not None:
+        return finetune_cfg.max_length
+    return recorded_length(read_provenance(path), path)
 
 
 def teacher_finetune(recipe: Recipe):
@@ -86,8 +95,13 @@ def teacher_key(recipe: Recipe, path: Path, task: TaskData) -> str:
     finetune_cfg = teacher_finetune(recipe)
     # Not the test-sample limit: it changes what is measured, not the weights (model_stage
     # re-evaluates a stage whose limit differs; the exports' and benchmark's keys hold it).
-    return content_key({"model": fingerprint(path), "task": task_fingerprint(task),
-                        "finetune": data_keyed_fields(finetune_cfg) if finetune_cfg else None})
+    fields = {"model": fingerprint(path), "task": task_fingerprint(task),
+              "finetune": data_keyed_fields(finetune_cfg) if finetune_cfg else None}
+    if finetune_cfg is not None and finetune_cfg.max_length != MAX_LENGTH:
+        # A teacher written before its length was recorded says the default; this key
+        # rebuilds it (and what reads it) so that it records and is scored at its own length.
+        fields["length_recorded"] = True
+    return content_key(fields)
 
 
 def variant_key(teacher_key: str, recipe: Recipe, steps: list[Step]) -> str:
@@ -208,7 +222,8 @@ def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: Tas
     limit = recipe.data.max_eval_samples
 
     def scored(bundle: ModelBundle) -> dict:
-        metrics, predictions = evaluate(bundle.model, bundle.tokenizer, task.split("test").head(limit))
+        metrics, predictions = evaluate(bundle.model, bundle.tokenizer, task.split("test").head(limit),
+                                        max_length=bundle.max_length)
         return {"metrics": metrics, "predictions": predictions.tolist(), EVAL_LIMIT: limit}
 
     def write(tmp: Path) -> dict:

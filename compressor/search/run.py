@@ -45,7 +45,6 @@ from compressor.search.structures import fit_latency_model, teacher_shape
 from compressor.search.study import (ProxyRunner, completed, connect, default_storage, finalists, open_study,
                                      progress_line, proxy_trials, seed_study)
 from pretrain.atomic import atomic_file, check_output, write_json
-from pretrain.batching import usable_length
 from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate
@@ -181,7 +180,8 @@ def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, da
         # The timed structure exports (hundreds of MB) served the model, now saved here, in
         # the study and in the cache: nothing later reads them, even if the search fails.
         shutil.rmtree(out_dir / STRUCTURES_DIR, ignore_errors=True)
-        study.set_user_attr("teacher_validation_accuracy", evaluate(bundle.model, bundle.tokenizer, validation)[0]["accuracy"])
+        metrics, _ = evaluate(bundle.model, bundle.tokenizer, validation, bundle.max_length)
+        study.set_user_attr("teacher_validation_accuracy", metrics["accuracy"])
     while "latency_model" not in study.user_attrs or "teacher_validation_accuracy" not in study.user_attrs:
         if time.monotonic() > deadline:
             raise UserError("the lead never finished fitting the latency model within this worker's time budget")
@@ -195,7 +195,7 @@ def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, da
                         "was started), or another --study-name for a new search")
     test = data.split("test").head(settings.max_eval_samples)
     shapes = [tuple(b["input_ids"].shape) for b in input_batches(bundle.tokenizer, test, settings.batch_size, "real",
-                                                                 max_length=usable_length(bundle.model))]
+                                                                 max_length=bundle.usable_length)]
     runner = ProxyRunner(teacher=bundle, teacher_dir=teacher_dir, task=data, validation=validation,
                          teacher_accuracy=study.user_attrs["teacher_validation_accuracy"], latency=latency,
                          shapes=shapes, settings=settings, budget_ms=settings.latency_budget_ms, log=log)

@@ -27,7 +27,6 @@ from compressor.export.onnx import (GRAPH_VERSION, ONNX_FILE, ExportSettings, ex
 from compressor.modeling.structure import prune_heads, set_intermediate_size
 from compressor.search.latency import (LatencyModel, Point, Precision, Structure, TeacherShape, fit,
                                        held_out_error, load_or_none, model_key)
-from pretrain.batching import usable_length
 from pretrain.data import Split, TaskData
 from pretrain.errors import UserError
 from pretrain.families import family_of
@@ -148,7 +147,7 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
     held_out = [s for s in sample_structures(shape, held_out_count, precisions, seed + 1) if s not in fitting]
     files = export_structures(teacher, fitting + held_out, task, work, log, deadline)
     test = task.split("test")
-    points = measure(files, profile, teacher.tokenizer, test, batch_sizes, usable_length(teacher.model))
+    points = measure(files, profile, teacher.tokenizer, test, batch_sizes, teacher.usable_length)
     seen = set(fitting)
     model = fit([p for p in points if p.structure in seen], shape, machine, key, first_token_last)
     unseen = [p for p in points if p.structure not in seen]

@@ -214,7 +214,7 @@ class ProxyRunner:
             start = time.perf_counter()
             bundle = apply_pass(bundle, step.name, step.config, ctx)
             seconds.append(time.perf_counter() - start)
-        metrics, _ = evaluate(bundle.model, bundle.tokenizer, self.validation)
+        metrics, _ = evaluate(bundle.model, bundle.tokenizer, self.validation, bundle.max_length)
         return metrics["accuracy"], sum(seconds[:-1]), seconds[-1]     # the last step is the training
 
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from compressor.bundle import PROVENANCE_FILE, ModelBundle
-from pretrain.batching import encode
+from pretrain.batching import MAX_LENGTH, encode
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
 
@@ -137,3 +137,25 @@ def test_outputs_get_ordinary_permissions(tmp_path):
         os.umask(mask)
     assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "out" / "report.json").stat().st_mode) == 0o644
+
+
+def test_the_fine_tuning_length_round_trips_and_the_default_is_not_written(bert_bundle, tmp_path):
+    """compressor.json records a length other than the default (what every later stage cuts
+    texts to); a model at the default writes the file exactly as before the field existed."""
+    bert_bundle.replace(max_length=64).save(tmp_path / "short")
+    assert json.loads((tmp_path / "short" / PROVENANCE_FILE).read_text())["max_length"] == 64
+    loaded = ModelBundle.load(tmp_path / "short")
+    assert loaded.max_length == loaded.usable_length == 64
+    bert_bundle.save(tmp_path / "default")
+    assert "max_length" not in json.loads((tmp_path / "default" / PROVENANCE_FILE).read_text())
+    assert ModelBundle.load(tmp_path / "default").max_length == MAX_LENGTH
+    # The tiny BERT has 128 positions: a longer recorded length is cut to them.
+    assert bert_bundle.replace(max_length=512).usable_length == 128
+
+
+def test_a_bad_recorded_length_is_a_user_error(bert_bundle, tmp_path):
+    bert_bundle.save(tmp_path / "m")
+    record = json.loads((tmp_path / "m" / PROVENANCE_FILE).read_text())
+    (tmp_path / "m" / PROVENANCE_FILE).write_text(json.dumps({**record, "max_length": "long"}))
+    with pytest.raises(UserError, match=r"max_length is 'long'; expected a positive integer"):
+        ModelBundle.load(tmp_path / "m")

@@ -283,3 +283,36 @@ def test_export_bundle_names_the_task_it_expects(tiny_bundle, tiny_task, tmp_pat
     with pytest.raises(UserError, match="task must be loaded task data, got dict; expected pretrain.data.load_task"):
         export_bundle(tiny_bundle, tmp_path / "out", ExportSettings(), tiny_task.spec)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_fine_tuned_past_the_default_length_is_gated_shipped_and_evaluated_at_it(tokenizer, tiny_task,
+                                                                                         tmp_path):
+    """A model fine-tuned at 300 tokens: the gate, the shipped tokenizer, export.json and
+    `compressor evaluate` (of the HF dir and of the export) all cut texts at 300, not at 128,
+    the default (where a label decided past token 128 was lost)."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    from compressor.evaluate import load_predictor
+    from pretrain.data import TaskData
+    labels, length = tiny_task.label_names, 300
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=512, num_labels=len(labels),
+        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})).eval()
+    test = tiny_task.split("test")
+    long_texts = [" ".join([text] * 80) for text in test.texts[:12]]
+    assert min(len(ids) for ids in tokenizer(long_texts)["input_ids"]) > length
+    long_split = Split(long_texts, test.labels[:12])
+    task = TaskData(tiny_task.name, labels, {name: long_split for name in ("train", "validation", "test")},
+                    spec=tiny_task.spec)
+    bundle = ModelBundle(model=model, tokenizer=tokenizer, task=tiny_task.spec, max_length=length)
+    bundle.save(tmp_path / "hf")
+    assert load_predictor(tmp_path / "hf").max_length == length
+
+    gate = export_gate.Gate(ExportSettings(optimize=False), bundle, task, long_split)
+    assert max(gate.data.lengths()) == length
+    record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), task).record
+    assert record["max_length"] == length
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "out")).model_max_length == length
+    assert json.loads((tmp_path / "out" / "compressor.json").read_text())["max_length"] == length
+    assert load_predictor(tmp_path / "out").max_length == length

@@ -277,3 +277,19 @@ def test_a_saved_model_s_shape_names_the_layers_that_share_their_attention(bert_
     assert saved(groups=1, mode="attention").shared_attention == ((0, 1, 2, 3),)
     assert saved(groups=1, mode="ffn").shared_attention == ()
     assert registry.shape_of(bert_bundle.save(tmp_path / "plain")).shared_attention == ()
+
+
+def test_a_training_pass_trains_at_its_input_models_length_unless_it_sets_one(bert_bundle, tiny_task):
+    """A model fine-tuned at 64 tokens: a training step trains (and its output records) 64,
+    not the config's default 128; a step's own max_length wins; a pass that trains nothing
+    keeps the length."""
+    ctx = Context(task=tiny_task, max_train_samples=16, show_progress=False)
+    start = bert_bundle.replace(max_length=64)
+    cfg = FinetuneConfig(epochs=1, batch_size=16)
+    out = apply_pass(start, "finetune", cfg, ctx)
+    assert out.max_length == out.history[-1]["config"]["max_length"] == 64
+    own = apply_pass(start, "finetune", FinetuneConfig(epochs=1, batch_size=16, max_length=32), ctx)
+    assert own.max_length == own.history[-1]["config"]["max_length"] == 32
+    from compressor.passes.layers import DropLayers
+    assert apply_pass(start, "drop-layers", DropLayers(keep=(0, 1)), ctx).max_length == 64
+    assert apply_pass(bert_bundle, "finetune", cfg, ctx).history[-1]["config"]["max_length"] == 128

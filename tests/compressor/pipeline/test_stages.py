@@ -1,0 +1,54 @@
+"""Pipeline stages: the length a model was fine-tuned at follows it into every later stage."""
+
+from __future__ import annotations
+
+import json
+
+from compressor.pipeline import stages
+from compressor.pipeline.cache import content_key, fingerprint, task_fingerprint
+from compressor.pipeline.recipe import parse_recipe
+from pretrain.batching import MAX_LENGTH
+from pretrain.finetune import FinetuneConfig
+
+
+def recipe_for(model_dir, csv_path, finetune: dict):
+    return parse_recipe({"name": "tiny", "seed": 0,
+                         "teacher": {"model": str(model_dir), "task": {"path": str(csv_path)}, "finetune": finetune},
+                         "data": {"max_eval_samples": 8}, "variants": {"same": []}})[0]
+
+
+def test_a_stage_is_scored_at_the_length_its_model_was_fine_tuned_at(bert_bundle, tiny_csv, tiny_task, tmp_path,
+                                                                      monkeypatch):
+    """The run scored every stage at 128 tokens, whatever `max_length` the teacher trained at."""
+    lengths = []
+    real = stages.evaluate
+
+    def recording(model, tokenizer, split, max_length=MAX_LENGTH):
+        lengths.append(max_length)
+        return real(model, tokenizer, split, max_length)
+    monkeypatch.setattr(stages, "evaluate", recording)
+    recipe = recipe_for(bert_bundle.model.name_or_path, tiny_csv, {"max_length": 64})
+    stage = stages.model_stage("teacher", "k", lambda: bert_bundle.replace(max_length=64), tiny_task, recipe, tmp_path)
+    assert lengths == [64]
+    assert json.loads((stage.path / "compressor.json").read_text())["max_length"] == 64
+
+
+def test_the_teacher_records_its_fine_tuning_length_or_the_one_its_dir_records(bert_bundle, tiny_bert_dir, tmp_path):
+    assert stages.teacher_length(FinetuneConfig(max_length=256), tiny_bert_dir) == 256
+    assert stages.teacher_length(None, tiny_bert_dir) == MAX_LENGTH       # an HF dir records none
+    bert_bundle.replace(max_length=96).save(tmp_path / "given")
+    assert stages.teacher_length(None, tmp_path / "given") == 96
+
+
+def test_a_teacher_fine_tuned_at_the_default_length_keeps_its_key(tiny_bert_dir, tiny_csv, tiny_task):
+    """Runs at the default length reuse their cached stages; a longer length is a new key (a
+    teacher cached before its length was recorded is rebuilt, so that it records it)."""
+    recipe = recipe_for(tiny_bert_dir, tiny_csv, {"epochs": 1})
+    cfg = stages.teacher_finetune(recipe)
+    before = content_key({"model": fingerprint(tiny_bert_dir), "task": task_fingerprint(tiny_task),
+                          "finetune": stages.data_keyed_fields(cfg)})
+    assert stages.teacher_key(recipe, tiny_bert_dir, tiny_task) == before
+    longer = recipe_for(tiny_bert_dir, tiny_csv, {"epochs": 1, "max_length": 256})
+    unmarked = content_key({"model": fingerprint(tiny_bert_dir), "task": task_fingerprint(tiny_task),
+                            "finetune": stages.data_keyed_fields(stages.teacher_finetune(longer))})
+    assert stages.teacher_key(longer, tiny_bert_dir, tiny_task) not in (before, unmarked)
