@@ -29,14 +29,12 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     _check_keys(spec)
     fractions = _fractions(spec.get("split"))
     train_path = Path(spec["path"])
-    records = _read_records(train_path)
-    # A `text_pair` column is read as the pair without being named (the README's file layout).
-    pair = spec.get("text_pair") or (PAIR_COLUMN if PAIR_COLUMN in records[0][1] else None)
+    files = {"train": train_path} | {name: Path(spec[name]) for name in ("validation", "test")
+                                     if spec.get(name) is not None}
+    records = {name: _read_records(path) for name, path in files.items()}
+    pair = spec.get("text_pair") or _unnamed_pair_column(records, files)
     columns = (spec.get("text", "text"), spec.get("label", "label"), pair)
-    rows = {"train": _rows(records, columns, train_path)}
-    for name in ("validation", "test"):
-        if spec.get(name) is not None:
-            rows[name] = _rows(_read_records(Path(spec[name])), columns, Path(spec[name]))
+    rows = {name: _rows(records[name], columns, path) for name, path in files.items()}
     _split_missing(rows, fractions, seed, train_path)
     label_names = tuple(sorted({label for _, label, _ in rows["train"]}))
     if len(label_names) < 2:
@@ -48,6 +46,25 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     splits = {name: _to_split(rows[name], index, columns[2] is not None, seed + i)
               for i, name in enumerate(SPLITS)}
     return TaskData(train_path.stem, label_names, splits, spec=spec)
+
+
+def _unnamed_pair_column(records: dict[str, list], files: dict[str, Path]) -> str | None:
+    """`text_pair` where any row of any file has one (the README's file layout), else None.
+
+    Any row, not the first: a first row without a pair would otherwise load a pair task as
+    single texts, silently. Once one row has a pair, every row must have one.
+    """
+    having = next(((path, line) for name, path in files.items()
+                   for line, record in records[name] if PAIR_COLUMN in record), None)
+    if having is None:
+        return None
+    for name, path in files.items():
+        for line, record in records[name]:
+            if PAIR_COLUMN not in record:
+                where = "line 1 (the header)" if path.suffix.lower() in (".csv", ".tsv") else f"line {line}"
+                raise UserError(f"{path}: {where}: no {PAIR_COLUMN!r}, while {having[0]} line {having[1]} "
+                                f"has one; expected a {PAIR_COLUMN!r} on every row of a pair task (or on none)")
+    return PAIR_COLUMN
 
 
 def _check_keys(spec: dict) -> None:

@@ -331,3 +331,28 @@ def test_a_text_pair_column_is_read_without_being_named(tmp_path):
     task = load_task({"path": str(path)})
     assert task.split("train").text_pairs is not None
     assert all(p.startswith("hypothesis") for p in task.split("train").text_pairs)
+
+
+def _pair_rows(n, start=0):
+    return [{"text": f"premise {i}", "text_pair": f"hypothesis {i}", "label": ("yes", "no")[i % 2]}
+            for i in range(start, start + n)]
+
+
+def test_a_text_pair_on_later_rows_makes_a_pair_task_not_a_single_text_one(tmp_path):
+    # The first row lacks the pair: it must not decide the task is single-text.
+    path = _jsonl(tmp_path / "d.jsonl", [{"text": "no pair", "label": "yes"}] + _pair_rows(20))
+    message = _error({"path": str(path)})
+    assert "line 1: no 'text_pair'" in message and "line 2 has one" in message
+    assert "on every row of a pair task" in message
+
+
+def test_a_row_without_its_pair_is_refused_at_its_line(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", _pair_rows(5) + [{"text": "no pair", "label": "yes"}] + _pair_rows(5))
+    assert "line 6: no 'text_pair'" in _error({"path": str(path)})
+
+
+def test_a_pair_in_the_validation_file_only_is_refused_at_the_train_header(tmp_path):
+    train = _csv(tmp_path / "train.csv", _many(20))
+    validation = _csv(tmp_path / "dev.csv", ["p,h,pos", "q,i,neg"], header="text,text_pair,label")
+    message = _error({"path": str(train), "validation": str(validation)})
+    assert f"{train}: line 1 (the header): no 'text_pair'" in message and str(validation) in message
