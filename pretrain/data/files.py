@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ ALLOWED_KEYS = ("path", "text", "label", "text_pair", "validation", "test", "spl
 PAIR_COLUMN = "text_pair"
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
 EXTENSIONS = (".csv", ".tsv", ".jsonl", ".json")
+INTEGER = re.compile(r"[+-]?[0-9]+")       # ASCII digits: int() would also take "1_0" and "١"
 
 Row = tuple[str, str, str | None]   # (text, label, text_pair)
 
@@ -36,7 +38,7 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     columns = (spec.get("text", "text"), spec.get("label", "label"), pair)
     rows = {name: _rows(records[name], columns, path) for name, path in files.items()}
     _split_missing(rows, fractions, seed, train_path)
-    label_names = tuple(sorted({label for _, label, _ in rows["train"]}))
+    label_names = _label_order({label for _, label, _ in rows["train"]})
     if len(label_names) < 2:
         raise UserError(f"{train_path}: the train split has one label only ({label_names[0]!r}); "
                         "a classifier needs at least 2")
@@ -65,6 +67,14 @@ def _unnamed_pair_column(records: dict[str, list], files: dict[str, Path]) -> st
                 raise UserError(f"{path}: {where}: no {PAIR_COLUMN!r}, while {having[0]} line {having[1]} "
                                 f"has one; expected a {PAIR_COLUMN!r} on every row of a pair task (or on none)")
     return PAIR_COLUMN
+
+
+def _label_order(labels: set[str]) -> tuple[str, ...]:
+    """Labels that are all integers in numeric order (2 before 10), any others as strings sort."""
+    if all(INTEGER.fullmatch(label) for label in labels):
+        # "1" and "01" are two labels of one number: the string breaks the tie, stably.
+        return tuple(sorted(labels, key=lambda label: (int(label), label)))
+    return tuple(sorted(labels))
 
 
 def _check_keys(spec: dict) -> None:

@@ -356,3 +356,22 @@ def test_a_pair_in_the_validation_file_only_is_refused_at_the_train_header(tmp_p
     validation = _csv(tmp_path / "dev.csv", ["p,h,pos", "q,i,neg"], header="text,text_pair,label")
     message = _error({"path": str(train), "validation": str(validation)})
     assert f"{train}: line 1 (the header): no 'text_pair'" in message and str(validation) in message
+
+
+def test_integer_labels_are_in_numeric_order(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"text": f"s {i}", "label": i % 12 - 1} for i in range(240)])
+    task = load_task({"path": str(path)})
+    assert task.label_names == tuple(str(n) for n in range(-1, 11))
+    for split in task.splits.values():      # each text keeps its own label under the new order
+        assert all(task.label_names[y] == str(int(t[2:]) % 12 - 1) for t, y in zip(split.texts, split.labels))
+
+
+@pytest.mark.parametrize("labels,expected", [
+    (("10", "9", "a"), ("10", "9", "a")),       # one label not an integer: string order for all
+    (("10", "2", "1.5"), ("1.5", "10", "2")),
+    (("1_0", "2", "3"), ("1_0", "2", "3")),      # int() would read "1_0" as 10
+    (("b", "a", "c"), ("a", "b", "c")),
+])
+def test_labels_not_all_integers_keep_string_order(tmp_path, labels, expected):
+    path = _csv(tmp_path / "d.csv", [f"s {i},{labels[i % 3]}" for i in range(60)])
+    assert load_task({"path": str(path)}).label_names == expected
