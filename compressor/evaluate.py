@@ -14,6 +14,7 @@ from compressor.bundle import read_provenance
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
 from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, model_positions, usable_length
 from pretrain.data import TaskData, absolute_paths, load_task
+from pretrain.data.files import spec_key
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
 from pretrain.metrics import agreement, classification_metrics
@@ -105,9 +106,10 @@ def split_seed(given: int | None, recorded: int | None, task_given: str | dict |
 
 def same_task_spec(a: str | dict | None, b: str | dict | None) -> bool:
     """Whether two task specs name the same task: a built-in name, or the same data files
-    (paths compared resolved: a model records them absolute) with the same other settings."""
+    (paths compared resolved: a model records them absolute) with the same other settings,
+    defaults filled in (a bare path names the default columns a model may record by name)."""
     def normal(spec):
-        return absolute_paths(spec) if isinstance(spec, dict) else spec
+        return spec_key(absolute_paths(spec)) if isinstance(spec, dict) else spec
     return normal(a) == normal(b)
 
 

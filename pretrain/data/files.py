@@ -50,6 +50,24 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     return TaskData(train_path.stem, label_names, splits, spec=spec)
 
 
+def spec_key(spec: dict) -> dict:
+    """The spec with its defaults filled in, to compare two specs: `{path: x.csv}` and
+    `{path: x.csv, text: text, label: label, split: [0.8, 0.1, 0.1]}` load the same task.
+
+    Paths are left as given (compare absolute ones); a value this module would refuse is kept
+    as it is, so such a spec equals only itself.
+    """
+    key = {k: v for k, v in spec.items() if v is not None}
+    key.setdefault("text", "text")
+    key.setdefault("label", "label")
+    if key.get("text_pair") == PAIR_COLUMN:     # named or not, a text_pair column is read as the pair
+        del key["text_pair"]
+    split = key.get("split", DEFAULT_FRACTIONS)
+    if isinstance(split, (list, tuple)) and all(isinstance(f, (int, float)) for f in split):
+        key["split"] = [round(float(f), 9) for f in split]
+    return key
+
+
 def _unnamed_pair_column(records: dict[str, list], files: dict[str, Path]) -> str | None:
     """`text_pair` where any row of any file has one (the README's file layout), else None.
 

@@ -375,3 +375,13 @@ def test_integer_labels_are_in_numeric_order(tmp_path):
 def test_labels_not_all_integers_keep_string_order(tmp_path, labels, expected):
     path = _csv(tmp_path / "d.csv", [f"s {i},{labels[i % 3]}" for i in range(60)])
     assert load_task({"path": str(path)}).label_names == expected
+
+
+def test_spec_key_fills_in_the_defaults():
+    from pretrain.data.files import spec_key
+    bare = spec_key({"path": "/d/x.csv"})
+    assert bare == spec_key({"path": "/d/x.csv", "text": "text", "label": "label", "text_pair": "text_pair",
+                             "split": (0.8, 0.1, 0.1), "test": None})
+    assert bare != spec_key({"path": "/d/x.csv", "label": "gold"})
+    assert spec_key({"path": "/d/x.csv", "split": "half"})["split"] == "half"     # refused on load, kept
+
