@@ -26,6 +26,14 @@ INTEGER = re.compile(r"[+-]?[0-9]+")       # ASCII digits: int() would also take
 Row = tuple[str, str, str | None]   # (text, label, text_pair)
 
 
+def file_spec(value: str | dict) -> str | dict:
+    """A data file named bare (`data/x.jsonl`) as the spec `{path: data/x.jsonl}`, with the
+    default columns; a built-in task name, or a spec that is already a mapping, is kept."""
+    if isinstance(value, str) and Path(value).suffix.lower() in EXTENSIONS:
+        return {"path": value}
+    return value
+
+
 def file_task(spec: dict, seed: int = 0) -> TaskData:
     """A TaskData from {path, text?, label?, text_pair?, validation?, test?, split?}."""
     _check_keys(spec)

@@ -385,3 +385,13 @@ def test_spec_key_fills_in_the_defaults():
     assert bare != spec_key({"path": "/d/x.csv", "label": "gold"})
     assert spec_key({"path": "/d/x.csv", "split": "half"})["split"] == "half"     # refused on load, kept
 
+
+def test_a_bare_file_path_is_a_task_with_the_default_columns(tmp_path):
+    path = _csv(tmp_path / "reviews.csv", _many(40))
+    task = load_task(str(path))
+    assert task.label_names == ("neg", "pos") and task.spec == {"path": str(path.resolve())}
+
+
+def test_an_unknown_task_name_says_a_data_file_is_welcome():
+    with pytest.raises(UserError, match=r"unknown task 'x.txt'; expected one of .* or a data file \(.csv"):
+        load_task("x.txt")
