@@ -14,6 +14,7 @@ from compressor.bundle import read_provenance, recorded_length
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
 from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, model_positions, usable_length
 from pretrain.data import TaskData, absolute_paths, load_task
+from pretrain.data.files import file_spec, spec_key
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
 from pretrain.metrics import agreement, classification_metrics
@@ -114,24 +115,14 @@ def recorded_task_seed(model_dir: Path, task: str | dict) -> int | None:
     return seed if seed is not None and same_task_spec(task, provenance.get("task")) else None
 
 
-# A file task's settings that, left out, read as these (pretrain/data/files.py).
-TASK_SPEC_DEFAULTS = {"text": "text", "label": "label", "split": [0.8, 0.1, 0.1]}
-
-
 def same_task_spec(a: str | dict | None, b: str | dict | None) -> bool:
     """Whether two task specs name the same task: a built-in name, or the same data files
-    (paths compared resolved: a model records them absolute) with the same other settings
-    (a default named or left out alike)."""
+    (paths compared resolved: a model records them absolute) with the same other settings,
+    defaults filled in (a bare path names the default columns a model may record by name)."""
     def normal(spec):
-        if not isinstance(spec, dict):
-            return spec
-        return {k: v for k, v in absolute_paths(spec).items()
-                if v is not None and not (k in TASK_SPEC_DEFAULTS and as_list(v) == TASK_SPEC_DEFAULTS[k])}
+        spec = file_spec(spec) if isinstance(spec, str) else spec
+        return spec_key(absolute_paths(spec)) if isinstance(spec, dict) else spec
     return normal(a) == normal(b)
-
-
-def as_list(value):
-    return list(value) if isinstance(value, tuple) else value
 
 
 def find_onnx(directory: Path) -> Path | None:

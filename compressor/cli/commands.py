@@ -385,9 +385,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def task_arg(value: str | dict) -> str | dict:
     """A built-in task name, or a data file with the default columns text[, text_pair], label
     (a spec that is already a mapping, as a model's recorded task, is kept)."""
-    if isinstance(value, dict):
-        return value
-    return {"path": value} if Path(value).suffix.lower() in (".csv", ".tsv", ".jsonl", ".json") else value
+    from pretrain.data.files import file_spec
+    return file_spec(value)
 
 
 def corpus_arg(value: str | None) -> str | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from compressor.pipeline.recipe import Step
+from pretrain.data.files import file_spec
 
 
 def resolve_path(ref: str, base_dir: Path, keep: tuple[str, ...] = ()) -> str:
@@ -45,6 +46,8 @@ def resolve_config_paths(config: BaseModel, base_dir: Path) -> BaseModel:
 
 
 def resolve_task_paths(spec: str | dict, base_dir: Path) -> str | dict:
+    """A task spec with its files resolved; a bare data file (as --task takes) is `{path: ...}`."""
+    spec = file_spec(spec)
     if isinstance(spec, str):
         return spec
     return {k: resolve_path(v, base_dir) if k in ("path", "validation", "test") and isinstance(v, str) else v

@@ -70,12 +70,14 @@ BUILTIN_CORPORA = ("wordnet",)
 
 
 def load_task(spec: str | dict, *, seed: int = 0, wordnet_dir: str | None = None) -> TaskData:
-    """Load a built-in task by name, or a user file task from a dict spec.
+    """Load a built-in task by name, or a user file task from a dict spec (or a bare file path).
 
     A dict spec: {path, text, label, text_pair?, validation?, test?, split?} where
     validation/test name explicit split files and split = [train, validation, test]
     fractions (default [0.8, 0.1, 0.1]) applied with a seeded shuffle.
     """
+    from pretrain.data.files import file_spec, file_task
+    spec = file_spec(spec)          # a bare data file, as the CLI's --task takes it
     if isinstance(spec, str):
         if spec == "wordnet-supersense":
             from pretrain.data.wordnet import supersense_task
@@ -85,9 +87,8 @@ def load_task(spec: str | dict, *, seed: int = 0, wordnet_dir: str | None = None
             return wsd_task(seed=seed, wordnet_dir=wordnet_dir)
         raise UserError(
             f"unknown task {spec!r}; expected one of {', '.join(BUILTIN_TASKS)} "
-            "or a data file spec {path, text, label}")
+            "or a data file (.csv, .tsv, .jsonl, .json) or spec {path, text, label}")
     if isinstance(spec, dict):
-        from pretrain.data.files import file_task
         return file_task(absolute_paths(spec), seed=seed)
     raise UserError(f"task must be a name or a mapping {{path, text, label}}, got {type(spec).__name__}")
 

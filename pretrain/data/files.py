@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -20,8 +21,17 @@ ALLOWED_KEYS = ("path", "text", "label", "text_pair", "validation", "test", "spl
 PAIR_COLUMN = "text_pair"
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
 EXTENSIONS = (".csv", ".tsv", ".jsonl", ".json")
+INTEGER = re.compile(r"[+-]?[0-9]+")       # ASCII digits: int() would also take "1_0" and "١"
 
 Row = tuple[str, str, str | None]   # (text, label, text_pair)
+
+
+def file_spec(value: str | dict) -> str | dict:
+    """A data file named bare (`data/x.jsonl`) as the spec `{path: data/x.jsonl}`, with the
+    default columns; a built-in task name, or a spec that is already a mapping, is kept."""
+    if isinstance(value, str) and Path(value).suffix.lower() in EXTENSIONS:
+        return {"path": value}
+    return value
 
 
 def file_task(spec: dict, seed: int = 0) -> TaskData:
@@ -29,16 +39,14 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     _check_keys(spec)
     fractions = _fractions(spec.get("split"))
     train_path = Path(spec["path"])
-    records = _read_records(train_path)
-    # A `text_pair` column is read as the pair without being named (the README's file layout).
-    pair = spec.get("text_pair") or (PAIR_COLUMN if PAIR_COLUMN in records[0][1] else None)
+    files = {"train": train_path} | {name: Path(spec[name]) for name in ("validation", "test")
+                                     if spec.get(name) is not None}
+    records = {name: _read_records(path) for name, path in files.items()}
+    pair = spec.get("text_pair") or _unnamed_pair_column(records, files)
     columns = (spec.get("text", "text"), spec.get("label", "label"), pair)
-    rows = {"train": _rows(records, columns, train_path)}
-    for name in ("validation", "test"):
-        if spec.get(name) is not None:
-            rows[name] = _rows(_read_records(Path(spec[name])), columns, Path(spec[name]))
+    rows = {name: _rows(records[name], columns, path) for name, path in files.items()}
     _split_missing(rows, fractions, seed, train_path)
-    label_names = tuple(sorted({label for _, label, _ in rows["train"]}))
+    label_names = _label_order({label for _, label, _ in rows["train"]})
     if len(label_names) < 2:
         raise UserError(f"{train_path}: the train split has one label only ({label_names[0]!r}); "
                         "a classifier needs at least 2")
@@ -48,6 +56,51 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     splits = {name: _to_split(rows[name], index, columns[2] is not None, seed + i)
               for i, name in enumerate(SPLITS)}
     return TaskData(train_path.stem, label_names, splits, spec=spec)
+
+
+def spec_key(spec: dict) -> dict:
+    """The spec with its defaults filled in, to compare two specs: `{path: x.csv}` and
+    `{path: x.csv, text: text, label: label, split: [0.8, 0.1, 0.1]}` load the same task.
+
+    Paths are left as given (compare absolute ones); a value this module would refuse is kept
+    as it is, so such a spec equals only itself.
+    """
+    key = {k: v for k, v in spec.items() if v is not None}
+    key.setdefault("text", "text")
+    key.setdefault("label", "label")
+    if key.get("text_pair") == PAIR_COLUMN:     # named or not, a text_pair column is read as the pair
+        del key["text_pair"]
+    split = key.get("split", DEFAULT_FRACTIONS)
+    if isinstance(split, (list, tuple)) and all(isinstance(f, (int, float)) for f in split):
+        key["split"] = [round(float(f), 9) for f in split]
+    return key
+
+
+def _unnamed_pair_column(records: dict[str, list], files: dict[str, Path]) -> str | None:
+    """`text_pair` where any row of any file has one (the README's file layout), else None.
+
+    Any row, not the first: a first row without a pair would otherwise load a pair task as
+    single texts, silently. Once one row has a pair, every row must have one.
+    """
+    having = next(((path, line) for name, path in files.items()
+                   for line, record in records[name] if PAIR_COLUMN in record), None)
+    if having is None:
+        return None
+    for name, path in files.items():
+        for line, record in records[name]:
+            if PAIR_COLUMN not in record:
+                where = "line 1 (the header)" if path.suffix.lower() in (".csv", ".tsv") else f"line {line}"
+                raise UserError(f"{path}: {where}: no {PAIR_COLUMN!r}, while {having[0]} line {having[1]} "
+                                f"has one; expected a {PAIR_COLUMN!r} on every row of a pair task (or on none)")
+    return PAIR_COLUMN
+
+
+def _label_order(labels: set[str]) -> tuple[str, ...]:
+    """Labels that are all integers in numeric order (2 before 10), any others as strings sort."""
+    if all(INTEGER.fullmatch(label) for label in labels):
+        # "1" and "01" are two labels of one number: the string breaks the tie, stably.
+        return tuple(sorted(labels, key=lambda label: (int(label), label)))
+    return tuple(sorted(labels))
 
 
 def _check_keys(spec: dict) -> None:

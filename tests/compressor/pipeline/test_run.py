@@ -309,13 +309,17 @@ def test_late_user_error_in_an_existing_out_dir_keeps_finished_stages(done, reru
     assert not [p for p in rerun_dir.iterdir() if p.name.startswith(".") and p.name != outdir.LOCK_FILE]   # no temporaries
 
 
-def test_a_relative_task_path_resolves_against_the_recipe_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
+@pytest.mark.parametrize("bare", [False, True])          # `task: local.csv` as --task takes it, or {path: ...}
+def test_a_relative_task_path_resolves_against_the_recipe_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch,
+                                                              bare):
     recipe_dir = tmp_path / "recipes"
     recipe_dir.mkdir()
     shutil.copy(tiny_csv, recipe_dir / "local.csv")
     monkeypatch.chdir(tmp_path)                            # not the recipe's dir
     raw = raw_recipe(tiny_bert_dir, "local.csv", {"same": []})
     raw["teacher"].pop("finetune")
+    if bare:
+        raw["teacher"]["task"] = "local.csv"
     recipe, steps = parse_recipe(raw)
     report = run_recipe(recipe, steps, tmp_path / "out", base_dir=recipe_dir, show_progress=False)
     assert report["models"][0]["agreement"] == 1.0

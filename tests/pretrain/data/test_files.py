@@ -331,3 +331,67 @@ def test_a_text_pair_column_is_read_without_being_named(tmp_path):
     task = load_task({"path": str(path)})
     assert task.split("train").text_pairs is not None
     assert all(p.startswith("hypothesis") for p in task.split("train").text_pairs)
+
+
+def _pair_rows(n, start=0):
+    return [{"text": f"premise {i}", "text_pair": f"hypothesis {i}", "label": ("yes", "no")[i % 2]}
+            for i in range(start, start + n)]
+
+
+def test_a_text_pair_on_later_rows_makes_a_pair_task_not_a_single_text_one(tmp_path):
+    # The first row lacks the pair: it must not decide the task is single-text.
+    path = _jsonl(tmp_path / "d.jsonl", [{"text": "no pair", "label": "yes"}] + _pair_rows(20))
+    message = _error({"path": str(path)})
+    assert "line 1: no 'text_pair'" in message and "line 2 has one" in message
+    assert "on every row of a pair task" in message
+
+
+def test_a_row_without_its_pair_is_refused_at_its_line(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", _pair_rows(5) + [{"text": "no pair", "label": "yes"}] + _pair_rows(5))
+    assert "line 6: no 'text_pair'" in _error({"path": str(path)})
+
+
+def test_a_pair_in_the_validation_file_only_is_refused_at_the_train_header(tmp_path):
+    train = _csv(tmp_path / "train.csv", _many(20))
+    validation = _csv(tmp_path / "dev.csv", ["p,h,pos", "q,i,neg"], header="text,text_pair,label")
+    message = _error({"path": str(train), "validation": str(validation)})
+    assert f"{train}: line 1 (the header): no 'text_pair'" in message and str(validation) in message
+
+
+def test_integer_labels_are_in_numeric_order(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"text": f"s {i}", "label": i % 12 - 1} for i in range(240)])
+    task = load_task({"path": str(path)})
+    assert task.label_names == tuple(str(n) for n in range(-1, 11))
+    for split in task.splits.values():      # each text keeps its own label under the new order
+        assert all(task.label_names[y] == str(int(t[2:]) % 12 - 1) for t, y in zip(split.texts, split.labels))
+
+
+@pytest.mark.parametrize("labels,expected", [
+    (("10", "9", "a"), ("10", "9", "a")),       # one label not an integer: string order for all
+    (("10", "2", "1.5"), ("1.5", "10", "2")),
+    (("1_0", "2", "3"), ("1_0", "2", "3")),      # int() would read "1_0" as 10
+    (("b", "a", "c"), ("a", "b", "c")),
+])
+def test_labels_not_all_integers_keep_string_order(tmp_path, labels, expected):
+    path = _csv(tmp_path / "d.csv", [f"s {i},{labels[i % 3]}" for i in range(60)])
+    assert load_task({"path": str(path)}).label_names == expected
+
+
+def test_spec_key_fills_in_the_defaults():
+    from pretrain.data.files import spec_key
+    bare = spec_key({"path": "/d/x.csv"})
+    assert bare == spec_key({"path": "/d/x.csv", "text": "text", "label": "label", "text_pair": "text_pair",
+                             "split": (0.8, 0.1, 0.1), "test": None})
+    assert bare != spec_key({"path": "/d/x.csv", "label": "gold"})
+    assert spec_key({"path": "/d/x.csv", "split": "half"})["split"] == "half"     # refused on load, kept
+
+
+def test_a_bare_file_path_is_a_task_with_the_default_columns(tmp_path):
+    path = _csv(tmp_path / "reviews.csv", _many(40))
+    task = load_task(str(path))
+    assert task.label_names == ("neg", "pos") and task.spec == {"path": str(path.resolve())}
+
+
+def test_an_unknown_task_name_says_a_data_file_is_welcome():
+    with pytest.raises(UserError, match=r"unknown task 'x.txt'; expected one of .* or a data file \(.csv"):
+        load_task("x.txt")
