@@ -59,7 +59,6 @@ def dropped_shape(cfg: DropLayers, shape: Shape, train_examples: int | None) -> 
                                shared_attention=kept_groups(shape.shared_attention, cfg.keep))
 
 
-
 @register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"),
           check_shape=lambda cfg, known: dropped_shape(cfg, known.model, known.train_rows), renames_layers=True)
 def drop_layers(bundle: ModelBundle, cfg: DropLayers, ctx: Context) -> ModelBundle:
