@@ -16,17 +16,18 @@ These are exactly the tensors the `qat` pass's export makes int8 (static-int8 wi
 LayerNorm, attention products) is float in both.
 
 It attaches to an ordinary Transformers model without changing its module types: the
-weight through `torch.nn.utils.parametrize`, the input through a forward pre-hook. Leaving
-the context removes both and leaves the trained float weights, so the model stays a plain
-Transformers model that saves with `save_pretrained`; what the training learned about
-activations is returned as thresholds, which the int8 export uses as its ranges.
+weight through `torch.nn.utils.parametrize`, the input through a forward pre-hook whose
+range lives in a submodule of the Linear (so the model's state_dict, and thus a training
+checkpoint, holds it). Leaving the context removes all three and leaves the trained float
+weights, so the model stays a plain Transformers model that saves with `save_pretrained`;
+what the training learned about activations is returned as thresholds, which the int8
+export uses as its ranges.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -34,6 +35,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 LEVELS = 127   # symmetric int8: [-127, 127]
+RANGE_MODULE = "input_range"   # the ActivationRange's name on its Linear while the context is open
 
 
 def fake_quantize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
@@ -70,19 +72,30 @@ class WeightFakeQuant(nn.Module):
         return fake_quantize(weight, weight.detach().abs().max())
 
 
-@dataclass
-class ActivationRange:
-    """The EMA of max|input| of one Linear (None until the first training batch)."""
+class ActivationRange(nn.Module):
+    """The EMA of max|input| of one Linear (meaningless until the first training batch).
 
-    decay: float
-    threshold: torch.Tensor | None = None
+    A module with buffers, attached to its Linear while the context is open, so that the
+    range and its observation count are part of the model's state_dict: the training loop's
+    checkpoints carry them, and a resumed QAT goes on from the range it had learned.
+    """
+
+    def __init__(self, decay: float):
+        super().__init__()
+        self.decay = decay
+        self.register_buffer("threshold", torch.zeros(()))
+        self.register_buffer("observations", torch.zeros((), dtype=torch.long))
+
+    @property
+    def observed(self) -> bool:
+        return bool(self.observations > 0)
 
     def observe(self, x: torch.Tensor) -> torch.Tensor:
-        current = x.detach().abs().max()
-        if self.threshold is None:
-            self.threshold = current
-        else:
-            self.threshold = self.decay * self.threshold + (1 - self.decay) * current
+        current = x.detach().abs().max().to(self.threshold.dtype)
+        if self.observed:
+            current = self.decay * self.threshold + (1 - self.decay) * current
+        self.threshold.copy_(current)
+        self.observations += 1
         return self.threshold
 
 
@@ -97,6 +110,8 @@ def q8bert_fake_quant(model: nn.Module, ema_decay: float) -> Iterator[dict[str, 
     with contextlib.ExitStack() as undo:   # every hook and parametrization goes on exit
         for name, linear in linear_layers(model).items():
             ranges[name] = ActivationRange(ema_decay)
+            linear.add_module(RANGE_MODULE, ranges[name])
+            undo.callback(delattr, linear, RANGE_MODULE)
             parametrize.register_parametrization(linear, "weight", WeightFakeQuant())
             # leave_parametrized=False: keep the float weight that training updated.
             undo.callback(parametrize.remove_parametrizations, linear, "weight", leave_parametrized=False)
@@ -112,7 +127,7 @@ def input_hook(observed: ActivationRange):
         x = args[0]
         if module.training:
             threshold = observed.observe(x)
-        elif observed.threshold is not None:
+        elif observed.observed:
             threshold = observed.threshold
         else:
             return args   # evaluated before any training step: nothing learned yet

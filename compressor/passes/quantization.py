@@ -25,12 +25,13 @@ from compressor.export.quantize import QuantizeConfig, StaticInt8Config, check_q
 from compressor.modeling.fake_quant import input_maxima, linear_layers, one_layer_quantized, q8bert_fake_quant
 from compressor.modeling.importance import encode_for_model
 from compressor.passes.registry import Context, PassConfig, register, word_embedding_training
+from compressor.passes.training import CHECKPOINT_EVERY
 from pretrain.batching import Encoded, in_data_order
 from pretrain.data import TaskData
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES, TRANSFORMER_FAMILIES
 from pretrain.finetune import DEFAULT_LR, FinetuneConfig, finetune, with_run_defaults
-from pretrain.train import accepts_token_types
+from pretrain.train import Checkpointing, accepts_token_types
 
 QAT_CALIBRATION_SAMPLES = 128   # for a Linear QAT did not observe (all others use QAT's ranges)
 
@@ -81,9 +82,13 @@ def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
     """
     cfg = with_run_defaults(cfg, ctx.seed, ctx.max_train_samples)
     model = bundle.copy_model()
+    # Checkpoints in the stage's work dir, as `finetune` does: the learned ranges are buffers
+    # of the fake-quantized model, so a stopped QAT resumes with them, not from its first step.
+    checkpoint = Checkpointing(directory=ctx.work_dir, every_steps=CHECKPOINT_EVERY) if ctx.work_dir else None
     with q8bert_fake_quant(model, cfg.ema_decay) as ranges:
-        result = finetune(model, bundle.tokenizer, ctx.task, cfg, desc="qat", show_progress=ctx.show_progress)
-    thresholds = {name: float(r.threshold) for name, r in ranges.items() if r.threshold is not None}
+        result = finetune(model, bundle.tokenizer, ctx.task, cfg, desc="qat", show_progress=ctx.show_progress,
+                          checkpoint=checkpoint)
+    thresholds = {name: float(r.threshold) for name, r in ranges.items() if r.observed}
     calibration = min(QAT_CALIBRATION_SAMPLES, len(ctx.task.split("train")))
     # Calibration only covers a Linear the training never reached (every other range is
     # QAT's); MinMax, as Q8BERT's ranges are max-based too.
