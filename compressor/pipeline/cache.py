@@ -10,32 +10,39 @@ hold it in theirs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Literal, get_args, get_origin
+from typing import Callable, Iterator, Literal, get_args, get_origin
 
 from compressor import __version__
-from compressor.pipeline.outdir import disk_errors, read_json
+from compressor.pipeline.outdir import WriteError, disk_errors, read_json
 from compressor.pipeline.recipe import BASELINES_DIR, PREFIXES_DIR, STAGE_FILE
 from pretrain.atomic import atomic_dir, write_json
 from pretrain.data import TaskData
+from pretrain.errors import UserError
 
-BUILD_SECONDS = "build_seconds"   # in stage.json: how long the stage took to build
+BUILD_SECONDS = "build_seconds"   # in stage.json: how long the stage took to build, over all its attempts
+BUILD_ATTEMPTS = "build_attempts"  # in stage.json when a build resumed stopped ones: how many builds in all
+BUILD_PARTIAL = "build_seconds_partial"   # in stage.json: true when a killed attempt's time is not in it
 
 # One line per stage, reused or built, and the benchmark's and search's progress (INFO);
 # `compressor run` and `search` show them on stderr unless --quiet.
 log = logging.getLogger("compressor.pipeline")
 
 
-def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = False) -> dict:
+def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = False,
+           attempts: Path | None = None) -> dict:
     """The record of the stage at `path` if its key matches (and not `force`); else build it atomically.
 
     `write(tmp_dir)` fills a temporary dir and returns the record, which is saved as
     stage.json beside what it wrote (with `build_seconds`, which `compressor run --plan`
-    shows); the dir then replaces `path` in one rename.
+    shows); the dir then replaces `path` in one rename. `attempts`: for a stage whose rebuild
+    resumes what a stopped build left (checkpoints, kept prefixes), the file where each build
+    notes its time until the stage is written, so `build_seconds` covers them all (`build_time`).
     """
     record = read_json(path / STAGE_FILE)
     name = stage_label(path)
@@ -43,12 +50,59 @@ def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = Fa
         log.info("stage %s: cached", name)
         return record
     log.info("stage %s: building", name)
-    start = time.perf_counter()
-    with disk_errors(path.parent), atomic_dir(path) as tmp:
+    with disk_errors(path.parent), build_clock(attempts) as timing, atomic_dir(path) as tmp:
         record = {"key": key, **write(tmp)}
-        record[BUILD_SECONDS] = round(time.perf_counter() - start, 1)
+        record.update(timing())
         write_json(tmp / STAGE_FILE, record)
     log.info("stage %s: built in %.1f s", name, record[BUILD_SECONDS])
+    return record
+
+
+@contextlib.contextmanager
+def build_clock(attempts: Path | None) -> Iterator[Callable[[], dict]]:
+    """Time one build; yields a function giving the timing stage.json records (`build_time`).
+
+    With an `attempts` file, the earlier builds' seconds come from it, and this build adds its
+    own there if it stops (Ctrl-C, SIGTERM, a failure the same rerun gets past). A build killed
+    outright (SIGKILL, a lost machine) cannot: its entry stays null, which marks the total as
+    partial. Bad input forgets the build: the corrected recipe is another key.
+    """
+    earlier = read_json(attempts).get("seconds", []) if attempts else []
+    if attempts:
+        write_json(attempts, {"seconds": [*earlier, None]})
+    start = time.perf_counter()
+    try:
+        yield lambda: build_time(earlier, time.perf_counter() - start)
+    except BaseException as err:
+        if attempts:
+            with contextlib.suppress(OSError):   # the build's own error is the one to show
+                note_stopped_build(attempts, earlier, time.perf_counter() - start, err)
+        raise
+    if attempts:
+        attempts.unlink(missing_ok=True)
+
+
+def note_stopped_build(attempts: Path, earlier: list[float | None], seconds: float, err: BaseException) -> None:
+    """Add a stopped build's seconds to `attempts`; after bad input (a UserError other than a
+    refused write) leave the file as it was, or remove it, and its dir if that is left empty."""
+    if isinstance(err, WriteError) or not isinstance(err, UserError):
+        write_json(attempts, {"seconds": [*earlier, round(seconds, 1)]})
+    elif earlier:
+        write_json(attempts, {"seconds": earlier})
+    else:
+        attempts.unlink(missing_ok=True)
+        attempts.parent.rmdir()   # made for it (raises OSError, suppressed, if it holds more)
+
+
+def build_time(earlier: list[float | None], seconds: float) -> dict:
+    """`build_seconds`: this build's seconds plus those of the stopped builds it resumed;
+    `build_attempts` when there were such builds, and `build_seconds_partial` when one of
+    them was killed before it could note its time (the total leaves that time out)."""
+    record: dict = {BUILD_SECONDS: round(sum(s for s in earlier if s is not None) + seconds, 1)}
+    if earlier:
+        record[BUILD_ATTEMPTS] = len(earlier) + 1
+    if None in earlier:
+        record[BUILD_PARTIAL] = True
     return record
 
 

@@ -40,6 +40,7 @@ from pretrain.models import load_classifier
 from pretrain.train import Checkpointing
 
 EVAL_LIMIT = "eval_limit"    # stage.json: the test-sample limit its metrics were measured with
+ATTEMPTS_SUFFIX = ".attempts.json"   # DIR/.work/<key>.attempts.json: the seconds of a model stage's stopped builds
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,9 @@ def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: Tas
     path = out_dir / name
     if read_json(path / STAGE_FILE).get("key") not in (None, key):
         retire_what_reads(out_dir, name)
-    record = cached(path, key, write)
+    # Rebuilding a teacher or variant resumes a stopped build's checkpoints and prefixes: its
+    # build time counts theirs too (noted beside the work dirs, cleared with them).
+    record = cached(path, key, write, attempts=out_dir / WORK_DIR / f"{key}{ATTEMPTS_SUFFIX}")
     if record.get(EVAL_LIMIT, "unrecorded") != limit:
         log.info("stage %s: cached; evaluating it on the recipe's test examples", name)
         retire_reports(out_dir)      # they show the metrics of the other limit

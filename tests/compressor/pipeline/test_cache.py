@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
 import re
+import time
+
+import pytest
 
 from compressor.pipeline.cache import cached
+from pretrain.errors import UserError
 
 
 def test_a_stage_is_built_once_then_reused_and_rebuilt_for_a_new_key(tmp_path, caplog):
@@ -28,6 +34,58 @@ def test_a_stage_is_built_once_then_reused_and_rebuilt_for_a_new_key(tmp_path, c
     assert messages[0] == "stage baselines/onnxruntime-fp32: building"
     assert re.fullmatch(r"stage baselines/onnxruntime-fp32: built in \d+\.\d s", messages[1])
     assert messages[2] == "stage baselines/onnxruntime-fp32: cached" and messages[3].endswith("building")
+
+
+class Stop(Exception):
+    pass
+
+
+def test_a_build_that_resumes_a_stopped_one_records_the_time_of_both(tmp_path):
+    """A stopped teacher or variant resumes its checkpoints on the rerun: the time it records
+    is that of both builds, not only of the part the rerun did."""
+    path, attempts = tmp_path / "v", tmp_path / ".work" / "k.attempts.json"
+
+    def stopped(tmp):
+        time.sleep(0.3)
+        raise Stop
+
+    def resumed(tmp):
+        time.sleep(0.2)
+        return {}
+    with pytest.raises(Stop):
+        cached(path, "k", stopped, attempts=attempts)
+    record = cached(path, "k", resumed, attempts=attempts)
+    assert record["build_seconds"] >= 0.5 and record["build_attempts"] == 2
+    assert "build_seconds_partial" not in record
+    assert not attempts.exists()                              # its time is in stage.json now
+    assert "build_attempts" not in cached(tmp_path / "w", "k", resumed, attempts=tmp_path / "w.json")
+
+
+def test_a_build_stopped_by_bad_input_leaves_no_note_of_its_time(tmp_path):
+    """Bad input is corrected in the recipe, a new key: nothing would ever read the note."""
+    attempts = tmp_path / ".work" / "k.attempts.json"
+
+    def bad(tmp):
+        raise UserError("variants.v[0]: fraction must be below 1")
+    with pytest.raises(UserError):
+        cached(tmp_path / "v", "k", bad, attempts=attempts)
+    assert not (tmp_path / ".work").exists()
+
+
+def killed_build(path, attempts):
+    def write(tmp):
+        os._exit(9)                                           # as SIGKILL: nothing runs after it
+    cached(path, "k", write, attempts=attempts)
+
+
+def test_a_build_that_resumes_a_killed_one_marks_its_time_partial(tmp_path):
+    path, attempts = tmp_path / "v", tmp_path / ".work" / "k.attempts.json"
+    child = multiprocessing.get_context("fork").Process(target=killed_build, args=(path, attempts))
+    child.start()
+    child.join()
+    assert child.exitcode == 9 and not path.exists()
+    record = cached(path, "k", lambda tmp: {}, attempts=attempts)
+    assert record["build_seconds_partial"] is True and record["build_attempts"] == 2
 
 
 def test_each_quantize_mode_at_its_defaults_has_a_key_of_its_own():

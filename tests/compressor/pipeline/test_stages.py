@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from compressor.pipeline import stages
 from compressor.pipeline.cache import content_key, fingerprint, task_fingerprint
 from compressor.pipeline.recipe import parse_recipe
@@ -52,3 +54,17 @@ def test_a_teacher_fine_tuned_at_the_default_length_keeps_its_key(tiny_bert_dir,
     unmarked = content_key({"model": fingerprint(tiny_bert_dir), "task": task_fingerprint(tiny_task),
                             "finetune": stages.data_keyed_fields(stages.teacher_finetune(longer))})
     assert stages.teacher_key(longer, tiny_bert_dir, tiny_task) not in (before, unmarked)
+
+
+def test_a_rebuilt_model_stage_records_the_time_of_its_stopped_builds_too(bert_bundle, tiny_csv, tiny_task, tmp_path):
+    """A teacher or variant rebuilt after a stop resumes its checkpoints: build_seconds counts
+    the stopped build as well, and what noted its time goes with the work dirs."""
+    recipe = recipe_for(bert_bundle.model.name_or_path, tiny_csv, {})
+
+    def stopped():
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        stages.model_stage("v", "k", stopped, tiny_task, recipe, tmp_path)
+    stages.model_stage("v", "k", lambda: bert_bundle, tiny_task, recipe, tmp_path)
+    assert json.loads((tmp_path / "v" / "stage.json").read_text())["build_attempts"] == 2
+    assert not (tmp_path / ".work").exists() or not any((tmp_path / ".work").iterdir())
