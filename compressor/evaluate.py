@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -13,7 +13,7 @@ from transformers import AutoConfig, PretrainedConfig
 from compressor.bundle import read_provenance, recorded_length
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
 from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, model_positions, usable_length
-from pretrain.data import TaskData, absolute_paths, load_task
+from pretrain.data import WHOLE, TaskData, absolute_paths, load_task, whole_task
 from pretrain.data.files import file_spec, spec_key
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
@@ -193,7 +193,10 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
     task_spec = task_spec if task_spec is not None else predictor.task
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")
-    task = load_task(task_spec, seed=seed)
+    if split == WHOLE:
+        task = on_model_labels(whole_task(task_spec), predictor.label_names)
+    else:
+        task = load_task(task_spec, seed=seed)
     data_split = task.split(split).head(max_samples)
     predictions = predict_classes(predictor, data_split, task)
     result = {"model": str(model), "kind": predictor.kind, "precision": predictor.precision,
@@ -207,6 +210,19 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
         result["reference"] = str(reference)
         result["agreement"] = agreement(predictions, ref_predictions)
     return result
+
+
+def on_model_labels(task: TaskData, model_labels: tuple[str, ...]) -> TaskData:
+    """A whole file's task numbered by the model's labels: a held-out file may lack some of
+    them (a rare class), but a label the model lacks could never be predicted."""
+    unknown = sorted(set(task.label_names) - set(model_labels))
+    if unknown:
+        raise UserError(f"model labels do not match task {task.name!r}: its rows hold {len(unknown)} label(s) the "
+                        f"model lacks (e.g. {unknown[:3]}); expected a model fine-tuned on these labels")
+    index = {name: i for i, name in enumerate(model_labels)}
+    splits = {name: replace(split, labels=[index[task.label_names[label]] for label in split.labels])
+              for name, split in task.splits.items()}
+    return TaskData(task.name, tuple(model_labels), splits, spec=task.spec)
 
 
 def predict_classes(predictor: Predictor, split, task: TaskData) -> np.ndarray:

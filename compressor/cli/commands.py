@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="evaluate an HF or ONNX model dir; prints JSON")
     ev.add_argument("--model", required=True)
     ev.add_argument("--task", help="default: the task recorded with the model")
-    ev.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    ev.add_argument("--split", default="test", choices=["train", "validation", "test", "all"],
+                    help="all: every row of the task's files as written, none held out (--seed does not apply)")
     ev.add_argument("--reference", help="another model: report the fraction of agreeing predictions")
     ev.add_argument("--max-samples", type=positive_int)
     ev.add_argument("--seed", type=seed_value, default=None,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pretrain.data import load_task
+from pretrain.data import load_task, whole_task
 from pretrain.data.files import file_task
 from pretrain.errors import UserError
 
@@ -104,6 +104,25 @@ def test_explicit_validation_and_test_files(tmp_path):
     assert len(task.split("train")) == 12
     assert sorted(task.split("validation").texts) == ["v1", "v2"]
     assert task.split("test").texts == ["t1"]
+
+
+def test_a_whole_file_is_every_row_as_written_in_one_split(tmp_path):
+    """Nothing is drawn: a file too small to split, or with a label in one row only, is whole."""
+    path = _csv(tmp_path / "heldout.csv", ["c,neg", "a,pos", "b,pos", "d,odd"])
+    task = whole_task(str(path))
+    assert list(task.splits) == ["all"] and task.label_names == ("neg", "odd", "pos")
+    assert task.split("all").texts == ["c", "a", "b", "d"] and task.split("all").labels == [0, 2, 2, 1]
+    one_label = whole_task({"path": str(_csv(tmp_path / "one.csv", ["x,pos"]))})
+    assert one_label.label_names == ("pos",) and len(one_label.split("all")) == 1
+
+
+def test_a_whole_task_holds_its_validation_and_test_files_and_pairs(tmp_path):
+    train = _jsonl(tmp_path / "train.jsonl", [{"text": "t", "text_pair": "u", "label": "yes"}])
+    test = _jsonl(tmp_path / "test.jsonl", [{"text": "v", "text_pair": "w", "label": "no"}])
+    task = whole_task({"path": str(train), "test": str(test)})
+    assert task.is_pair_task and task.split("all").texts == ["t", "v"] and task.split("all").text_pairs == ["u", "w"]
+    with pytest.raises(UserError, match="no column 'label'"):
+        whole_task(str(_jsonl(tmp_path / "bad.jsonl", [{"text": "t"}])))
 
 
 def test_only_test_file_splits_train_by_renormalised_fractions(tmp_path):
