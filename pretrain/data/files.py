@@ -7,9 +7,11 @@ helps, the line, the column or the label, so the user can fix the file without a
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -50,7 +52,30 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     index = {label: i for i, label in enumerate(label_names)}
     splits = {name: _to_split(rows[name], index, has_pair, seed + i)
               for i, name in enumerate(SPLITS)}
+    shared = shared_texts(rows, has_pair)
+    if shared:
+        _warn_once(f"warning: {train_path}: {shared} {'text pair' if has_pair else 'text'}(s) occur in more than one "
+                   "of the train, validation and test splits (duplicate rows), so validation and test accuracy "
+                   "count examples seen in training; expected each once (drop the duplicate rows)")
     return TaskData(train_path.stem, label_names, splits, spec=spec)
+
+
+def shared_texts(rows: dict[str, list[Row]], has_pair: bool) -> int:
+    """How many distinct texts (text pairs for a pair task) more than one split holds."""
+    seen_in: dict[tuple, set[str]] = {}
+    for name, split_rows in rows.items():
+        for text, _, pair in split_rows:
+            seen_in.setdefault((text, pair) if has_pair else (text,), set()).add(name)
+    return sum(len(splits) > 1 for splits in seen_in.values())
+
+
+@functools.cache
+def _warn_once(line: str) -> None:
+    """A task is loaded more than once by one command (a search, then its finals' recipe):
+    the same warning is printed the first time only; under torchrun every process loads it,
+    and rank 0 speaks for them all."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr, flush=True)
 
 
 def whole_file_task(spec: dict) -> TaskData:
