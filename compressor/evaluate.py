@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,8 +39,27 @@ class Predictor:
     task_seed: int | None = None                # the seed `task`'s splits were drawn with, if recorded
 
 
-def load_predictor(path: str | Path) -> Predictor:
-    path = Path(path)
+def load_predictor(path: str | Path, max_length: int | None = None) -> Predictor:
+    """The model at `path`, cutting texts at the length it records (or at `max_length`)."""
+    predictor = saved_predictor(Path(path))
+    if max_length is None:
+        return predictor
+    length = check_max_length(max_length, predictor.positions, path)
+    # A copy: the tokenizer an export ships caps texts at the length its gate measured.
+    tokenizer = copy.copy(predictor.tokenizer)
+    tokenizer.model_max_length = length
+    return replace(predictor, max_length=length, tokenizer=tokenizer)
+
+
+def check_max_length(max_length: int, positions: int, model: str | Path) -> int:
+    """A --max-length the model can run at: at least one token, at most its positions."""
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= positions:
+        raise UserError(f"--max-length {max_length!r}: expected a positive number of tokens, at most the "
+                        f"{positions} position embeddings of {model}")
+    return max_length
+
+
+def saved_predictor(path: Path) -> Predictor:
     if not path.exists():
         raise UserError(not_a_classifier(str(path)) or
                         f"model {path} not found: expected an HF model dir, an ONNX model dir, a .onnx file "
@@ -187,8 +207,11 @@ def label_permutation(model_labels: tuple[str, ...], task: TaskData) -> np.ndarr
 
 
 def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
-                  max_samples: int | None = None, reference: str | None = None, seed: int | None = None) -> dict:
-    predictor = load_predictor(model)
+                  max_samples: int | None = None, reference: str | None = None, seed: int | None = None,
+                  max_length: int | None = None) -> dict:
+    """Scores of `model` on a split; `max_length` (the reference's too) instead of the
+    length each model records."""
+    predictor = load_predictor(model, max_length)
     seed = split_seed(seed, predictor.task_seed, task_spec, predictor.task)
     task_spec = task_spec if task_spec is not None else predictor.task
     if task_spec is None:
@@ -200,11 +223,11 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
     data_split = task.split(split).head(max_samples)
     predictions = predict_classes(predictor, data_split, task)
     result = {"model": str(model), "kind": predictor.kind, "precision": predictor.precision,
-              "task": task.name, "split": split,
+              "task": task.name, "split": split, "max_length": predictor.max_length,
               **classification_metrics(np.asarray(data_split.labels), predictions)}
     if reference is not None:
         try:
-            ref_predictions = predict_classes(load_predictor(reference), data_split, task)
+            ref_predictions = predict_classes(load_predictor(reference, max_length), data_split, task)
         except UserError as err:
             raise UserError(f"--reference {reference}: {err}") from None
         result["reference"] = str(reference)

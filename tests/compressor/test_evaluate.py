@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from compressor.evaluate import evaluate_path, load_predictor, predict_classes, same_task_spec, split_seed
+from pretrain.batching import encode
 from pretrain.errors import UserError
 
 
@@ -68,3 +70,21 @@ def test_split_all_on_the_command_line(tiny_bert_dir, tiny_task, tmp_path, capsy
     path = held_out_file(tmp_path / "heldout.jsonl", tiny_task, 12)
     assert main(["evaluate", "--model", str(tiny_bert_dir), "--task", str(path), "--split", "all"]) == 0
     assert json.loads(capsys.readouterr().out)["samples"] == 12
+
+
+def test_max_length_overrides_the_length_a_model_records(tiny_bert_dir, tiny_task):
+    """evaluate had no --max-length: a model was always scored at the length it records."""
+    recorded = load_predictor(tiny_bert_dir)
+    assert recorded.max_length == 128
+    test = tiny_task.split("test")
+    cut = recorded.logits(encode(recorded.tokenizer, test, 6)).argmax(axis=1)
+    result = evaluate_path(str(tiny_bert_dir), tiny_task.spec, max_length=6)
+    assert result["max_length"] == 6 and result["accuracy"] == pytest.approx((cut == np.asarray(test.labels)).mean())
+    assert evaluate_path(str(tiny_bert_dir), tiny_task.spec)["max_length"] == 128
+
+
+@pytest.mark.parametrize("value", [0, -3, 129])
+def test_a_max_length_the_model_cannot_run_at_is_refused(tiny_bert_dir, value):
+    with pytest.raises(UserError, match=rf"^--max-length {value}: expected a positive number of tokens, at most the "
+                                        "128 position embeddings of "):
+        load_predictor(tiny_bert_dir, value)
