@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -13,7 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from compressor.bundle import read_provenance, recorded_length
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
 from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, model_positions, usable_length
-from pretrain.data import TaskData, absolute_paths, load_task
+from pretrain.data import WHOLE, TaskData, absolute_paths, load_task, whole_task
 from pretrain.data.files import file_spec, spec_key
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
@@ -38,8 +39,27 @@ class Predictor:
     task_seed: int | None = None                # the seed `task`'s splits were drawn with, if recorded
 
 
-def load_predictor(path: str | Path) -> Predictor:
-    path = Path(path)
+def load_predictor(path: str | Path, max_length: int | None = None) -> Predictor:
+    """The model at `path`, cutting texts at the length it records (or at `max_length`)."""
+    predictor = saved_predictor(Path(path))
+    if max_length is None:
+        return predictor
+    length = check_max_length(max_length, predictor.positions, path)
+    # A copy: the tokenizer an export ships caps texts at the length its gate measured.
+    tokenizer = copy.copy(predictor.tokenizer)
+    tokenizer.model_max_length = length
+    return replace(predictor, max_length=length, tokenizer=tokenizer)
+
+
+def check_max_length(max_length: int, positions: int, model: str | Path) -> int:
+    """A --max-length the model can run at: at least one token, at most its positions."""
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= positions:
+        raise UserError(f"--max-length {max_length!r}: expected a positive number of tokens, at most the "
+                        f"{positions} position embeddings of {model}")
+    return max_length
+
+
+def saved_predictor(path: Path) -> Predictor:
     if not path.exists():
         raise UserError(not_a_classifier(str(path)) or
                         f"model {path} not found: expected an HF model dir, an ONNX model dir, a .onnx file "
@@ -187,26 +207,45 @@ def label_permutation(model_labels: tuple[str, ...], task: TaskData) -> np.ndarr
 
 
 def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
-                  max_samples: int | None = None, reference: str | None = None, seed: int | None = None) -> dict:
-    predictor = load_predictor(model)
+                  max_samples: int | None = None, reference: str | None = None, seed: int | None = None,
+                  max_length: int | None = None) -> dict:
+    """Scores of `model` on a split; `max_length` (the reference's too) instead of the
+    length each model records."""
+    predictor = load_predictor(model, max_length)
     seed = split_seed(seed, predictor.task_seed, task_spec, predictor.task)
     task_spec = task_spec if task_spec is not None else predictor.task
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")
-    task = load_task(task_spec, seed=seed)
+    if split == WHOLE:
+        task = on_model_labels(whole_task(task_spec), predictor.label_names)
+    else:
+        task = load_task(task_spec, seed=seed)
     data_split = task.split(split).head(max_samples)
     predictions = predict_classes(predictor, data_split, task)
     result = {"model": str(model), "kind": predictor.kind, "precision": predictor.precision,
-              "task": task.name, "split": split,
+              "task": task.name, "split": split, "max_length": predictor.max_length,
               **classification_metrics(np.asarray(data_split.labels), predictions)}
     if reference is not None:
         try:
-            ref_predictions = predict_classes(load_predictor(reference), data_split, task)
+            ref_predictions = predict_classes(load_predictor(reference, max_length), data_split, task)
         except UserError as err:
             raise UserError(f"--reference {reference}: {err}") from None
         result["reference"] = str(reference)
         result["agreement"] = agreement(predictions, ref_predictions)
     return result
+
+
+def on_model_labels(task: TaskData, model_labels: tuple[str, ...]) -> TaskData:
+    """A whole file's task numbered by the model's labels: a held-out file may lack some of
+    them (a rare class), but a label the model lacks could never be predicted."""
+    unknown = sorted(set(task.label_names) - set(model_labels))
+    if unknown:
+        raise UserError(f"model labels do not match task {task.name!r}: its rows hold {len(unknown)} label(s) the "
+                        f"model lacks (e.g. {unknown[:3]}); expected a model fine-tuned on these labels")
+    index = {name: i for i, name in enumerate(model_labels)}
+    splits = {name: replace(split, labels=[index[task.label_names[label]] for label in split.labels])
+              for name, split in task.splits.items()}
+    return TaskData(task.name, tuple(model_labels), splits, spec=task.spec)
 
 
 def predict_classes(predictor: Predictor, split, task: TaskData) -> np.ndarray:

@@ -54,12 +54,13 @@ def model_size(model: Deployable) -> int:
 def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | None = None,
                   sequence_lengths: list | None = None, iterations: int | None = None,
                   task_spec: str | dict | None = None, max_eval_samples: int | None = None,
-                  seed: int | None = None, out: Path | None = None) -> dict:
-    """Measure the model; the result is also written to `out` (a JSON file) when given."""
+                  seed: int | None = None, out: Path | None = None, max_length: int | None = None) -> dict:
+    """Measure the model (texts cut at `max_length`, else at the length it records); the result
+    is also written to `out` (a JSON file) when given."""
     overrides = {k: v for k, v in (("batch_sizes", batch_sizes), ("sequence_lengths", sequence_lengths),
                                      ("iterations", iterations)) if v}
     profile = with_overrides(load_profile(profile_ref), overrides)   # validated as a profile file is
-    predictor = load_predictor(model_ref)          # validates the model before any timing
+    predictor = load_predictor(model_ref, max_length)     # validates the model before any timing
     seed = split_seed(seed, predictor.task_seed, task_spec, predictor.task)
     spec = task_spec if task_spec is not None else predictor.task
     if out is not None:
@@ -78,7 +79,7 @@ def bench_result(model_ref: str, profile: Profile, predictor: Predictor, spec: s
     """Accuracy on the test split, size and latency of the model on the profile (or why skipped)."""
     model = deployable_at(Path(model_ref), predictor)
     result = {"model": str(model_ref), "profile": profile.model_dump(mode="json"), "kind": model.kind,
-              "precision": model.precision, "size_bytes": model_size(model),
+              "precision": model.precision, "max_length": predictor.max_length, "size_bytes": model_size(model),
               "environment": measuring_environment([profile])}
     reason = unavailable_reason(profile)
     if reason is not None:

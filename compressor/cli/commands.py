@@ -141,9 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="evaluate an HF or ONNX model dir; prints JSON")
     ev.add_argument("--model", required=True)
     ev.add_argument("--task", help="default: the task recorded with the model")
-    ev.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    ev.add_argument("--split", default="test", choices=["train", "validation", "test", "all"],
+                    help="all: every row of the task's files as written, none held out (--seed does not apply)")
     ev.add_argument("--reference", help="another model: report the fraction of agreeing predictions")
     ev.add_argument("--max-samples", type=positive_int)
+    ev.add_argument("--max-length", type=positive_int,
+                    help="tokens per example, the --reference's too (default: the length each model records)")
     ev.add_argument("--seed", type=seed_value, default=None,
                     help="the seed the task's splits were drawn with (default: the one recorded with the model's "
                          "task, else 0)")
@@ -185,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--min-accuracy", type=float, help="absolute test-accuracy floor when quantized")
     ex.add_argument("--task", help="default: the task recorded with the model")
     ex.add_argument("--max-eval-samples", type=positive_int, help="test examples for the accuracy gate")
+    ex.add_argument("--max-length", type=positive_int,
+                    help="tokens per example for the gate, calibration and shipped tokenizer (default: the length "
+                         "the model records)")
     ex.add_argument("--parity-tolerance", type=float,
                     **from_config(ExportSettings, "parity_tolerance", "max |logit diff| vs PyTorch"))
     ex.add_argument("--accuracy-tolerance", type=float,
@@ -214,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--iterations", type=positive_int, help="timed iterations (default: the profile's)")
     be.add_argument("--task", help="default: the task recorded with the model")
     be.add_argument("--max-eval-samples", type=positive_int, help="test examples for accuracy and batches")
+    be.add_argument("--max-length", type=positive_int,
+                    help="tokens per example for accuracy and real-length batches (default: the length the model "
+                         "records)")
     be.add_argument("--seed", type=seed_value, default=None,
                     help="the seed the task's splits were drawn with (default: the one recorded with the model's "
                          "task, else 0)")
@@ -422,7 +431,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from pretrain.models import set_threads
     set_threads(None)
     task = task_arg(args.task) if args.task else None
-    result = evaluate_path(args.model, task, args.split, args.max_samples, args.reference, args.seed)
+    result = evaluate_path(args.model, task, args.split, args.max_samples, args.reference, args.seed,
+                           args.max_length)
     print(json.dumps(result, indent=2))
     return 0
 
@@ -441,7 +451,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                           "calibration_samples": args.calibration_samples,
                           "block_size": args.block_size, "tolerable_loss": args.tolerable_loss,
                           "max_trials": args.max_trials},
-        max_eval_samples=args.max_eval_samples, seed=args.seed)
+        max_eval_samples=args.max_eval_samples, seed=args.seed, max_length=args.max_length)
     print(json.dumps(record, indent=2))
     return 0
 
@@ -531,7 +541,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = bench_command(args.model, args.profile, batch_sizes=args.batch_sizes,
                            sequence_lengths=args.sequence_lengths, iterations=args.iterations,
                            task_spec=task_arg(args.task) if args.task else None,
-                           max_eval_samples=args.max_eval_samples, seed=args.seed, out=args.out)
+                           max_eval_samples=args.max_eval_samples, seed=args.seed, out=args.out,
+                           max_length=args.max_length)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from compressor.bundle import ModelBundle, read_provenance
-from compressor.evaluate import find_onnx, split_seed
+from compressor.evaluate import check_max_length, find_onnx, split_seed
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
 from pretrain.atomic import check_output
+from pretrain.batching import model_positions
 from pretrain.data import load_task, task_files
 from pretrain.errors import UserError, validation_message
 from pretrain.models import set_threads
@@ -23,8 +25,9 @@ FLAGS = {"mode": "--quantize", None: "--quantize"}
 
 def export_command(model: Path, out: Path, task_spec: str | dict | None, settings: dict,
                    quantize: str | None, quantize_options: dict, max_eval_samples: int | None = None,
-                   seed: int | None = None) -> dict:
-    """Validate everything, then export; return the export record."""
+                   seed: int | None = None, max_length: int | None = None) -> dict:
+    """Validate everything, then export; return the export record. `max_length`: the tokens per
+    example the gate, calibration and shipped tokenizer use, instead of the recorded length."""
     export_settings = validated(ExportSettings, settings)
     if export_settings.skip_layernorm != "auto" and not export_settings.optimize:
         raise UserError("--skip-layernorm: only meaningful with --optimize (it chooses how the fused graph writes "
@@ -32,7 +35,7 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
     check_source(model)
     recorded = (read_provenance(model).get("deploy") or {}).get("quantize")
     quantize_cfg = quantize_config(quantize, quantize_options, recorded)
-    bundle = ModelBundle.load(model)
+    bundle = at_length(ModelBundle.load(model), max_length, model)
     seed = split_seed(seed, bundle.task_seed, task_spec, bundle.task)
     task_spec = task_spec if task_spec is not None else bundle.task
     if task_spec is None:
@@ -53,6 +56,17 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
             raise
         value = getattr(export_settings, err.setting)
         raise GateFailure(f"{err}; expected {GATE_FLAGS[err.setting].format(value=value)}", err.setting) from None
+
+
+def at_length(bundle: ModelBundle, max_length: int | None, model: Path) -> ModelBundle:
+    """The bundle exported at `max_length` tokens (the export dir then records it), where given."""
+    if max_length is None:
+        return bundle
+    length = check_max_length(max_length, model_positions(bundle.model), model)
+    # A copy whose cap is the length asked for: a tokenizer saved with a lower one would cut there.
+    tokenizer = copy.copy(bundle.tokenizer)
+    tokenizer.model_max_length = length
+    return bundle.replace(max_length=length, tokenizer=tokenizer)
 
 
 # What each gate setting's flag must become to accept a model the gate refused.

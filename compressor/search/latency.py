@@ -29,8 +29,9 @@ structure's p50 over a set of batches is predicted as the median of its per-batc
 predictions, as the benchmark's p50 is the median of its per-call times.
 
 The fitted model is saved with the machine and profile it was measured on
-(`LatencyModel.key`); `load_or_none` returns it only for the same machine, profile and
-teacher shape, so a later search on that machine reuses it.
+(`LatencyModel.key`); `load_or_none` returns it only for the same machine, profile (with the
+batch sizes, precisions, structure counts and seed it was fitted with) and teacher shape, so
+a later search on that machine with those settings reuses it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ the model that meets them (trained, exported behind the gate, benchmarked beside
 baselines), the measured front of every finalist and the recipe that rebuilds it out.
 
 Phases, all resumable with the same command:
-1. the profile's latency model (reused when this machine fitted it for the teacher's shape);
+1. the profile's latency model (reused when this machine fitted it for the teacher's shape with the
+   same fitting settings);
 2. proxy trials in the Optuna study until the time left is what the finals need (estimated
    from the proxies' own training times), or the study's trial limit;
 3. the finals: the best few plans as variants of an ordinary recipe run (the pipeline's
@@ -172,7 +173,8 @@ def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, da
     validation = data.split("train").tail(settings.validation_samples)
     if not join and "latency_model" not in study.user_attrs:
         model = fit_latency_model(bundle, data, target, [settings.batch_size], work=out_dir / STRUCTURES_DIR,
-                                  cache=latency_cache(target, bundle), fit_count=settings.latency_structures,
+                                  cache=latency_cache(target, bundle, settings),
+                                  fit_count=settings.latency_structures,
                                   held_out_count=settings.latency_held_out, precisions=settings.precisions,
                                   seed=settings.seed, log=log, deadline=deadline)
         model.save(out_dir / "latency_model.json")
@@ -208,12 +210,17 @@ def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, da
     return runner
 
 
-def latency_cache(target: Profile, bundle: ModelBundle) -> Path:
-    """One latency model per profile and teacher shape on this machine, reused by later searches
-    (the file's key checks the machine, so a copied cache is refitted, not trusted)."""
+def latency_cache(target: Profile, bundle: ModelBundle, settings: SearchSettings) -> Path:
+    """One latency model per profile, teacher shape and fitting settings on this machine, reused
+    by later searches (the file's key checks the machine and settings, so a copied cache is
+    refitted, not trusted). The name holds every setting the fit depends on, so that searches
+    with other settings keep their own file instead of overwriting each other's."""
     shape = teacher_shape(bundle)
     root = Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor"))
-    return root / "latency" / f"{target.name}-L{shape.layers}-H{shape.hidden}-h{shape.heads}-f{shape.ffn}.json"
+    fitting = (f"{'.'.join(sorted(settings.precisions))}-b{settings.batch_size}"
+               f"-n{settings.latency_structures}.{settings.latency_held_out}-s{settings.seed}")
+    teacher = f"L{shape.layers}-H{shape.hidden}-h{shape.heads}-f{shape.ffn}"
+    return root / "latency" / f"{target.name}-{teacher}-{fitting}.json"
 
 
 def run_proxies(study: optuna.Study, runner: ProxyRunner, deadline: float, join: bool, log) -> None:

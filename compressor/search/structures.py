@@ -128,13 +128,16 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
                       precisions: Sequence[Precision] = ("fp32", "int8"), seed: int = 0,
                       log: Callable[[str], None] = print, deadline: float | None = None) -> LatencyModel:
     """The profile's latency model for this teacher: from `cache` if it was fitted on this
-    machine for the same profile and teacher shape, else measured (`fit_count` random
-    structures per precision plus the teacher itself to fit, `held_out_count` more to score it)
-    and saved to `cache`."""
+    machine for the same profile, teacher shape, batch sizes, precisions, structure counts and
+    seed, else measured (`fit_count` random structures per precision plus the teacher itself
+    to fit, `held_out_count` more to score it) and saved to `cache`."""
     shape = teacher_shape(teacher)
     machine = environment()
+    # Everything that decides what is measured and fitted: the structures drawn (count and
+    # seed) and those held out to score it, as well as the batch sizes and precisions.
     profile_identity = {**profile.model_dump(mode="json", exclude={"name", "iterations", "warmup"}),
-                        "batch_sizes": sorted(batch_sizes), "precisions": sorted(precisions)}
+                        "batch_sizes": sorted(batch_sizes), "precisions": sorted(precisions),
+                        "structures": {"fit": fit_count, "held_out": held_out_count, "seed": seed}}
     first_token_last = last_layer_skip_reason(teacher.model, STRUCTURE_EXPORT) is None   # as the exports trace it
     residual = skip_layernorm_choice(STRUCTURE_EXPORT, None)[0]                          # likewise
     key = model_key(machine, profile_identity, shape, first_token_last, residual)

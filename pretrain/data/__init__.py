@@ -16,6 +16,7 @@ from typing import Any
 from pretrain.errors import UserError
 
 SPLITS = ("train", "validation", "test")
+WHOLE = "all"       # every row of a task in one split, drawn from nothing (whole_task)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class TaskData:
 
     @property
     def is_pair_task(self) -> bool:
-        return self.splits["train"].text_pairs is not None
+        return next(iter(self.splits.values())).text_pairs is not None     # a whole task has no train
 
     def split(self, name: str) -> Split:
         if name not in self.splits:
@@ -91,6 +92,21 @@ def load_task(spec: str | dict, *, seed: int = 0, wordnet_dir: str | None = None
     if isinstance(spec, dict):
         return file_task(absolute_paths(spec), seed=seed)
     raise UserError(f"task must be a name or a mapping {{path, text, label}}, got {type(spec).__name__}")
+
+
+def whole_task(spec: str | dict, *, wordnet_dir: str | None = None) -> TaskData:
+    """Every row of a task as its one split, WHOLE: for data files, their rows as written (no
+    shuffle, no split, so no split needs rows of its own); for a built-in task, its three
+    splits together."""
+    from pretrain.data.files import file_spec, whole_file_task
+    spec = file_spec(spec)
+    if isinstance(spec, dict):
+        return whole_file_task(absolute_paths(spec))
+    task = load_task(spec, wordnet_dir=wordnet_dir)
+    parts = [task.split(name) for name in SPLITS]
+    pairs = None if parts[0].text_pairs is None else [p for part in parts for p in part.text_pairs]
+    whole = Split([t for part in parts for t in part.texts], [label for part in parts for label in part.labels], pairs)
+    return TaskData(task.name, task.label_names, {WHOLE: whole}, spec=task.spec)
 
 
 TASK_FILE_KEYS = ("path", "validation", "test")   # the fields of a file task spec that name files

@@ -7,14 +7,16 @@ helps, the line, the column or the label, so the user can fix the file without a
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
 
-from pretrain.data import SPLITS, Split, TaskData, seeded_order, split_counts
+from pretrain.data import SPLITS, WHOLE, Split, TaskData, seeded_order, split_counts
 from pretrain.errors import UserError
 
 ALLOWED_KEYS = ("path", "text", "label", "text_pair", "validation", "test", "split")
@@ -39,12 +41,7 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     _check_keys(spec)
     fractions = _fractions(spec.get("split"))
     train_path = Path(spec["path"])
-    files = {"train": train_path} | {name: Path(spec[name]) for name in ("validation", "test")
-                                     if spec.get(name) is not None}
-    records = {name: _read_records(path) for name, path in files.items()}
-    pair = spec.get("text_pair") or _unnamed_pair_column(records, files)
-    columns = (spec.get("text", "text"), spec.get("label", "label"), pair)
-    rows = {name: _rows(records[name], columns, path) for name, path in files.items()}
+    rows, has_pair = _read_files(spec)
     _split_missing(rows, fractions, seed, train_path)
     label_names = _label_order({label for _, label, _ in rows["train"]})
     if len(label_names) < 2:
@@ -53,9 +50,59 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     for name in ("validation", "test"):
         _check_labels_seen(rows[name], label_names, name, spec.get(name) or train_path)
     index = {label: i for i, label in enumerate(label_names)}
-    splits = {name: _to_split(rows[name], index, columns[2] is not None, seed + i)
+    splits = {name: _to_split(rows[name], index, has_pair, seed + i)
               for i, name in enumerate(SPLITS)}
+    shared = shared_texts(rows, has_pair)
+    if shared:
+        _warn_once(f"warning: {train_path}: {shared} {'text pair' if has_pair else 'text'}(s) occur in more than one "
+                   "of the train, validation and test splits (duplicate rows), so validation and test accuracy "
+                   "count examples seen in training; expected each once (drop the duplicate rows)")
     return TaskData(train_path.stem, label_names, splits, spec=spec)
+
+
+def shared_texts(rows: dict[str, list[Row]], has_pair: bool) -> int:
+    """How many distinct texts (text pairs for a pair task) more than one split holds."""
+    seen_in: dict[tuple, set[str]] = {}
+    for name, split_rows in rows.items():
+        for text, _, pair in split_rows:
+            seen_in.setdefault((text, pair) if has_pair else (text,), set()).add(name)
+    return sum(len(splits) > 1 for splits in seen_in.values())
+
+
+@functools.cache
+def _warn_once(line: str) -> None:
+    """A task is loaded more than once by one command (a search, then its finals' recipe):
+    the same warning is printed the first time only; under torchrun every process loads it,
+    and rank 0 speaks for them all."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr, flush=True)
+
+
+def whole_file_task(spec: dict) -> TaskData:
+    """Every row of a file task's files (train's, then validation's and test's where named) as
+    one split, WHOLE, in file order: nothing is drawn or held out, so a model is scored on all
+    of a held-out file (`compressor evaluate --split all`). Its labels are those its rows hold:
+    a held-out file may lack some of a model's, and one label is a file, not a task to train."""
+    _check_keys(spec)
+    _fractions(spec.get("split"))       # unused here, but a bad value is as wrong as in file_task
+    rows, has_pair = _read_files(spec)
+    every = [row for file_rows in rows.values() for row in file_rows]
+    label_names = _label_order({label for _, label, _ in every})
+    index = {label: i for i, label in enumerate(label_names)}
+    pairs = [pair for _, _, pair in every] if has_pair else None
+    split = Split([text for text, _, _ in every], [index[label] for _, label, _ in every], pairs)
+    return TaskData(Path(spec["path"]).stem, label_names, {WHOLE: split}, spec=spec)
+
+
+def _read_files(spec: dict) -> tuple[dict[str, list[Row]], bool]:
+    """The validated rows of each file a spec names (train's, validation's and test's, by
+    split), and whether they are text pairs."""
+    files = {"train": Path(spec["path"])} | {name: Path(spec[name]) for name in ("validation", "test")
+                                             if spec.get(name) is not None}
+    records = {name: _read_records(path) for name, path in files.items()}
+    pair = spec.get("text_pair") or _unnamed_pair_column(records, files)
+    columns = (spec.get("text", "text"), spec.get("label", "label"), pair)
+    return {name: _rows(records[name], columns, path) for name, path in files.items()}, pair is not None
 
 
 def spec_key(spec: dict) -> dict:

@@ -1,10 +1,15 @@
-"""compressor/evaluate.py: which seed a named task's splits are drawn with."""
+"""compressor/evaluate.py: which seed a named task's splits are drawn with; a whole file scored."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
-from compressor.evaluate import same_task_spec, split_seed
+from compressor.evaluate import evaluate_path, load_predictor, predict_classes, same_task_spec, split_seed
+from pretrain.batching import encode
+from pretrain.errors import UserError
 
 
 @pytest.mark.parametrize("recorded_extra", [
@@ -26,3 +31,60 @@ def test_other_columns_or_fractions_are_another_task(tmp_path, monkeypatch, give
     recorded = {"path": str((tmp_path / "rows.jsonl").resolve()), "text": "text", "label": "label"}
     assert not same_task_spec({"path": "rows.jsonl", **given_extra}, recorded)
     assert split_seed(None, 7, {"path": "rows.jsonl", **given_extra}, recorded) == 0
+
+
+def held_out_file(path, tiny_task, rows: int, labels=None):
+    """The tiny task's first test texts written out as a held-out file of `rows` rows."""
+    test = tiny_task.split("test")
+    names = labels or [tiny_task.label_names[label] for label in test.labels[:rows]]
+    path.write_text("".join(json.dumps({"text": text, "label": label}) + "\n"
+                            for text, label in zip(test.texts[:rows], names)))
+    return path
+
+
+def test_split_all_scores_every_row_of_a_held_out_file(tiny_bert_dir, tiny_task, tmp_path):
+    """Given a held-out file, evaluate split it 80/10/10 and scored its test tenth only."""
+    path = held_out_file(tmp_path / "heldout.jsonl", tiny_task, 25)
+    whole = evaluate_path(str(tiny_bert_dir), str(path), "all")
+    assert whole["samples"] == 25 and whole["split"] == "all"
+    assert evaluate_path(str(tiny_bert_dir), str(path), "all", max_samples=7)["samples"] == 7
+    assert evaluate_path(str(tiny_bert_dir), str(path))["samples"] == 2       # the default: its test tenth
+
+
+def test_split_all_takes_a_file_lacking_some_of_the_model_labels_but_none_it_lacks(tiny_bert_dir, tiny_task,
+                                                                                     tmp_path):
+    """Labelled with the model's own predictions (a random model predicts few of its labels),
+    a file is scored 1.0: its labels are numbered the model's way, not the file's."""
+    predicted = predict_classes(load_predictor(tiny_bert_dir), tiny_task.split("test").head(20), tiny_task)
+    assert len(set(predicted)) < len(tiny_task.label_names)
+    agreeing = held_out_file(tmp_path / "agreeing.jsonl", tiny_task, 20,
+                             labels=[tiny_task.label_names[label] for label in predicted])
+    assert evaluate_path(str(tiny_bert_dir), str(agreeing), "all")["accuracy"] == 1.0
+    unknown = held_out_file(tmp_path / "unknown.jsonl", tiny_task, 5, labels=["noun.nothing"] * 5)
+    with pytest.raises(UserError, match=r"1 label\(s\) the model lacks \(e.g. \['noun.nothing'\]\)"):
+        evaluate_path(str(tiny_bert_dir), str(unknown), "all")
+
+
+def test_split_all_on_the_command_line(tiny_bert_dir, tiny_task, tmp_path, capsys):
+    from compressor.cli.commands import main
+    path = held_out_file(tmp_path / "heldout.jsonl", tiny_task, 12)
+    assert main(["evaluate", "--model", str(tiny_bert_dir), "--task", str(path), "--split", "all"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == 12
+
+
+def test_max_length_overrides_the_length_a_model_records(tiny_bert_dir, tiny_task):
+    """evaluate had no --max-length: a model was always scored at the length it records."""
+    recorded = load_predictor(tiny_bert_dir)
+    assert recorded.max_length == 128
+    test = tiny_task.split("test")
+    cut = recorded.logits(encode(recorded.tokenizer, test, 6)).argmax(axis=1)
+    result = evaluate_path(str(tiny_bert_dir), tiny_task.spec, max_length=6)
+    assert result["max_length"] == 6 and result["accuracy"] == pytest.approx((cut == np.asarray(test.labels)).mean())
+    assert evaluate_path(str(tiny_bert_dir), tiny_task.spec)["max_length"] == 128
+
+
+@pytest.mark.parametrize("value", [0, -3, 129])
+def test_a_max_length_the_model_cannot_run_at_is_refused(tiny_bert_dir, value):
+    with pytest.raises(UserError, match=rf"^--max-length {value}: expected a positive number of tokens, at most the "
+                                        "128 position embeddings of "):
+        load_predictor(tiny_bert_dir, value)

@@ -387,6 +387,21 @@ def test_the_bundled_encoder_where_a_classifier_is_needed_says_to_fine_tune_firs
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["evaluate", "export", "bench"])
+@pytest.mark.parametrize("value, expected", [("0", "argument --max-length: expected a positive integer"),
+                                             ("129", "--max-length 129: expected a positive number of tokens, at "
+                                                     "most the 128 position embeddings")])
+def test_a_max_length_the_model_cannot_run_at_is_one_line_exit_2(command, value, expected, tiny_bert_dir, tiny_csv,
+                                                                  tmp_path, capsys):
+    argv = [command, "--model", str(tiny_bert_dir), "--task", str(tiny_csv), "--max-length", value]
+    argv += {"export": ["--out", str(tmp_path / "out")], "bench": ["--out", str(tmp_path / "bench.json")]}.get(
+        command, [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and expected in err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("flag, value, expected", [
     ("--batch-sizes", "1,x", "expected comma-separated positive integers (e.g. 1,8), got '1,x'"),
     ("--batch-sizes", ",", "expected comma-separated positive integers (e.g. 1,8), got ','"),

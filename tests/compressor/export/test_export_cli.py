@@ -76,6 +76,7 @@ def cli(tmp_path_factory, tiny_bert_dir, tiny_csv, tiny_task, gpt2_dir):
                         "--accuracy-tolerance", "1"],
         "forced-fp32": ["export", "--model", str(recorded), "--task", csv, "--out", str(root / "forced-fp32"),
                         "--quantize", "none"],
+        "at-length": ["export", "--model", tiny, "--task", csv, "--out", str(root / "at-length"), "--max-length", "40"],
     }
     for name in BAD_INPUT:
         if jobs[name][0] == "export":
@@ -129,6 +130,20 @@ def test_evaluate_reads_a_quantized_export(cli):
 @pytest.mark.parametrize("name, precision", [("as-recorded", "dynamic-int8"), ("forced-fp32", "fp32")])
 def test_quantization_defaults_to_what_the_model_records(cli, name, precision):
     assert json.loads(ok(cli, name).stdout)["precision"] == precision
+
+
+def test_max_length_sets_the_length_an_export_is_gated_at_and_ships(cli):
+    """export had no --max-length: an export was always gated at the length its model records."""
+    from transformers import AutoTokenizer
+    from compressor.evaluate import load_predictor
+    root, _ = cli
+    assert json.loads(ok(cli, "at-length").stdout)["max_length"] == 40
+    assert json.loads((root / "at-length" / "compressor.json").read_text())["max_length"] == 40
+    assert AutoTokenizer.from_pretrained(str(root / "at-length")).model_max_length == 40
+    assert load_predictor(root / "at-length").max_length == 40
+    longer = load_predictor(root / "at-length", 100)      # past the shipped tokenizer's cap, within the positions
+    assert longer.max_length == longer.tokenizer.model_max_length == 100
+    assert json.loads(ok(cli, "fp32").stdout)["max_length"] == 128
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUT))

@@ -409,6 +409,21 @@ def test_a_recipe_search_section_runs_from_the_teacher_stage(searched, tiny_bert
         parse_recipe({**raw, "search": {"latency_budget_ms": 5, "min_retention": 2}})
 
 
+def test_the_latency_cache_file_names_every_setting_the_fit_depends_on(bert_bundle, monkeypatch, tmp_path):
+    """The file was named by profile and teacher shape only: searches with other precisions or
+    batch sizes overwrote each other's model."""
+    from compressor.bench.profiles import load_profile
+    from compressor.search.run import latency_cache
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(tmp_path))
+    settings = SearchSettings(latency_budget_ms=5, **TINY)
+    path = latency_cache(load_profile("cpu"), bert_bundle, settings)
+    assert path.parent == tmp_path / "latency" and path == latency_cache(load_profile("cpu"), bert_bundle, settings)
+    others = [{"precisions": ("fp32", "int8")}, {"batch_size": 4}, {"latency_structures": 3},
+              {"latency_held_out": 2}, {"seed": 1}]
+    paths = {latency_cache(load_profile("cpu"), bert_bundle, settings.model_copy(update=change)) for change in others}
+    assert len(paths) == len(others) and path not in paths
+
+
 def test_a_baseline_listed_twice_is_refused():
     from pydantic import ValidationError
     with pytest.raises(ValidationError, match="baseline onnxruntime-fp32 listed more than once"):

@@ -51,6 +51,24 @@ def test_fit_measures_then_reuses_on_the_same_machine(bert_bundle, tiny_task, tm
                               cache=tmp_path / "latency.json", fit_count=3, held_out_count=2,
                               precisions=("fp32",), log=lambda _: None)
     assert again == model
+    # The key left out the structure counts and seed: a rerun with other settings reused a
+    # model fitted on other structures.
+    asked = dict(batch_sizes=[2], fit_count=3, held_out_count=2, precisions=("fp32",), seed=0)
+    monkeypatch.setattr(module, "export_structures", refitted)
+    for change in ({"fit_count": 4}, {"held_out_count": 3}, {"seed": 1}, {"batch_sizes": [4]},
+                   {"precisions": ("fp32", "int8")}):
+        settings = {**asked, **change}
+        with pytest.raises(Refitted):
+            fit_latency_model(bert_bundle, tiny_task, profile, settings.pop("batch_sizes"), work=tmp_path / "work",
+                              cache=tmp_path / "latency.json", log=lambda _: None, **settings)
+
+
+class Refitted(Exception):
+    pass
+
+
+def refitted(*args, **kwargs):
+    raise Refitted
 
 
 def test_structure_exports_stop_at_the_deadline_and_keep_what_they_made(bert_bundle, tiny_task, tmp_path):

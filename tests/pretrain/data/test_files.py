@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from pretrain.data import load_task
+from pretrain.data import load_task, whole_task
+from pretrain.data import files
 from pretrain.data.files import file_task
 from pretrain.errors import UserError
 
@@ -104,6 +105,76 @@ def test_explicit_validation_and_test_files(tmp_path):
     assert len(task.split("train")) == 12
     assert sorted(task.split("validation").texts) == ["v1", "v2"]
     assert task.split("test").texts == ["t1"]
+
+
+def test_a_whole_file_is_every_row_as_written_in_one_split(tmp_path):
+    """Nothing is drawn: a file too small to split, or with a label in one row only, is whole."""
+    path = _csv(tmp_path / "heldout.csv", ["c,neg", "a,pos", "b,pos", "d,odd"])
+    task = whole_task(str(path))
+    assert list(task.splits) == ["all"] and task.label_names == ("neg", "odd", "pos")
+    assert task.split("all").texts == ["c", "a", "b", "d"] and task.split("all").labels == [0, 2, 2, 1]
+    one_label = whole_task({"path": str(_csv(tmp_path / "one.csv", ["x,pos"]))})
+    assert one_label.label_names == ("pos",) and len(one_label.split("all")) == 1
+
+
+def test_a_whole_task_holds_its_validation_and_test_files_and_pairs(tmp_path):
+    train = _jsonl(tmp_path / "train.jsonl", [{"text": "t", "text_pair": "u", "label": "yes"}])
+    test = _jsonl(tmp_path / "test.jsonl", [{"text": "v", "text_pair": "w", "label": "no"}])
+    task = whole_task({"path": str(train), "test": str(test)})
+    assert task.is_pair_task and task.split("all").texts == ["t", "v"] and task.split("all").text_pairs == ["u", "w"]
+    with pytest.raises(UserError, match="no column 'label'"):
+        whole_task(str(_jsonl(tmp_path / "bad.jsonl", [{"text": "t"}])))
+
+
+@pytest.fixture
+def warnings_anew():
+    """Each test sees the warnings its own loads print (one process prints each once)."""
+    files._warn_once.cache_clear()
+    yield
+    files._warn_once.cache_clear()
+
+
+def test_texts_shared_between_splits_are_warned_about_once_in_one_line(tmp_path, capsys, warnings_anew):
+    """Duplicate rows landing in train and test inflated test accuracy without a word."""
+    path = _csv(tmp_path / "twice.csv", _many(50) * 2)            # every row twice
+    task = file_task({"path": str(path)})
+    err = capsys.readouterr().err
+    shared = len(set(task.split("train").texts) & set(task.split("validation").texts + task.split("test").texts) |
+                 set(task.split("validation").texts) & set(task.split("test").texts))
+    assert shared > 0 and err.count("\n") == 1
+    assert err.startswith(f"warning: {path}: {shared} text(s) occur in more than one of the train, validation and "
+                          "test splits (duplicate rows)")
+    assert sorted(_all_texts(task)) == sorted(t.split(",")[0] for t in _many(50) * 2)     # the splits are kept
+    file_task({"path": str(path)})
+    assert capsys.readouterr().err == ""                            # once
+
+
+def test_a_test_file_sharing_a_train_text_is_warned_about(tmp_path, capsys, warnings_anew):
+    train = _csv(tmp_path / "train.csv", _many(12))
+    file_task({"path": str(train), "validation": str(_csv(tmp_path / "v.csv", ["v,pos"])),
+               "test": str(_csv(tmp_path / "t.csv", ["sentence 3,neg", "t,pos"]))})
+    assert ": 1 text(s) occur in more than one" in capsys.readouterr().err
+
+
+def test_a_pair_task_shares_a_row_only_when_both_texts_repeat(tmp_path, capsys, warnings_anew):
+    train = _jsonl(tmp_path / "train.jsonl", [{"text": "a", "text_pair": f"b{i}", "label": i % 2} for i in range(20)])
+    test = _jsonl(tmp_path / "test.jsonl", [{"text": "a", "text_pair": "new", "label": 0}])
+    file_task({"path": str(train), "test": str(test)})
+    assert capsys.readouterr().err == ""
+    validation = _jsonl(tmp_path / "val.jsonl", [{"text": "a", "text_pair": "b1", "label": 1}])
+    file_task({"path": str(train), "test": str(test), "validation": str(validation)})
+    assert ": 1 text pair(s) occur in more than one" in capsys.readouterr().err
+
+
+def test_under_torchrun_rank_0_alone_warns(tmp_path, capsys, warnings_anew, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    file_task({"path": str(_csv(tmp_path / "twice.csv", _many(50) * 2))})
+    assert capsys.readouterr().err == ""
+
+
+def test_distinct_texts_load_without_a_word(tmp_path, capsys, warnings_anew):
+    file_task({"path": str(_csv(tmp_path / "d.csv", _many(100)))})
+    assert capsys.readouterr().err == ""
 
 
 def test_only_test_file_splits_train_by_renormalised_fractions(tmp_path):

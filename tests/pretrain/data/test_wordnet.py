@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from pretrain.data import load_corpus, load_task
+from pretrain.data import load_corpus, load_task, whole_task
 from pretrain.data import wordnet
 from pretrain.errors import UserError
 
@@ -131,6 +131,15 @@ def test_supersense_texts_hold_no_example_quotes(supersense):
     # "dog" has the example "the dog barked all night"; it must not leak into the text.
     dog = [t for t in texts if t.startswith("dog: a member of the genus Canis")]
     assert dog and "barked" not in dog[0]
+
+
+@needs_wordnet
+def test_a_whole_built_in_task_is_its_three_splits_together(wsd):
+    whole = whole_task("wordnet-wsd")
+    assert list(whole.splits) == ["all"] and whole.label_names == wsd.label_names and whole.is_pair_task
+    for field in ("texts", "labels", "text_pairs"):
+        assert getattr(whole.split("all"), field) == [x for name in ("train", "validation", "test")
+                                                      for x in getattr(wsd.split(name), field)]
 
 
 @needs_wordnet
