@@ -29,8 +29,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
         shareable(tmp)
         if target.exists():
             # rename() cannot replace a non-empty dir: move the old one aside first.
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            target.rename(old)
+            old = set_aside(target)
             tmp.rename(target)
             shutil.rmtree(old, ignore_errors=True)
         else:
@@ -38,6 +37,26 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def remove_dir(path: Path) -> None:
+    """Delete a dir so that a stop midway never leaves part of it under its own name.
+
+    rmtree deletes in the order the filesystem lists, which on some (btrfs, XFS) is creation
+    order: a stage's weights went before its stage.json, and a stop between left a record of
+    files that were gone. Renamed aside first, the rest of a stopped deletion is a hidden
+    `.NAME.old-*` that the cleanups of temporaries remove.
+    """
+    if path.exists():
+        shutil.rmtree(set_aside(path), ignore_errors=True)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename `path` to the hidden sibling `.NAME.old-<pid>`, its new path returned."""
+    aside = path.with_name(f".{path.name}.old-{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)     # left by a stopped process that had this pid
+    path.rename(aside)
+    return aside
 
 
 SCRATCH_PREFIX = "compressor-"     # scratch dirs in the system's temp dir: compressor-<use>-<pid>-...

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from compressor import __version__
 from compressor.pipeline.recipe import RESERVED_NAMES, RUN_FILE, STAGE_FILE, WORK_DIR, Recipe
-from pretrain.atomic import write_failure, write_json
+from pretrain.atomic import remove_dir, write_failure, write_json
 from pretrain.errors import UserError
 
 
@@ -90,7 +90,7 @@ def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> None:
     """
     make_out_dir(out_dir)
     for path in replaced_by_claim(out_dir, recipe, force):
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        remove_dir(path) if path.is_dir() else path.unlink()
     remove_stale_temporaries(out_dir)
     with disk_errors(out_dir):
         write_json(out_dir / RUN_FILE, {"recipe": recipe.name, "tool_version": __version__})

@@ -31,7 +31,7 @@ from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerpr
                                       log, task_fingerprint)
 from compressor.pipeline.outdir import disk_errors, read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
-from pretrain.atomic import write_json
+from pretrain.atomic import remove_dir, write_json
 from pretrain.batching import MAX_LENGTH
 from pretrain.data import BUILTIN_CORPORA, TaskData, task_files
 from pretrain.errors import UserError
@@ -249,11 +249,12 @@ REPORT_FILES = ("report.json", "report.md", "report.html", "pareto.png")
 def retire_what_reads(out_dir: Path, name: str) -> None:
     """Before stage `name` is rebuilt for other settings: its exports and the run's report
     describe the model it replaces, so they go now. A run stopped before it writes them again
-    then leaves nothing that looks current but is not (the rerun rebuilds both)."""
+    then leaves nothing that looks current but is not (the rerun rebuilds both). The report
+    goes first: stopped between, it would name exports that are gone."""
+    retire_reports(out_dir)
     with disk_errors(out_dir):
         for mode in (None, "torch-dynamic-int8"):
-            shutil.rmtree(out_dir / export_dir_name(name, mode), ignore_errors=True)
-    retire_reports(out_dir)
+            remove_dir(out_dir / export_dir_name(name, mode))
 
 
 def retire_reports(out_dir: Path) -> None:
