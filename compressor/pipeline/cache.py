@@ -24,6 +24,7 @@ from pretrain.atomic import atomic_dir, write_json
 from pretrain.data import TaskData
 
 BUILD_SECONDS = "build_seconds"   # in stage.json: how long the stage took to build
+FILES = "files"                   # in stage.json: what the stage wrote beside it (`stage_record`)
 
 # One line per stage, reused or built, and the benchmark's and search's progress (INFO);
 # `compressor run` and `search` show them on stderr unless --quiet.
@@ -34,10 +35,10 @@ def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = Fa
     """The record of the stage at `path` if its key matches (and not `force`); else build it atomically.
 
     `write(tmp_dir)` fills a temporary dir and returns the record, which is saved as
-    stage.json beside what it wrote (with `build_seconds`, which `compressor run --plan`
-    shows); the dir then replaces `path` in one rename.
+    stage.json beside what it wrote (with the names of what it wrote, and `build_seconds`,
+    which `compressor run --plan` shows); the dir then replaces `path` in one rename.
     """
-    record = read_json(path / STAGE_FILE)
+    record = stage_record(path)
     name = stage_label(path)
     if record.get("key") == key and not force:
         log.info("stage %s: cached", name)
@@ -46,10 +47,19 @@ def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = Fa
     start = time.perf_counter()
     with disk_errors(path.parent), atomic_dir(path) as tmp:
         record = {"key": key, **write(tmp)}
+        record[FILES] = sorted(entry.name for entry in tmp.iterdir())
         record[BUILD_SECONDS] = round(time.perf_counter() - start, 1)
         write_json(tmp / STAGE_FILE, record)
     log.info("stage %s: built in %.1f s", name, record[BUILD_SECONDS])
     return record
+
+
+def stage_record(path: Path) -> dict:
+    """The stage.json of the stage at `path`, or {} when a file it lists is gone (deleted by
+    hand, or in part by a stopped deletion of an older version): such a stage is built again,
+    not reused to crash on what it lacks. A record that lists none (older) is trusted."""
+    record = read_json(path / STAGE_FILE)
+    return record if all((path / name).exists() for name in record.get(FILES, ())) else {}
 
 
 def stage_label(path: Path) -> str:

@@ -28,7 +28,7 @@ from compressor.export.onnx import GRAPH_VERSION, ExportSettings, export_into, s
 from compressor.export.quantize import QuantizeConfig, quantize_config_from_record
 from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
 from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerprint, fingerprint_file, key_fields,
-                                      log, task_fingerprint)
+                                      log, stage_record, task_fingerprint)
 from compressor.pipeline.outdir import disk_errors, read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
 from pretrain.atomic import remove_dir, write_json
@@ -203,7 +203,7 @@ def longest_finished_prefix(steps: list[Step], key_of: Callable[[list[Step]], st
         if key in known:
             return n, known[key]
         kept = out_dir / PREFIXES_DIR / key
-        if read_json(kept / STAGE_FILE).get("key") == key:
+        if stage_record(kept).get("key") == key:
             return n, kept
     return 0, None
 
@@ -314,7 +314,7 @@ def export_key(stage_key: str, settings: ExportSettings, quantize: QuantizeConfi
 
 def finished_stage(name: str, path: Path, key: str) -> Stage | None:
     """The model stage at `path` if it is written with this key (what `model_stage` would reuse)."""
-    record = read_json(path / STAGE_FILE)
+    record = stage_record(path)
     return stage_of(name, path, record) if record.get("key") == key else None
 
 
