@@ -185,7 +185,11 @@ def write_failure(err: BaseException) -> str | None:
 
 def write_json(path: Path, data: Any) -> None:
     """Write JSON to a temporary file in the same dir, then rename over `path`."""
-    atomic_file(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
+    atomic_file(path, json_bytes(data))
+
+
+def json_bytes(data: Any) -> bytes:
+    return (json.dumps(data, indent=2, default=str) + "\n").encode()
 
 
 def atomic_file(path: Path, content: bytes) -> None:
@@ -193,13 +197,35 @@ def atomic_file(path: Path, content: bytes) -> None:
     atomic_write(path, lambda f: f.write(content))
 
 
+def atomic_files(directory: Path, contents: dict[str, bytes | None]) -> None:
+    """Replace files that belong together (a report.json and its renderings): each is written to
+    a temporary first, then all are renamed into place in one quick pass, in the order given (a
+    name given None is removed). A stop while they are written leaves the earlier set whole,
+    not one file of each."""
+    written: list[tuple[Path, Path]] = []
+    try:
+        for name, content in contents.items():
+            if content is not None:
+                fd, tmp = temporary_beside(directory / name)
+                written.append((Path(tmp), directory / name))
+                with os.fdopen(fd, "wb") as f:
+                    f.write(content)
+        for tmp, path in written:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)
+        raise
+    for name, content in contents.items():
+        if content is None:
+            (directory / name).unlink(missing_ok=True)
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """`write(f)` fills a temporary file in the same dir, which then replaces `path` in one
     rename: a kill never leaves half a file (e.g. `lambda f: torch.save(state, f)`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600
+    fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -213,6 +239,14 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
         if isinstance(err, RuntimeError) and isinstance(err.__context__, (OSError, KeyboardInterrupt)):
             raise err.__context__ from None
         raise
+
+
+def temporary_beside(path: Path) -> tuple[int, str]:
+    """A new hidden file `.NAME.tmp-*` in path's dir (made if need be), open for writing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600
+    return fd, tmp
 
 
 def current_umask() -> int:
