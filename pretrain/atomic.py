@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import glob
 import json
 import os
 import shutil
@@ -19,11 +21,12 @@ from pretrain.errors import UserError
 
 @contextlib.contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
-    """Yield a temporary sibling dir; on success it replaces `target` in one rename."""
+    """Yield a temporary sibling dir; on success it replaces `target` in one rename. What a
+    killed writer of `target` left beside it goes first (`remove_killed_temporaries`)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; outputs are for sharing
+    remove_killed_temporaries(target)
+    tmp, held = locked_temporary(target)
     try:
         yield tmp
         shareable(tmp)
@@ -37,6 +40,68 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(held)
+
+
+# A temporary dir's writer holds a shared lock on it (a kill releases it): a temporary nobody
+# holds is a killed writer's. Temporaries are made under a shared lock on their parent dir and
+# looked for under an exclusive one, so one too new to be locked yet is never taken for stale.
+
+def locked_temporary(target: Path) -> tuple[Path, int]:
+    """A new temporary dir `.NAME.tmp-*` beside `target`, and the descriptor that holds its lock
+    (unlocked where the filesystem has no locks: no cleanup runs there, see below)."""
+    with dir_locked(target.parent, fcntl.LOCK_SH, required=False):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        held = os.open(tmp, os.O_RDONLY)
+        with contextlib.suppress(OSError):
+            fcntl.flock(held, fcntl.LOCK_SH)
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; outputs are for sharing
+    return tmp, held
+
+
+def remove_killed_temporaries(target: Path) -> None:
+    """The temporary dirs of `target` that no live process writes (a killed `finetune` or
+    `export` left a model copy beside its output for good), and the earlier `target` set aside
+    by a writer killed before it deleted it (once `target` is there again). Where dirs cannot be
+    locked exclusively (NFS, a filesystem without locks), nothing is removed."""
+    pattern = f".{glob.escape(target.name)}"
+    try:
+        with dir_locked(target.parent, fcntl.LOCK_EX):
+            stale = [path for path in target.parent.glob(f"{pattern}.tmp-*") if path.is_dir() and not in_use(path)]
+    except OSError:
+        return
+    stale += list(target.parent.glob(f"{pattern}.old-*")) if target.exists() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def in_use(directory: Path) -> bool:
+    """Whether a live process holds a lock on `directory` (`locked_temporary`)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@contextlib.contextmanager
+def dir_locked(directory: Path, operation: int, required: bool = True) -> Iterator[None]:
+    """flock `operation` (LOCK_SH or LOCK_EX) on a dir, held for the block. A lock the
+    filesystem refuses raises OSError, or (not `required`) the block runs without it."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, operation)
+        except OSError:
+            if required:
+                raise
+        yield
+    finally:
+        os.close(fd)
 
 
 def remove_dir(path: Path) -> None:
