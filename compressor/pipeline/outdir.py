@@ -70,13 +70,16 @@ def claimed_out_dir(out_dir: Path, recipe: Recipe, force: bool, *, held: bool = 
 
 
 def make_out_dir(out_dir: Path) -> bool:
-    """Create out_dir if it is absent; True if it was. A file in its place is refused."""
+    """Create out_dir if it is absent; True if this call made it. A file in its place is refused."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file; expected a directory for the run's results")
     if out_dir.exists():
         return False
     with disk_errors(out_dir):
-        out_dir.mkdir(parents=True)
+        try:
+            out_dir.mkdir(parents=True)
+        except FileExistsError:     # made since the check by a run starting beside this one: its lock says so
+            return False
     return True
 
 
