@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import glob
 import json
 import os
 import shutil
@@ -19,18 +21,18 @@ from pretrain.errors import UserError
 
 @contextlib.contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
-    """Yield a temporary sibling dir; on success it replaces `target` in one rename."""
+    """Yield a temporary sibling dir; on success it replaces `target` in one rename. What a
+    killed writer of `target` left beside it goes first (`remove_killed_temporaries`)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; outputs are for sharing
+    remove_killed_temporaries(target)
+    tmp, held = locked_temporary(target)
     try:
         yield tmp
         shareable(tmp)
         if target.exists():
             # rename() cannot replace a non-empty dir: move the old one aside first.
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            target.rename(old)
+            old = set_aside(target)
             tmp.rename(target)
             shutil.rmtree(old, ignore_errors=True)
         else:
@@ -38,6 +40,88 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(held)
+
+
+# A temporary dir's writer holds a shared lock on it (a kill releases it): a temporary nobody
+# holds is a killed writer's. Temporaries are made under a shared lock on their parent dir and
+# looked for under an exclusive one, so one too new to be locked yet is never taken for stale.
+
+def locked_temporary(target: Path) -> tuple[Path, int]:
+    """A new temporary dir `.NAME.tmp-*` beside `target`, and the descriptor that holds its lock
+    (unlocked where the filesystem has no locks: no cleanup runs there, see below)."""
+    with dir_locked(target.parent, fcntl.LOCK_SH, required=False):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        held = os.open(tmp, os.O_RDONLY)
+        with contextlib.suppress(OSError):
+            fcntl.flock(held, fcntl.LOCK_SH)
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; outputs are for sharing
+    return tmp, held
+
+
+def remove_killed_temporaries(target: Path) -> None:
+    """The temporary dirs of `target` that no live process writes (a killed `finetune` or
+    `export` left a model copy beside its output for good), and the earlier `target` set aside
+    by a writer killed before it deleted it (once `target` is there again). Where dirs cannot be
+    locked exclusively (NFS, a filesystem without locks), nothing is removed."""
+    pattern = f".{glob.escape(target.name)}"
+    try:
+        with dir_locked(target.parent, fcntl.LOCK_EX):
+            stale = [path for path in target.parent.glob(f"{pattern}.tmp-*") if path.is_dir() and not in_use(path)]
+    except OSError:
+        return
+    stale += list(target.parent.glob(f"{pattern}.old-*")) if target.exists() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def in_use(directory: Path) -> bool:
+    """Whether a live process holds a lock on `directory` (`locked_temporary`)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@contextlib.contextmanager
+def dir_locked(directory: Path, operation: int, required: bool = True) -> Iterator[None]:
+    """flock `operation` (LOCK_SH or LOCK_EX) on a dir, held for the block. A lock the
+    filesystem refuses raises OSError, or (not `required`) the block runs without it."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, operation)
+        except OSError:
+            if required:
+                raise
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_dir(path: Path) -> None:
+    """Delete a dir so that a stop midway never leaves part of it under its own name.
+
+    rmtree deletes in the order the filesystem lists, which on some (btrfs, XFS) is creation
+    order: a stage's weights went before its stage.json, and a stop between left a record of
+    files that were gone. Renamed aside first, the rest of a stopped deletion is a hidden
+    `.NAME.old-*` that the cleanups of temporaries remove.
+    """
+    if path.exists():
+        shutil.rmtree(set_aside(path), ignore_errors=True)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename `path` to the hidden sibling `.NAME.old-<pid>`, its new path returned."""
+    aside = path.with_name(f".{path.name}.old-{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)     # left by a stopped process that had this pid
+    path.rename(aside)
+    return aside
 
 
 SCRATCH_PREFIX = "compressor-"     # scratch dirs in the system's temp dir: compressor-<use>-<pid>-...
@@ -166,7 +250,11 @@ def write_failure(err: BaseException) -> str | None:
 
 def write_json(path: Path, data: Any) -> None:
     """Write JSON to a temporary file in the same dir, then rename over `path`."""
-    atomic_file(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
+    atomic_file(path, json_bytes(data))
+
+
+def json_bytes(data: Any) -> bytes:
+    return (json.dumps(data, indent=2, default=str) + "\n").encode()
 
 
 def atomic_file(path: Path, content: bytes) -> None:
@@ -174,13 +262,35 @@ def atomic_file(path: Path, content: bytes) -> None:
     atomic_write(path, lambda f: f.write(content))
 
 
+def atomic_files(directory: Path, contents: dict[str, bytes | None]) -> None:
+    """Replace files that belong together (a report.json and its renderings): each is written to
+    a temporary first, then all are renamed into place in one quick pass, in the order given (a
+    name given None is removed). A stop while they are written leaves the earlier set whole,
+    not one file of each."""
+    written: list[tuple[Path, Path]] = []
+    try:
+        for name, content in contents.items():
+            if content is not None:
+                fd, tmp = temporary_beside(directory / name)
+                written.append((Path(tmp), directory / name))
+                with os.fdopen(fd, "wb") as f:
+                    f.write(content)
+        for tmp, path in written:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)
+        raise
+    for name, content in contents.items():
+        if content is None:
+            (directory / name).unlink(missing_ok=True)
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """`write(f)` fills a temporary file in the same dir, which then replaces `path` in one
     rename: a kill never leaves half a file (e.g. `lambda f: torch.save(state, f)`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600
+    fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -194,6 +304,14 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
         if isinstance(err, RuntimeError) and isinstance(err.__context__, (OSError, KeyboardInterrupt)):
             raise err.__context__ from None
         raise
+
+
+def temporary_beside(path: Path) -> tuple[int, str]:
+    """A new hidden file `.NAME.tmp-*` in path's dir (made if need be), open for writing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600
+    return fd, tmp
 
 
 def current_umask() -> int:

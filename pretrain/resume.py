@@ -21,6 +21,7 @@ from typing import Iterator
 from pretrain import distributed
 from pretrain.atomic import write_json
 from pretrain.errors import UserError
+from pretrain.train import CHECKPOINT_FILE
 
 
 def checkpoint_dir(out: Path) -> Path:
@@ -53,7 +54,7 @@ def claimed_checkpoint(ckpt: Path, settings: dict, resume: bool, settings_file: 
     except BaseException:
         # Stopped before its first checkpoint (bad input found late, an early Ctrl-C):
         # nothing to resume, so nothing left behind.
-        if main and ckpt.is_dir() and all(p.name == settings_file for p in ckpt.iterdir()):
+        if main and nothing_to_resume(ckpt, settings_file):
             shutil.rmtree(ckpt, ignore_errors=True)
         raise
     finally:
@@ -95,8 +96,7 @@ def check_resume(settings: dict, ckpt: Path, resume: bool, settings_file: str) -
     """A checkpoint is continued only on `resume` and only when `settings` (JSON-ready: what
     decides what the run computes) equal the ones it was written with; never silently
     restarted or mixed."""
-    if ckpt.is_dir() and all(p.name == settings_file for p in ckpt.iterdir()):
-        # Killed before its first checkpoint: only the settings were written, nothing to resume.
+    if nothing_to_resume(ckpt, settings_file):
         shutil.rmtree(ckpt)
     if not ckpt.exists():
         if resume:      # nothing to continue: say so, rather than look like a resumed run
@@ -114,6 +114,14 @@ def check_resume(settings: dict, ckpt: Path, resume: bool, settings_file: str) -
         changed = differing_fields(saved, settings)
         raise UserError(f"cannot resume from {ckpt}: it was written with other settings "
                         f"({', '.join(changed)} differ); expected the same command line")
+
+
+def nothing_to_resume(ckpt: Path, settings_file: str) -> bool:
+    """Whether `ckpt` was left before its first checkpoint was whole: it holds the settings
+    only, and perhaps the temporary of a first checkpoint write that a kill cut short (the
+    checkpoint takes its name only once written whole)."""
+    return ckpt.is_dir() and all(p.name == settings_file or p.name.startswith(f".{CHECKPOINT_FILE}.tmp-")
+                                 for p in ckpt.iterdir())
 
 
 def differing_fields(saved: dict, now: dict, prefix: str = "") -> list[str]:

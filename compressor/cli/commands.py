@@ -560,13 +560,14 @@ def quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    quiet_libraries()   # before the parser imports the configs (and with them torch)
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exit_:  # bad flags (already reported in one line) or --help
-        return int(exit_.code or 0)
+    args = None      # until the command line is read (the libraries import first, for seconds)
     try:
         with sigterm_as_interrupt():
+            quiet_libraries()   # before the parser imports the configs (and with them torch)
+            try:
+                args = build_parser().parse_args(argv)
+            except SystemExit as exit_:  # bad flags (already reported in one line) or --help
+                return int(exit_.code or 0)
             return args.handler(args)
     except UserError as err:
         if first_rank():

@@ -73,11 +73,13 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def after_interrupt(args: argparse.Namespace) -> str:
-    """What an interrupted command left, and how to go on (every output is written atomically)."""
-    if args.command in ("run", "search"):
+def after_interrupt(args: argparse.Namespace | None) -> str:
+    """What an interrupted command left, and how to go on (every output is written atomically;
+    `args` None: stopped before the command line was read)."""
+    command = getattr(args, "command", None)
+    if command in ("run", "search"):
         return "finished stages are kept; rerun the same command to resume"
-    if args.command in ("finetune", "pretrain"):
+    if command in ("finetune", "pretrain"):
         from pretrain.resume import checkpoint_dir
         from pretrain.train import CHECKPOINT_FILE
         ckpt = checkpoint_dir(args.out)

@@ -28,6 +28,7 @@ from pretrain.errors import UserError
 BUILD_SECONDS = "build_seconds"   # in stage.json: how long the stage took to build, over all its attempts
 BUILD_ATTEMPTS = "build_attempts"  # in stage.json when a build resumed stopped ones: how many builds in all
 BUILD_PARTIAL = "build_seconds_partial"   # in stage.json: true when a killed attempt's time is not in it
+FILES = "files"                   # in stage.json: what the stage wrote beside it (`stage_record`)
 
 # One line per stage, reused or built, and the benchmark's and search's progress (INFO);
 # `compressor run` and `search` show them on stderr unless --quiet.
@@ -39,12 +40,13 @@ def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = Fa
     """The record of the stage at `path` if its key matches (and not `force`); else build it atomically.
 
     `write(tmp_dir)` fills a temporary dir and returns the record, which is saved as
-    stage.json beside what it wrote (with `build_seconds`, which `compressor run --plan`
-    shows); the dir then replaces `path` in one rename. `attempts`: for a stage whose rebuild
-    resumes what a stopped build left (checkpoints, kept prefixes), the file where each build
-    notes its time until the stage is written, so `build_seconds` covers them all (`build_time`).
+    stage.json beside what it wrote (with the names of what it wrote, and `build_seconds`,
+    which `compressor run --plan` shows); the dir then replaces `path` in one rename.
+    `attempts`: for a stage whose rebuild resumes what a stopped build left (checkpoints, kept
+    prefixes), the file where each build notes its time until the stage is written, so
+    `build_seconds` covers them all (`build_time`).
     """
-    record = read_json(path / STAGE_FILE)
+    record = stage_record(path)
     name = stage_label(path)
     if record.get("key") == key and not force:
         log.info("stage %s: cached", name)
@@ -52,6 +54,7 @@ def cached(path: Path, key: str, write: Callable[[Path], dict], force: bool = Fa
     log.info("stage %s: building", name)
     with disk_errors(path.parent), build_clock(attempts) as timing, atomic_dir(path) as tmp:
         record = {"key": key, **write(tmp)}
+        record[FILES] = sorted(entry.name for entry in tmp.iterdir())
         record.update(timing())
         write_json(tmp / STAGE_FILE, record)
     log.info("stage %s: built in %.1f s", name, record[BUILD_SECONDS])
@@ -104,6 +107,14 @@ def build_time(earlier: list[float | None], seconds: float) -> dict:
     if None in earlier:
         record[BUILD_PARTIAL] = True
     return record
+
+
+def stage_record(path: Path) -> dict:
+    """The stage.json of the stage at `path`, or {} when a file it lists is gone (deleted by
+    hand, or in part by a stopped deletion of an older version): such a stage is built again,
+    not reused to crash on what it lacks. A record that lists none (older) is trusted."""
+    record = read_json(path / STAGE_FILE)
+    return record if all((path / name).exists() for name in record.get(FILES, ())) else {}
 
 
 def stage_label(path: Path) -> str:

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from compressor import __version__
 from compressor.pipeline.recipe import RESERVED_NAMES, RUN_FILE, STAGE_FILE, WORK_DIR, Recipe
-from pretrain.atomic import write_failure, write_json
+from pretrain.atomic import remove_dir, write_failure, write_json
 from pretrain.errors import UserError
 
 
@@ -70,13 +70,16 @@ def claimed_out_dir(out_dir: Path, recipe: Recipe, force: bool, *, held: bool = 
 
 
 def make_out_dir(out_dir: Path) -> bool:
-    """Create out_dir if it is absent; True if it was. A file in its place is refused."""
+    """Create out_dir if it is absent; True if this call made it. A file in its place is refused."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file; expected a directory for the run's results")
     if out_dir.exists():
         return False
     with disk_errors(out_dir):
-        out_dir.mkdir(parents=True)
+        try:
+            out_dir.mkdir(parents=True)
+        except FileExistsError:     # made since the check by a run starting beside this one: its lock says so
+            return False
     return True
 
 
@@ -90,7 +93,7 @@ def claim_out_dir(out_dir: Path, recipe: Recipe, force: bool) -> None:
     """
     make_out_dir(out_dir)
     for path in replaced_by_claim(out_dir, recipe, force):
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        remove_dir(path) if path.is_dir() else path.unlink()
     remove_stale_temporaries(out_dir)
     with disk_errors(out_dir):
         write_json(out_dir / RUN_FILE, {"recipe": recipe.name, "tool_version": __version__})

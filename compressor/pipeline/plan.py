@@ -19,10 +19,9 @@ from compressor.passes import get_pass
 from compressor.passes.registry import pass_names
 from compressor.pipeline.benchmark_stages import (baseline_dir, baseline_key, baseline_stage, baselines_to_build,
                                                   benchmark_key, baseline_deployable, variant_deployable)
-from compressor.pipeline.cache import BUILD_SECONDS
-from compressor.pipeline.outdir import holder_of, make_out_dir, read_json, replaced_by_claim
-from compressor.pipeline.recipe import (BENCHMARK_DIR, PREFIXES_DIR, SEARCH_DIR, STAGE_FILE, WORK_DIR, Recipe,
-                                        Step, export_dir_name)
+from compressor.pipeline.cache import BUILD_SECONDS, stage_record
+from compressor.pipeline.outdir import holder_of, make_out_dir, replaced_by_claim
+from compressor.pipeline.recipe import BENCHMARK_DIR, PREFIXES_DIR, SEARCH_DIR, WORK_DIR, Recipe, Step, export_dir_name
 from compressor.pipeline.run import Prepared, prepare
 from compressor.pipeline.stages import (export_key, export_stage, finished_stage, recorded_quantize, teacher_key,
                                         variant_key)
@@ -78,7 +77,7 @@ class Planner:
     replaced: bool                   # --force would empty the dir first: nothing in it counts
 
     def record(self, path: Path) -> dict:
-        return {} if self.replaced else read_json(path / STAGE_FILE)
+        return {} if self.replaced else stage_record(path)
 
     def state(self, path: Path, key: str) -> tuple[str, float | None]:
         record = self.record(path)

@@ -22,8 +22,8 @@ from compressor.pipeline.recipe import SEARCH_DIR, STAGE_FILE, WORK_DIR, Recipe,
 from compressor.pipeline.report_data import build_report
 from compressor.pipeline.stages import (Stage, export_stage, pass_context, config_inputs, teacher_stage,
                                        variant_stage)
-from compressor.report.render import write_human_reports
-from pretrain.atomic import check_output, write_json
+from compressor.report.render import write_reports
+from pretrain.atomic import check_output
 from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
 from pretrain.models import (BUNDLED_MODELS, check_head_for, check_model_ref, load_tokenizer, read_model_type,
@@ -153,13 +153,11 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
         shutil.rmtree(out_dir / WORK_DIR, ignore_errors=True)
         report = build_report(recipe, teacher, variants, exports, baselines, benchmark, task=task)
         with disk_errors(out_dir):
-            write_json(out_dir / "report.json", report)
-            write_human_reports(report, out_dir)
+            write_reports(report, out_dir)
         if recipe.search is not None:
             report["search"] = recipe_search(recipe, teacher, base_dir, out_dir, show_progress)
             with disk_errors(out_dir):
-                write_json(out_dir / "report.json", report)
-                write_human_reports(report, out_dir)      # report.md and .html show the search too
+                write_reports(report, out_dir)      # report.md and .html show the search too
     return report
 
 

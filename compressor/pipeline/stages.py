@@ -28,10 +28,10 @@ from compressor.export.onnx import GRAPH_VERSION, ExportSettings, export_into, s
 from compressor.export.quantize import QuantizeConfig, quantize_config_from_record
 from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
 from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerprint, fingerprint_file, key_fields,
-                                      log, task_fingerprint)
+                                      log, stage_record, task_fingerprint)
 from compressor.pipeline.outdir import disk_errors, read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
-from pretrain.atomic import write_json
+from pretrain.atomic import remove_dir, write_json
 from pretrain.batching import MAX_LENGTH
 from pretrain.data import BUILTIN_CORPORA, TaskData, task_files
 from pretrain.errors import UserError
@@ -204,7 +204,7 @@ def longest_finished_prefix(steps: list[Step], key_of: Callable[[list[Step]], st
         if key in known:
             return n, known[key]
         kept = out_dir / PREFIXES_DIR / key
-        if read_json(kept / STAGE_FILE).get("key") == key:
+        if stage_record(kept).get("key") == key:
             return n, kept
     return 0, None
 
@@ -252,11 +252,12 @@ REPORT_FILES = ("report.json", "report.md", "report.html", "pareto.png")
 def retire_what_reads(out_dir: Path, name: str) -> None:
     """Before stage `name` is rebuilt for other settings: its exports and the run's report
     describe the model it replaces, so they go now. A run stopped before it writes them again
-    then leaves nothing that looks current but is not (the rerun rebuilds both)."""
+    then leaves nothing that looks current but is not (the rerun rebuilds both). The report
+    goes first: stopped between, it would name exports that are gone."""
+    retire_reports(out_dir)
     with disk_errors(out_dir):
         for mode in (None, "torch-dynamic-int8"):
-            shutil.rmtree(out_dir / export_dir_name(name, mode), ignore_errors=True)
-    retire_reports(out_dir)
+            remove_dir(out_dir / export_dir_name(name, mode))
 
 
 def retire_reports(out_dir: Path) -> None:
@@ -316,7 +317,7 @@ def export_key(stage_key: str, settings: ExportSettings, quantize: QuantizeConfi
 
 def finished_stage(name: str, path: Path, key: str) -> Stage | None:
     """The model stage at `path` if it is written with this key (what `model_stage` would reuse)."""
-    record = read_json(path / STAGE_FILE)
+    record = stage_record(path)
     return stage_of(name, path, record) if record.get("key") == key else None
 
 

@@ -1,7 +1,7 @@
 """report.md, report.html and pareto.png: renderings of a finished report.json.
 
 Everything here derives from the JSON (built by compressor/pipeline/report_data.py), so
-the human reports can be regenerated from a report.json alone (`write_human_reports`).
+the human reports can be regenerated from a report.json alone (`write_reports`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import io
 from pathlib import Path
 
 from compressor.report.analysis import as_timed_on, latency_row, measurement_keys
-from pretrain.atomic import atomic_file
+from pretrain.atomic import atomic_files, json_bytes
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -377,10 +377,12 @@ def render_report_html(report: dict, chart: bytes | None) -> str:
     return "\n".join(parts)
 
 
-def write_human_reports(report: dict, out_dir: Path) -> None:
-    """report.md, report.html and pareto.png (when there are measurements), each atomically."""
+def write_reports(report: dict, out_dir: Path) -> None:
+    """report.json, report.md, report.html and pareto.png (when there are measurements; an
+    earlier one goes), replaced together: a stop while the chart renders (seconds) or the files
+    are written leaves the earlier set, never a report.json beside the renderings of another."""
     chart = pareto_png(report)
-    if chart is not None:
-        atomic_file(out_dir / "pareto.png", chart)
-    atomic_file(out_dir / "report.md", render_report_md(report, "pareto.png" if chart else None).encode())
-    atomic_file(out_dir / "report.html", render_report_html(report, chart).encode())
+    atomic_files(out_dir, {"pareto.png": chart,
+                           "report.md": render_report_md(report, "pareto.png" if chart else None).encode(),
+                           "report.html": render_report_html(report, chart).encode(),
+                           "report.json": json_bytes(report)})

@@ -37,7 +37,7 @@ from compressor.pipeline.cache import fingerprint, log as progress
 from compressor.pipeline.outdir import claimed_out_dir, disk_errors
 from compressor.pipeline.recipe import RESERVED_NAMES, VARIANT_NAME, parse_recipe, parse_step
 from compressor.report.analysis import latency_row
-from compressor.report.render import write_human_reports
+from compressor.report.render import write_reports
 from compressor.search.latency import LatencyModel
 from compressor.search.plans import (Plan, largest_plans, plan_params, plan_steps, smallest_plans, theseus_depths,
                                      usable_recoveries)
@@ -45,7 +45,7 @@ from compressor.search.settings import SearchSettings
 from compressor.search.structures import fit_latency_model, teacher_shape
 from compressor.search.study import (ProxyRunner, completed, connect, default_storage, finalists, open_study,
                                      progress_line, proxy_trials, seed_study)
-from pretrain.atomic import atomic_file, check_output, write_json
+from pretrain.atomic import atomic_file, check_output
 from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate
@@ -303,8 +303,7 @@ def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task
         if model["name"] in section["predicted_p50_ms"]:
             model["predicted_p50_ms"] = section["predicted_p50_ms"][model["name"]]
     with disk_errors(out_dir):
-        write_json(out_dir / "report.json", report)
-        write_human_reports(report, out_dir)
+        write_reports(report, out_dir)
         picked = section["chosen"] or section["best_effort"]
         if picked:
             atomic_file(out_dir / section["recipe_file"], yaml.safe_dump(

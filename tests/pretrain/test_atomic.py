@@ -77,6 +77,30 @@ def test_atomic_dir_replaces_an_earlier_output_whole(tree: Path):
     assert not [p for p in tree.iterdir() if p.name.startswith(".earlier")]
 
 
+def test_what_a_killed_writer_left_beside_its_output_goes_and_a_live_writers_temporary_stays(tmp_path: Path):
+    """A killed `finetune` or `export` left its temporary (a model copy) beside its output for
+    good: only `run` and `search` cleared their own dir's."""
+    import fcntl
+    killed, live = tmp_path / ".out.tmp-k1ll3d", tmp_path / ".out.tmp-l1ve"
+    another_outputs = tmp_path / ".other.tmp-k1ll3d"        # its own writer clears it
+    for path in (killed, live, another_outputs):
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"w")
+    held = os.open(live, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_SH)                        # as its writer holds it
+    try:
+        with atomic_dir(tmp_path / "out") as tmp:
+            (tmp / "model.safetensors").write_bytes(b"new")
+        assert not killed.exists() and live.exists() and another_outputs.exists()
+        set_aside = tmp_path / ".out.old-12345"             # by a writer killed before it deleted it
+        set_aside.mkdir()
+        with atomic_dir(tmp_path / "out"):
+            pass
+        assert not set_aside.exists() and live.exists()
+    finally:
+        os.close(held)
+
+
 def test_files_written_private_are_shared_like_every_other_output(tmp_path: Path):
     """safetensors writes its file 0600: an output dir gives it the umask's ordinary mode."""
     import os

@@ -19,6 +19,17 @@ def test_resume_without_a_checkpoint_says_it_starts_over(tmp_path: Path, capsys)
     assert capsys.readouterr().err == ""
 
 
+def test_a_first_checkpoint_a_kill_cut_short_is_no_checkpoint(tmp_path: Path):
+    """kill -9 during the first checkpoint write leaves its temporary, empty or truncated: it was
+    taken for a checkpoint, and the rerun told to pass --resume to continue nothing."""
+    ckpt = tmp_path / "out.checkpoint"
+    ckpt.mkdir()
+    (ckpt / "settings.json").write_text(json.dumps({"lr": 1e-3}))
+    (ckpt / ".checkpoint.pt.tmp-k1ll3d").write_bytes(b"")
+    check_resume({"lr": 1e-2}, ckpt, False, "settings.json")
+    assert not ckpt.exists()
+
+
 def test_the_refusal_names_each_differing_setting_down_nested_settings(tmp_path: Path):
     ckpt = tmp_path / "out.checkpoint"
     ckpt.mkdir()

@@ -512,6 +512,17 @@ def test_an_interrupted_command_says_what_it_left_and_how_to_go_on(tmp_path, mon
     assert capsys.readouterr().err == f"interrupted: nothing was written to {tmp_path / 'x'}\n"
 
 
+def test_a_stop_while_the_libraries_import_is_one_line_too(monkeypatch, capsys):
+    """Ctrl-C in the first seconds, while torch and transformers import, ended in a traceback."""
+    from compressor.cli import commands
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(commands, "quiet_libraries", interrupted)
+    assert main(["export", "--model", "m", "--out", "x"]) == 130
+    assert capsys.readouterr().err == "interrupted: nothing was written\n"
+
+
 @pytest.mark.parametrize("failure, said", [
     (OSError(28, "No space left on device", "x/model.onnx"), "No space left on device"),
     (RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file data/0: "

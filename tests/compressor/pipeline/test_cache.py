@@ -28,7 +28,8 @@ def test_a_stage_is_built_once_then_reused_and_rebuilt_for_a_new_key(tmp_path, c
         again = cached(path, "key-1", write)
         cached(path, "key-2", write)
     assert len(builds) == 2 and first == again
-    assert first == {"key": "key-1", "metrics": {"accuracy": 0.5}, "build_seconds": first["build_seconds"]}
+    assert first == {"key": "key-1", "metrics": {"accuracy": 0.5}, "files": ["weights.bin"],
+                     "build_seconds": first["build_seconds"]}
     assert isinstance(first["build_seconds"], float) and first["build_seconds"] >= 0
     messages = [r.getMessage() for r in caplog.records if r.name == "compressor.pipeline"]
     assert messages[0] == "stage baselines/onnxruntime-fp32: building"
@@ -86,6 +87,26 @@ def test_a_build_that_resumes_a_killed_one_marks_its_time_partial(tmp_path):
     assert child.exitcode == 9 and not path.exists()
     record = cached(path, "k", lambda tmp: {}, attempts=attempts)
     assert record["build_seconds_partial"] is True and record["build_attempts"] == 2
+
+
+def test_a_stage_whose_files_are_gone_is_built_again_and_an_older_record_is_trusted(tmp_path):
+    """A stage.json outliving its files (a dir deleted in part) was reused, and what read the
+    files crashed with a traceback."""
+    builds = []
+
+    def write(tmp):
+        builds.append(tmp)
+        (tmp / "model.onnx").write_bytes(b"graph")
+        return {}
+    path = tmp_path / "ft-onnx"
+    cached(path, "key-1", write)
+    (path / "model.onnx").unlink()
+    cached(path, "key-1", write)
+    assert len(builds) == 2 and (path / "model.onnx").is_file()
+    record = json.loads((path / "stage.json").read_text())
+    (path / "stage.json").write_text(json.dumps({k: v for k, v in record.items() if k != "files"}))
+    cached(path, "key-1", write)                 # written before records listed their files
+    assert len(builds) == 2
 
 
 def test_each_quantize_mode_at_its_defaults_has_a_key_of_its_own():

@@ -1,13 +1,17 @@
-"""Pipeline stages: the length a model was fine-tuned at follows it into every later stage."""
+"""Pipeline stages: the length a model was fine-tuned at follows it into every later stage;
+what a rebuilt stage makes stale goes whole."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
 from compressor.pipeline import stages
 from compressor.pipeline.cache import content_key, fingerprint, task_fingerprint
+from compressor.pipeline.outdir import remove_stale_temporaries
 from compressor.pipeline.recipe import parse_recipe
 from pretrain.batching import MAX_LENGTH
 from pretrain.finetune import FinetuneConfig
@@ -68,3 +72,29 @@ def test_a_rebuilt_model_stage_records_the_time_of_its_stopped_builds_too(bert_b
     stages.model_stage("v", "k", lambda: bert_bundle, tiny_task, recipe, tmp_path)
     assert json.loads((tmp_path / "v" / "stage.json").read_text())["build_attempts"] == 2
     assert not (tmp_path / ".work").exists() or not any((tmp_path / ".work").iterdir())
+
+
+def test_a_stop_while_an_export_is_retired_leaves_no_part_of_it_behind(tmp_path, monkeypatch):
+    """rmtree deletes in the order the filesystem lists, creation order on btrfs or XFS: stopped
+    after model.onnx, it left the export's stage.json, and a run back at the old settings took
+    the export for whole and crashed on its missing graph."""
+    export = tmp_path / "ft-onnx"
+    export.mkdir()
+    (export / "model.onnx").write_bytes(b"graph")
+    (export / "stage.json").write_text(json.dumps({"key": "old"}))
+    (tmp_path / "report.json").write_text(json.dumps({"exports": {"ft": {"path": str(export)}}}))
+    real_rmtree = shutil.rmtree
+
+    def stopped_after_the_first_file(path, *args, **kwargs):
+        first = Path(path) / "model.onnx"
+        if not first.exists():
+            return real_rmtree(path, *args, **kwargs)
+        first.unlink()
+        raise KeyboardInterrupt
+    monkeypatch.setattr(shutil, "rmtree", stopped_after_the_first_file)
+    with pytest.raises(KeyboardInterrupt):
+        stages.retire_what_reads(tmp_path, "ft")
+    monkeypatch.undo()
+    assert not export.exists() and not (tmp_path / "report.json").exists()   # which named it
+    remove_stale_temporaries(tmp_path)       # the next claim of the run's dir
+    assert list(tmp_path.iterdir()) == []

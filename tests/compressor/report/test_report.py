@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from compressor.report.analysis import pareto_fronts, runtime_warnings
 from compressor.report.render import (baseline_lines, latency_table, markdown_table, ranking_lines,
                                       render_report_md)
@@ -87,6 +89,30 @@ def test_markdown_report_has_every_section():
                  "| a | 0.8000 | 3.00 |", "2.00x", "![Pareto chart](pareto.png)", "arm64: needs arm", "- w1",
                  "CPU: X (2 cores"):
         assert text in md, text
+
+
+def test_the_reports_are_replaced_together_or_not_at_all(tmp_path, monkeypatch):
+    """report.json was written before the chart rendered (seconds): a stop then left it beside
+    the report.md and .html of the run before."""
+    from compressor.report import render
+    models = [entry("a", 0.8, 3.0), entry("b", 0.7, 2.0)]
+    report = {"recipe": {"name": "r"}, "teacher": {"path": "t", "accuracy": 0.81, "params": 1000, "size_bytes": 100},
+              "models": models, "pareto": pareto_fronts(models), "warnings": [], "environment": {}}
+    render.write_reports(report, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["pareto.png", "report.html", "report.json", "report.md"]
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(render, "render_report_html", stop)
+    with pytest.raises(KeyboardInterrupt):
+        render.write_reports({**report, "warnings": ["new"]}, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before     # no temporaries either
+    monkeypatch.undo()
+    unmeasured = {**report, "models": [{**m, "latency": []} for m in models], "pareto": []}
+    render.write_reports(unmeasured, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "report.json", "report.md"]
+    assert json.loads((tmp_path / "report.json").read_text()) == unmeasured
 
 
 def test_the_compute_warning_compares_multiply_adds_with_speed():
