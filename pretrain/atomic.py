@@ -64,10 +64,12 @@ def remove_killed_temporaries(target: Path) -> None:
     """The temporary dirs of `target` that no live process writes (a killed `finetune` or
     `export` left a model copy beside its output for good), and the earlier `target` set aside
     by a writer killed before it deleted it (once `target` is there again). Where dirs cannot be
-    locked exclusively (NFS, a filesystem without locks), nothing is removed."""
+    locked exclusively at once (NFS, a filesystem without locks, or a writer making its
+    temporary there right now), nothing is removed: a later writer cleans up, and a nested
+    writer never waits on the lock its own outer writer holds."""
     pattern = f".{glob.escape(target.name)}"
     try:
-        with dir_locked(target.parent, fcntl.LOCK_EX):
+        with dir_locked(target.parent, fcntl.LOCK_EX | fcntl.LOCK_NB):
             stale = [path for path in target.parent.glob(f"{pattern}.tmp-*") if path.is_dir() and not in_use(path)]
     except OSError:
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,18 @@ def test_torch_save_stopped_mid_write_raises_what_stopped_it(tmp_path: Path, rai
     with pytest.raises(type(raised)):
         atomic_write(tmp_path / "checkpoint.pt", save)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dir_written_atomically_inside_another_does_not_wait_on_the_outer_writers_lock(tmp_path):
+    """The outer writer holds its temporary; the inner one's cleanup of its parent (that
+    temporary) must not wait for a lock its own process holds, which would never come."""
+    done = threading.Event()
+
+    def nested():
+        with atomic_dir(tmp_path / "outer") as outer:
+            with atomic_dir(outer / "inner") as inner:
+                (inner / "weights.bin").write_bytes(b"w")
+        done.set()
+    threading.Thread(target=nested, daemon=True).start()
+    assert done.wait(timeout=20), "the nested atomic_dir hung on its parent's lock"
+    assert (tmp_path / "outer" / "inner" / "weights.bin").read_bytes() == b"w"
