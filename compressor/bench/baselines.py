@@ -31,11 +31,12 @@ import shutil
 from pathlib import Path
 
 from compressor import __version__
-from compressor.bundle import PROVENANCE_FILE, read_provenance
+from compressor.bundle import PROVENANCE_FILE, read_provenance, recorded_length
 from compressor.export.onnx import EXPORT_FILE, ONNX_FILE
 from compressor.export.quiet import quiet_logs, scratch_cwd
 from compressor.export.trace import write_onnx
 from pretrain.atomic import write_json
+from pretrain.batching import usable_length
 from pretrain.errors import UserError
 from pretrain.families import FAMILIES
 from pretrain.models import load_saved_classifier
@@ -104,6 +105,14 @@ def build_onnxruntime_fp32(teacher_dir: Path, out: Path, preset: str | None = No
     model, tokenizer = load_saved_classifier(teacher_dir)
     write_onnx(model, out / ONNX_FILE)
     model.config.save_pretrained(str(out))
+    save_scored_tokenizer(teacher_dir, model, tokenizer, out)
+
+
+def save_scored_tokenizer(teacher_dir: Path, model, tokenizer, out: Path) -> None:
+    """The teacher's tokenizer, cutting texts at the length the baseline is scored and timed at
+    (the teacher's fine-tuning length), as our exports ship theirs: deployed as it is, it
+    would otherwise cut at the model's positions and see text the measurements never did."""
+    tokenizer.model_max_length = usable_length(model, recorded_length(read_provenance(teacher_dir), teacher_dir))
     tokenizer.save_pretrained(str(out))
 
 
@@ -172,8 +181,7 @@ def build_optimum_default_int8(teacher_dir: Path, out: Path, preset: str) -> Non
     out = Path(out).resolve()
     optimum_quantize(optimum_o2(teacher_dir, out / "work"), out, quantization_config(preset))
     shutil.rmtree(out / "work")
-    _, tokenizer = load_saved_classifier(teacher_dir)
-    tokenizer.save_pretrained(str(out))
+    save_scored_tokenizer(teacher_dir, *load_saved_classifier(teacher_dir), out)
 
 
 def optimum_o2(teacher_dir: Path, work: Path) -> Path:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import platform
+import shutil
 
 import pytest
 
@@ -114,3 +116,20 @@ def test_each_profile_is_measured_against_its_own_preset(tiny_bert_dir, tiny_csv
     assert timed["cpu-avx2"].parent.name == f"optimum-default-int8-{other}"
     md = (tmp_path / "out" / "report.md").read_text()
     assert f"preset {own}" in md and f"preset {other}" in md
+
+
+@pytest.mark.parametrize("recorded, shipped", [(None, 128), (64, 64)])
+def test_a_baseline_ships_a_tokenizer_that_cuts_where_it_was_scored(tiny_bert_dir, tmp_path, recorded, shipped):
+    """Scored and timed at the teacher's fine-tuning length, the plain export's tokenizer cuts
+    there too, not at the model's positions (a deployed baseline would see longer text)."""
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_bert_dir, teacher)
+    tokenizer_config = json.loads((teacher / "tokenizer_config.json").read_text())
+    tokenizer_config["model_max_length"] = 512
+    (teacher / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    if recorded:
+        (teacher / "compressor.json").write_text(json.dumps({"max_length": recorded}))
+    out = tmp_path / "onnxruntime-fp32"
+    out.mkdir()
+    baselines.build_onnxruntime_fp32(teacher, out)
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == shipped
