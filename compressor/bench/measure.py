@@ -10,6 +10,9 @@ Peak memory is measured in a fresh child process per model (memory_probe.py): it
 model, runs the batches, and reports its peak resident set size. That is the memory a
 process serving that model needs, runtime included, and unlike in-process readings it is
 not inflated by the models measured before it.
+
+Each row records `contention`: the share of the CPUs it ran on that other processes used
+while it was timed (contention.py); a row over CONTENTION_WARNING is flagged in the report.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Callable
 
 import numpy as np
 
+from compressor.bench.contention import rounded
 from compressor.bench.environment import environment
 from compressor.bench.profiles import Profile, unavailable_reason
 from compressor.bench.runners import Deployable, Feed, id_translation, input_batches, load_runner, translated
@@ -101,7 +105,8 @@ def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: 
             timings = time_interleaved(runners, batches, profile)
             setting = {"profile": profile.name, "batch_size": batch_size, "sequence_length": length}
             rows += [{"model": m.name, **setting, "kind": m.kind, "precision": m.precision,
-                      **summarize(list(timings.times[m.name]), timings.samples[m.name])}
+                      **summarize(list(timings.times[m.name]), timings.samples[m.name]),
+                      "contention": rounded(timings.contention.get(m.name))}
                      for m in models]
             rankings.append({**setting, "tie_threshold": TIE_THRESHOLD, "groups": ranking_with_ties(timings),
                              "ties": tied_pairs(timings)})

@@ -6,6 +6,8 @@ fixed length), and the models are measured in interleaved rounds (A B C, C A B, 
 so that drift in machine load lands on all of them alike instead of on whoever runs last.
 The order within each round is a fresh permutation drawn from a recorded seed, so no model
 always runs right after the same other one (whose cache and thread state it would inherit).
+Interleaving spreads other processes' load evenly; it does not remove it, so the share of our
+CPUs they took is read over each model's timed calls (contention.py) and kept with its times.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from compressor.bench.contention import CpuTime, others_share, our_cpus, read_cpu_time
 from compressor.bench.profiles import Profile
 from compressor.bench.runners import Feed, Runner
 
@@ -66,6 +69,8 @@ class Timings:
     rounds: list[slice]
     orders: list[list[str]] = field(default_factory=list)   # the order the models ran in, per round
     order_seed: int = ORDER_SEED
+    # Per model: other processes' share of our CPUs over its timed calls (None: unknown).
+    contention: dict[str, float | None] = field(default_factory=dict)
 
 
 def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile,
@@ -76,6 +81,8 @@ def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: P
     calls at the start of each round absorb the switch from the previous model (caches,
     the other runtime's spinning threads). Each round runs the models in a random order
     drawn from `order_seed`, so which model precedes which varies from round to round.
+    Around each model's timed calls the CPUs' counters are read, for the share of them other
+    processes used meanwhile (`Timings.contention`).
     """
     import torch
     prepared = {name: [runner.prepare(b) for b in batches] for name, runner in runners.items()}
@@ -84,6 +91,8 @@ def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: P
     rounds = round_spans(profile.iterations, round_calls)
     rng = np.random.default_rng(order_seed)
     orders = [[str(name) for name in rng.permutation(list(runners))] for _ in rounds]
+    cpus = our_cpus()
+    spent: dict[str, CpuTime | None] = {name: CpuTime(0.0, 0.0, 0.0, len(cpus or ())) for name in runners}
     threads = torch.get_num_threads()
     torch.set_num_threads(profile.thread_count())
     try:
@@ -93,12 +102,21 @@ def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: P
             for name in order:
                 run = runners[name].run
                 timed_calls(run, prepared[name], span.start, ROUND_WARMUP)
+                before = read_cpu_time(cpus)       # outside the timed calls: it costs a file read
                 times[name] += timed_calls(run, prepared[name], span.start, span.stop - span.start)
+                spent[name] = added(spent[name], before, read_cpu_time(cpus))
     finally:
         torch.set_num_threads(threads)
     samples = sum(sizes[i % len(sizes)] for i in range(profile.iterations))
     return Timings({name: np.asarray(t) for name, t in times.items()}, dict.fromkeys(runners, samples), rounds,
-                   orders, order_seed)
+                   orders, order_seed, {name: others_share(total) for name, total in spent.items()})
+
+
+def added(total: CpuTime | None, before: CpuTime | None, after: CpuTime | None) -> CpuTime | None:
+    """`total` plus the window from `before` to `after`; unknown once any reading was."""
+    if total is None or before is None or after is None:
+        return None
+    return total + (after - before)
 
 
 def round_spans(iterations: int, round_calls: int) -> list[slice]:

@@ -13,6 +13,7 @@ from compressor.bench.profiles import Profile, load_profile, unavailable_reason,
 from compressor.bench.runners import Deployable
 from compressor.bundle import weights_size
 from compressor.evaluate import Predictor, find_onnx, load_predictor, predict_classes, split_seed
+from compressor.report.analysis import contention_warnings
 from pretrain.atomic import check_output, write_json
 from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
@@ -98,4 +99,9 @@ def bench_result(model_ref: str, profile: Profile, predictor: Predictor, spec: s
                               max_length=predictor.max_length, positions=predictor.positions)   # stdout: the JSON
     result["latency"] = [{k: v for k, v in row.items() if k not in ("model", "kind", "precision")}
                          for row in measured.rows]
+    contended = contention_warnings([{"name": model.name, "latency": result["latency"]}])
+    for line in contended:
+        print(f"warning: {line}", file=sys.stderr)
+    # Every warning, the precision's included (`warning` keeps that one alone, as before).
+    result["warnings"] = [w for w in (result.get("warning"),) if w] + contended
     return result

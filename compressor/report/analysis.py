@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from compressor.bench.contention import CONTENTION_WARNING
 from compressor.bench.profiles import precision_family
 
 
@@ -99,7 +100,8 @@ def recipe_warnings(models: list[dict]) -> list[str]:
 
 
 def runtime_warnings(report: dict) -> list[str]:
-    """Where a pass saved compute or bytes that the runtime did not turn into speed."""
+    """Where a pass saved compute or bytes that the runtime did not turn into speed, and
+    latencies measured while other processes took the CPUs."""
     models = report["models"]
     profiles = {p["name"]: p for p in report.get("benchmark", {}).get("profiles", [])}
     reference = next((m for m in models if m["name"] == "onnxruntime-fp32"), None)
@@ -117,6 +119,22 @@ def runtime_warnings(report: dict) -> list[str]:
         saved = compute_saved(m, report["teacher"])
         for key in measurement_keys([m]):
             warnings += measurement_warnings(m, models, reference, saved, key, speedups.get(key))
+    return warnings + contention_warnings(models)
+
+
+def contention_warnings(models: list[dict]) -> list[str]:
+    """One line per measurement during which other processes took more than CONTENTION_WARNING
+    of the CPUs, naming each model timed so and its share (rows without `contention`, from
+    reports before it was recorded or where it was unknown, are not judged)."""
+    warnings = []
+    for key in measurement_keys(models):
+        busy = [(m["name"], row["contention"]) for m in models
+                if (row := latency_row(m, key)) and (row.get("contention") or 0) > CONTENTION_WARNING]
+        if busy:
+            shares = ", ".join(f"{name} {share:.0%}" for name, share in busy)
+            warnings.append(f"other processes used the CPUs while models were timed on {key[0]} at batch {key[1]} "
+                            f"(sequence {key[2]}): {shares} of the CPUs' time during their timed calls; those "
+                            "latencies run high and may rank the models wrongly: rerun on a quiet machine")
     return warnings
 
 
@@ -219,3 +237,4 @@ def slow_int8_cause(model: dict) -> str:
     return ("; static-int8 with scope: ops puts int8 on fused Attention and EmbedLayerNormalization, "
             "which have no integer kernel there, so ORT dequantizes their weights (the whole word-"
             "embedding table included) on every run: use scope: linears for speed")
+

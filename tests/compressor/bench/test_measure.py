@@ -19,6 +19,8 @@ def test_any_models_are_measured_together_with_rankings(tiny_bert_dir, tiny_task
     assert [(row["model"], row["batch_size"]) for row in result.rows] == [
         ("reference", 1), ("candidate", 1), ("reference", 4), ("candidate", 4)]
     assert all(row["iterations"] == 4 and row["p50_ms"] > 0 and row["profile"] == "cpu" for row in result.rows)
+    # Other processes' share of the CPUs while each was timed (on Linux; unknown elsewhere).
+    assert all(0 <= row["contention"] <= 1 for row in result.rows)
     assert [r["batch_size"] for r in result.rankings] == [1, 4]
     for ranking in result.rankings:
         assert sorted(name for group in ranking["groups"] for name in group["models"]) == ["candidate", "reference"]

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
+import pytest
 
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Runner
@@ -111,3 +116,41 @@ def test_rounds_are_as_many_as_the_calls_allow_up_to_three():
     spans = {n: [(s.start, s.stop) for s in round_spans(n, 10)] for n in (1, 2, 4, 30, 31)}
     assert spans[1] == [(0, 1)] and spans[2] == [(0, 1), (1, 2)] and spans[4] == [(0, 1), (1, 2), (2, 4)]
     assert spans[30] == [(0, 10), (10, 20), (20, 30)] and spans[31][-1] == (30, 31)
+
+
+@contextlib.contextmanager
+def spinners(count: int):
+    """`count` child processes spinning on this thread's CPUs (they inherit its affinity)."""
+    children = [subprocess.Popen([sys.executable, "-c", "print(flush=True)\nwhile True: pass"],
+                                 stdout=subprocess.PIPE) for _ in range(count)]
+    try:
+        for child in children:
+            child.stdout.readline()         # spinning from here on
+        yield
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+            child.stdout.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_other_processes_spinning_on_our_cpu_show_as_contention(tiny_bert_dir, tiny_task, tokenizer):
+    """A tiny model timed on one pinned CPU, alone and while two child processes spin on that
+    CPU: the spinners take about two thirds of it, and the timing says so. Whatever else
+    shares the machine lands in both cases, so the quiet case is judged against the spinning
+    one, not against zero."""
+    from compressor.bench.runners import Deployable, input_batches, load_runner
+    profile = load_profile("cpu").model_copy(update={"warmup": 2, "iterations": 150, "threads": 1})
+    runner = load_runner(Deployable("tiny", "torch", tiny_bert_dir, "fp32"), profile)
+    batches = input_batches(tokenizer, tiny_task.split("test"), 4, "real", count=4)
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(affinity)})    # this thread; one-thread torch runs on it
+    try:
+        quiet = time_interleaved({"tiny": runner}, batches, profile).contention["tiny"]
+        with spinners(2):
+            contended = time_interleaved({"tiny": runner}, batches, profile).contention["tiny"]
+    finally:
+        os.sched_setaffinity(0, affinity)
+    assert contended > 0.5
+    assert contended > quiet + 0.15

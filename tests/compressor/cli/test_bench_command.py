@@ -19,3 +19,22 @@ def test_max_length_overrides_the_length_a_model_records(tiny_bert_dir, tiny_csv
                                         max_length=16)
     recorded = bench_command.bench_command(str(tiny_bert_dir), "cpu", batch_sizes=[1], iterations=2, task_spec=spec)
     assert lengths == [16, 128] and (at_16["max_length"], recorded["max_length"]) == (16, 128)
+
+
+def test_latencies_timed_while_other_processes_used_the_cpus_are_warned_about(tiny_bert_dir, tiny_csv,
+                                                                              monkeypatch, capsys):
+    """The share of the CPUs other processes used is in each latency row; over the threshold,
+    a warning line on stderr and in the JSON's `warnings` names it."""
+    def measured(models, profile, *args, **kwargs):
+        row = {"model": models[0].name, "profile": profile.name, "kind": "torch", "precision": "fp32", "p50_ms": 1.0}
+        return measure.Measurement([{**row, "batch_size": 1, "sequence_length": "real", "contention": 0.37},
+                                    {**row, "batch_size": 4, "sequence_length": "real", "contention": 0.01}], [], [])
+    monkeypatch.setattr(bench_command, "measure_models", measured)
+    result = bench_command.bench_command(str(tiny_bert_dir), "cpu", batch_sizes=[1, 4], iterations=2,
+                                         task_spec={"path": str(tiny_csv)})
+    assert [row["contention"] for row in result["latency"]] == [0.37, 0.01]
+    (warning,) = result["warnings"]
+    assert warning.startswith(f"other processes used the CPUs while models were timed on cpu at batch 1 "
+                              f"(sequence real): {tiny_bert_dir.name} 37% of the CPUs' time")
+    assert warning.endswith("rerun on a quiet machine")
+    assert capsys.readouterr().err.splitlines()[-1] == f"warning: {warning}"

@@ -288,3 +288,23 @@ def test_the_models_table_says_how_many_test_examples_the_accuracies_come_from()
     report = {"recipe": {"name": "r"}, "models": [entry("a", 0.8, 3.0)], "environment": {},
               "teacher": {"path": "t", "accuracy": 0.81, "params": 1000, "size_bytes": 100, "eval_samples": 1250}}
     assert "## Models (accuracies on the same 1,250 test examples)\n" in render_report_md(report, None)
+
+
+def test_latencies_timed_while_other_processes_used_the_cpus_are_warned_about():
+    """Rows over the contention threshold are named with their share, one line per measurement;
+    rows under it, and rows that do not record it (older reports), are not."""
+    def timed(name, contention, batch=8):
+        model = entry(name, 0.8, 5.0)
+        model["latency"][0].update(batch_size=batch, **({} if contention is None else {"contention": contention}))
+        return model
+    models = [timed("busy", 0.42), timed("also-busy", 0.351), timed("quiet", 0.02), timed("older", None),
+              timed("busy-at-1", 0.12, batch=1), timed("quiet-at-1", 0.1, batch=1)]
+    report = {"teacher": {"path": None, "params": 1000}, "models": models,
+              "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
+    assert runtime_warnings(report) == [
+        ("other processes used the CPUs while models were timed on cpu at batch 8 (sequence real): busy 42%, "
+         "also-busy 35% of the CPUs' time during their timed calls; those latencies run high and may rank the "
+         "models wrongly: rerun on a quiet machine"),
+        ("other processes used the CPUs while models were timed on cpu at batch 1 (sequence real): busy-at-1 12% "
+         "of the CPUs' time during their timed calls; those latencies run high and may rank the models wrongly: "
+         "rerun on a quiet machine")]
