@@ -17,9 +17,11 @@ Only our CPUs count: work on CPUs we cannot run on takes no time from us. Withou
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 PROC_STAT = Path("/proc/stat")
 # Above this share of our CPUs taken by others, latencies are flagged. Idle daemons and the
@@ -99,3 +101,18 @@ def rounded(share: float | None) -> float | None:
     """As recorded with a latency row: three decimals, None kept."""
     return None if share is None else round(share, 3)
 
+
+def summary(shares: Sequence[float | None]) -> dict | None:
+    """Median and worst of several measurements' shares (those known), as a latency model
+    records them over its timed structures; None when none is known."""
+    known = [s for s in shares if s is not None]
+    if not known:
+        return None
+    return {"median": rounded(statistics.median(known)), "worst": rounded(max(known)), "measurements": len(known)}
+
+
+def contended(recorded: dict | None) -> bool:
+    """Whether a summary says its measurements were taken under contention. The median judges:
+    it is what the fit pooled over all of them, while one short measurement's share is the
+    noisiest (the counters tick in jiffies)."""
+    return recorded is not None and recorded["median"] > CONTENTION_WARNING

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from compressor.bench.contention import CONTENTION_WARNING
+from compressor.bench.contention import CONTENTION_WARNING, contended
 from compressor.bench.profiles import precision_family
 
 
@@ -238,3 +238,13 @@ def slow_int8_cause(model: dict) -> str:
             "which have no integer kernel there, so ORT dequantizes their weights (the whole word-"
             "embedding table included) on every run: use scope: linears for speed")
 
+
+def latency_model_warning(contention: dict | None) -> str | None:
+    """A search's latency model fitted while other processes took the CPUs (its `contention`
+    summary: median and worst over its timed structures), or None."""
+    if not contended(contention):
+        return None
+    return (f"the search's latency model was fitted while other processes used the CPUs (median "
+            f"{contention['median']:.0%}, worst {contention['worst']:.0%} of the CPUs' time over its timed "
+            "structures): its predicted latencies run high, so the search may have passed over plans that fit "
+            "the budget; rerun on a quiet machine (a later search fits the model again)")

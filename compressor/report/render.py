@@ -86,6 +86,9 @@ def search_lines(search: dict) -> list[str]:
     if held_out:
         lines.append(f"latency model: median error {held_out['median_abs_relative_error']:.1%} on "
                      f"{held_out['structures']} held-out structures, rank correlation {fmt(held_out['spearman'], 3)}")
+    if contention := search["latency_model"].get("contention"):
+        lines.append(f"latency model timed while other processes used {contention['median']:.0%} of the CPUs "
+                     f"(median over its timed structures; worst {contention['worst']:.0%})")
     if search["budget"]["searched_for_ms"] != search["budget"]["latency_ms"]:
         lines.append(f"the budget is below the fastest plan's predicted {search['budget']['searched_for_ms']:.2f} ms: "
                      "the fastest plans were searched")

@@ -126,6 +126,9 @@ class LatencyModel(BaseModel):
     points: int
     held_out: dict | None = None              # the error on measured structures it did not see
     first_token_last: bool = False            # fitted on exports whose last layer runs the first token only
+    # Other processes' share of the CPUs while its structures were timed (compressor/bench/
+    # contention.py: median, worst, measurements); None where unknown or fitted before it was recorded.
+    contention: dict | None = None
 
     def predict_ms(self, structure: Structure, batch: int, length: int) -> float:
         coef = self.coefficients.get(structure.precision)

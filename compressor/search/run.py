@@ -19,6 +19,7 @@ import contextlib
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,7 +37,7 @@ from compressor.passes.registry import shape_of
 from compressor.pipeline.cache import fingerprint, log as progress
 from compressor.pipeline.outdir import claimed_out_dir, disk_errors
 from compressor.pipeline.recipe import RESERVED_NAMES, VARIANT_NAME, parse_recipe, parse_step
-from compressor.report.analysis import latency_row
+from compressor.report.analysis import latency_model_warning, latency_row
 from compressor.report.render import write_reports
 from compressor.search.latency import LatencyModel
 from compressor.search.plans import (Plan, largest_plans, plan_params, plan_steps, smallest_plans, theseus_depths,
@@ -190,6 +191,8 @@ def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, da
         log("search: waiting for the lead to fit the latency model")
         time.sleep(LATENCY_WAIT_S)      # user_attrs reads the storage afresh each time
     latency = LatencyModel.model_validate(study.user_attrs["latency_model"])
+    if (contended := latency_model_warning(latency.contention)) is not None:
+        print(f"warning: {contended}", file=sys.stderr)     # also in the report's warnings
     missing = [p for p in settings.precisions if p not in latency.coefficients]
     if missing:     # a resumed study with more precisions than its model was fitted for
         raise UserError(f"the study's latency model was fitted for {', '.join(latency.coefficients)} and has no "
@@ -299,6 +302,8 @@ def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task
     report = run_recipe(recipe, steps, out_dir, show_progress=show_progress, held=True)   # run_search holds it
     section = search_section(report, picks, plans, study, runner, settings)
     report["search"] = section
+    if (contended := latency_model_warning(runner.latency.contention)) is not None:
+        report["warnings"].append(contended)
     for model in report["models"]:
         if model["name"] in section["predicted_p50_ms"]:
             model["predicted_p50_ms"] = section["predicted_p50_ms"][model["name"]]
@@ -383,7 +388,8 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
                    "min_retention": settings.min_retention, "time_budget_min": settings.time_budget_min,
                    "searched_for_ms": runner.budget_ms},
         "latency_model": {"key": latency.key, "points": latency.points,
-                          "held_out": {k: v for k, v in (latency.held_out or {}).items() if k != "rows"}},
+                          "held_out": {k: v for k, v in (latency.held_out or {}).items() if k != "rows"},
+                          "contention": latency.contention},
         "trials": {**trial_counts(trials),
                    "teacher_validation_accuracy": runner.teacher_accuracy,
                    "validation_samples": settings.validation_samples,

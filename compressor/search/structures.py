@@ -6,7 +6,8 @@ compressor/modeling/structure.py) and shipped the way a variant ships (the real 
 ONNX, fusion, dynamic int8 for `int8`). The weights do not matter to the latency, so no
 structure is trained. All structures of one fit are timed together, interleaved, on the
 same real test batches (compressor/bench/timing.py), with the profile's threads and graph
-optimization.
+optimization. The model records how much of the CPUs other processes took meanwhile; one
+fitted under contention predicts high, so a later search fits it again rather than reuse it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from compressor.bench.contention import contended, summary
 from compressor.bench.environment import environment
 from compressor.bench.profiles import Profile
 from compressor.bench.runners import Deployable, input_batches, load_runner
@@ -104,23 +106,25 @@ def export_structures(teacher: ModelBundle, structures: Sequence[Structure], tas
 
 
 def measure(files: dict[Structure, Path], profile: Profile, tokenizer, test: Split,
-            batch_sizes: Sequence[int], max_length: int) -> list[Point]:
-    """Every structure timed together, per batch size: one Point per structure and batch."""
-    points = []
+            batch_sizes: Sequence[int], max_length: int) -> tuple[list[Point], list[float | None]]:
+    """Every structure timed together, per batch size: one Point per structure and batch, and
+    other processes' share of the CPUs while each structure was timed at each batch size."""
+    points, shares = [], []
     runners = {s.name: load_runner(Deployable(s.name, "onnx", path, s.precision), profile)
                for s, path in files.items()}
     by_name = {s.name: s for s in files}
     for batch_size in batch_sizes:
         batches = input_batches(tokenizer, test, batch_size, "real", count=BATCHES, max_length=max_length)
         timing = profile.model_copy(update={"iterations": len(batches) * CALLS_PER_BATCH})
-        times = time_interleaved(runners, batches, timing).times
-        for name, calls in times.items():
+        timings = time_interleaved(runners, batches, timing)
+        shares += [timings.contention.get(name) for name in timings.times]
+        for name, calls in timings.times.items():
             for k, batch in enumerate(batches):
                 # call i ran batch i % len(batches) (timing.timed_calls)
                 ms = float(np.median(calls[k::len(batches)]))
                 points.append(Point(structure=by_name[name], batch=batch_size,
                                     length=int(batch["input_ids"].shape[1]), ms=ms))
-    return points
+    return points, shares
 
 
 def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, batch_sizes: Sequence[int], *,
@@ -130,7 +134,8 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
     """The profile's latency model for this teacher: from `cache` if it was fitted on this
     machine for the same profile, teacher shape, batch sizes, precisions, structure counts and
     seed, else measured (`fit_count` random structures per precision plus the teacher itself
-    to fit, `held_out_count` more to score it) and saved to `cache`."""
+    to fit, `held_out_count` more to score it) and saved to `cache`. A cached model fitted
+    while other processes took the CPUs (`contended`) is fitted again."""
     shape = teacher_shape(teacher)
     machine = environment()
     # Everything that decides what is measured and fitted: the structures drawn (count and
@@ -142,19 +147,24 @@ def fit_latency_model(teacher: ModelBundle, task: TaskData, profile: Profile, ba
     residual = skip_layernorm_choice(STRUCTURE_EXPORT, None)[0]                          # likewise
     key = model_key(machine, profile_identity, shape, first_token_last, residual)
     if cache is not None and (saved := load_or_none(cache, key)) is not None:
-        log(f"latency model: reusing {cache} (fitted on this machine for this profile and teacher)")
-        return saved
+        if not contended(saved.contention):
+            log(f"latency model: reusing {cache} (fitted on this machine for this profile and teacher)")
+            return saved
+        # Its predictions run high: reused, it would keep discarding plans that fit the budget.
+        log(f"latency model: refitting {cache}: it was fitted while other processes used "
+            f"{saved.contention['median']:.0%} of the CPUs (median over its structures)")
     whole = [Structure(heads=(shape.heads,) * shape.layers, ffn=(shape.ffn,) * shape.layers, precision=p)
              for p in precisions]
     fitting = whole + sample_structures(shape, fit_count, precisions, seed)
     held_out = [s for s in sample_structures(shape, held_out_count, precisions, seed + 1) if s not in fitting]
     files = export_structures(teacher, fitting + held_out, task, work, log, deadline)
     test = task.split("test")
-    points = measure(files, profile, teacher.tokenizer, test, batch_sizes, teacher.usable_length)
+    points, shares = measure(files, profile, teacher.tokenizer, test, batch_sizes, teacher.usable_length)
     seen = set(fitting)
     model = fit([p for p in points if p.structure in seen], shape, machine, key, first_token_last)
     unseen = [p for p in points if p.structure not in seen]
-    model = model.model_copy(update={"held_out": held_out_error(model, unseen) if unseen else None})
+    model = model.model_copy(update={"held_out": held_out_error(model, unseen) if unseen else None,
+                                     "contention": summary(shares)})
     if cache is not None:
         model.save(cache)
     return model

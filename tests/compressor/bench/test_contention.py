@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compressor.bench.contention import CpuTime, busy_jiffies, others_share, read_cpu_time
+from compressor.bench.contention import CpuTime, busy_jiffies, contended, others_share, read_cpu_time, summary
 
 # /proc/stat's layout: the all-CPUs line, one line per CPU (user nice system idle iowait irq
 # softirq steal guest guest_nice), then other counters.
@@ -54,3 +54,11 @@ def test_without_proc_stat_or_an_affinity_the_reading_is_unknown(tmp_path):
     stat = tmp_path / "stat"
     stat.write_text(BEFORE)
     assert read_cpu_time({0, 1}, stat).busy_s == pytest.approx(24.0)
+
+
+def test_a_latency_models_measurements_are_summarised_and_judged_by_their_median():
+    recorded = summary([0.02, None, 0.5, 0.04123])
+    assert recorded == {"median": 0.041, "worst": 0.5, "measurements": 3}
+    assert not contended(recorded)                 # one structure's burst: the fit pooled them all
+    assert contended(summary([0.2, 0.3, 0.01]))
+    assert summary([None]) is None and not contended(None)

@@ -88,6 +88,10 @@ def test_search_meets_a_loose_budget_and_reports_it(searched):
     assert "Search finalists" in (out / "report.md").read_text()
     assert (out / "latency_model.json").is_file() and (out / "study.db").is_file()
     assert not (out / ".latency-structures").exists()      # the timed exports go once the model is fitted
+    # How much of the CPUs other processes took while its structures were timed, as fitted.
+    contention = report["search"]["latency_model"]["contention"]
+    assert contention == json.loads((out / "latency_model.json").read_text())["contention"]
+    assert 0 <= contention["median"] <= contention["worst"] <= 1
 
 
 def test_one_trial_trains_the_fastest_plan_first(searched, tiny_bert_dir, tiny_csv, quick_profile, cache_dir,
@@ -108,6 +112,31 @@ def test_one_trial_trains_the_fastest_plan_first(searched, tiny_bert_dir, tiny_c
     assert result["trials"]["total"] == result["trials"]["trained"] == 1     # the queued largest plan never ran
     trials = optuna.load_study(study_name="search", storage=f"sqlite:///{out / 'study.db'}").trials
     assert [t.user_attrs.get("seed") for t in trials] == ["fastest", "largest"]
+
+
+def test_a_latency_model_fitted_under_contention_is_warned_about(searched, tiny_bert_dir, tiny_csv, quick_profile,
+                                                                   cache_dir, tmp_path, monkeypatch, capsys):
+    """Its predictions run high (2-3x fitted under load, against a quiet machine later), and
+    nothing said so: one line on stderr, and in the report's warnings."""
+    from compressor.search import run as run_module
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
+    monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
+    busy = {"median": 0.45, "worst": 0.62, "measurements": 3}
+    fitted = run_module.fit_latency_model
+    monkeypatch.setattr(run_module, "fit_latency_model",
+                        lambda *a, **k: fitted(*a, **k).model_copy(update={"contention": busy}))
+    settings = SearchSettings(latency_budget_ms=0.001, min_retention=0.5, max_trials=1, **{**TINY, "finalists": 1})
+    out = tmp_path / "run"
+    run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), settings, out, threads=1,
+               show_progress=False, log=lambda _: None)
+    line = ("the search's latency model was fitted while other processes used the CPUs (median 45%, worst 62% "
+            "of the CPUs' time over its timed structures)")
+    err = capsys.readouterr().err.splitlines()
+    report = json.loads((out / "report.json").read_text())
+    assert report["search"]["latency_model"]["contention"] == busy
+    (warning,) = [w for w in report["warnings"] if w.startswith(line)]
+    assert "rerun on a quiet machine" in warning and err.count(f"warning: {warning}") == 1
+    assert line in (out / "report.md").read_text()
 
 
 def test_hand_written_variants_are_measured_in_the_same_run_against_the_searched_model(searched):

@@ -46,7 +46,14 @@ def test_fit_measures_then_reuses_on_the_same_machine(bert_bundle, tiny_task, tm
     whole = Structure(heads=(4,) * 4, ffn=(64,) * 4)
     assert model.predict_ms(whole, 2, 10) > 0
     assert json.loads((tmp_path / "latency.json").read_text())["key"] == model.key
+    # Other processes' share of the CPUs while each structure was timed (4 fitted and the
+    # held-out ones), summarised.
+    contention = model.contention
+    assert 0 <= contention["median"] <= contention["worst"] <= 1 and contention["measurements"] >= 5
     monkeypatch.setattr(module, "measure", lambda *a, **k: pytest.fail("measured again"))
+    # Whatever else loads this machine now: a model fitted under contention is refitted, which
+    # test_a_cached_model_fitted_under_contention_is_fitted_again checks.
+    monkeypatch.setattr(module, "contended", lambda recorded: False)
     again = fit_latency_model(bert_bundle, tiny_task, profile, [2], work=tmp_path / "work",
                               cache=tmp_path / "latency.json", fit_count=3, held_out_count=2,
                               precisions=("fp32",), log=lambda _: None)
@@ -65,6 +72,24 @@ def test_fit_measures_then_reuses_on_the_same_machine(bert_bundle, tiny_task, tm
 
 class Refitted(Exception):
     pass
+
+
+def test_a_cached_model_fitted_under_contention_is_fitted_again(bert_bundle, tiny_task, tmp_path, monkeypatch):
+    """A model timed while other processes took the CPUs predicts high; reused from the cache,
+    every later search on the machine would pass over plans that fit its budget."""
+    profile = load_profile("cpu").model_copy(update={"warmup": 1})
+    monkeypatch.setattr(module, "BATCHES", 2)
+    monkeypatch.setattr(module, "CALLS_PER_BATCH", 2)
+    asked = {"work": tmp_path / "work", "cache": tmp_path / "latency.json", "fit_count": 1, "held_out_count": 0,
+             "precisions": ("fp32",), "log": lambda _: None}
+    model = fit_latency_model(bert_bundle, tiny_task, profile, [2], **asked)
+    quiet = {"median": 0.05, "worst": 0.3, "measurements": 2}     # one burst: the median is what the fit pooled
+    model.model_copy(update={"contention": quiet}).save(tmp_path / "latency.json")
+    monkeypatch.setattr(module, "export_structures", refitted)
+    assert fit_latency_model(bert_bundle, tiny_task, profile, [2], **asked).contention == quiet
+    model.model_copy(update={"contention": {**quiet, "median": 0.4}}).save(tmp_path / "latency.json")
+    with pytest.raises(Refitted):
+        fit_latency_model(bert_bundle, tiny_task, profile, [2], **asked)
 
 
 def refitted(*args, **kwargs):
