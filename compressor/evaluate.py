@@ -59,6 +59,19 @@ def check_max_length(max_length: int, positions: int, model: str | Path) -> int:
     return max_length
 
 
+def check_holds_text(max_length: int | None, tokenizer, task: TaskData, model: str | Path) -> None:
+    """A --max-length (None: none given) with room for the special tokens the tokenizer adds
+    ([CLS] and [SEP] for BERT, one more [SEP] between a pair's texts) and one text token: at
+    a shorter length the tokenizer cuts nothing at all, and every text is scored whole."""
+    if max_length is None:
+        return
+    added = tokenizer.num_special_tokens_to_add(pair=task.is_pair_task)
+    if max_length <= added:
+        raise UserError(f"--max-length {max_length}: expected at least {added + 1} tokens for {model} on task "
+                        f"{task.name!r} (its tokenizer adds {added} special tokens to each "
+                        f"{'text pair' if task.is_pair_task else 'text'}, and at least one text token must fit)")
+
+
 def saved_predictor(path: Path) -> Predictor:
     if not path.exists():
         raise UserError(not_a_classifier(str(path)) or
@@ -220,6 +233,7 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
         task = on_model_labels(whole_task(task_spec), predictor.label_names)
     else:
         task = load_task(task_spec, seed=seed)
+    check_holds_text(max_length, predictor.tokenizer, task, model)
     data_split = task.split(split).head(max_samples)
     predictions = predict_classes(predictor, data_split, task)
     result = {"model": str(model), "kind": predictor.kind, "precision": predictor.precision,
@@ -227,7 +241,9 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
               **classification_metrics(np.asarray(data_split.labels), predictions)}
     if reference is not None:
         try:
-            ref_predictions = predict_classes(load_predictor(reference, max_length), data_split, task)
+            ref_predictor = load_predictor(reference, max_length)
+            check_holds_text(max_length, ref_predictor.tokenizer, task, reference)
+            ref_predictions = predict_classes(ref_predictor, data_split, task)
         except UserError as err:
             raise UserError(f"--reference {reference}: {err}") from None
         result["reference"] = str(reference)

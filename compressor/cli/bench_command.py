@@ -12,7 +12,7 @@ from compressor.bench.measure import measure_models, measuring_environment
 from compressor.bench.profiles import Profile, load_profile, unavailable_reason, with_overrides
 from compressor.bench.runners import Deployable
 from compressor.bundle import weights_size
-from compressor.evaluate import Predictor, find_onnx, load_predictor, predict_classes, split_seed
+from compressor.evaluate import Predictor, check_holds_text, find_onnx, load_predictor, predict_classes, split_seed
 from compressor.report.analysis import contention_warnings
 from pretrain.atomic import check_output, write_json
 from pretrain.data import load_task, task_files
@@ -69,15 +69,16 @@ def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | 
         if Path(out).is_dir():
             raise UserError(f"--out {out} is a directory; expected the path of a JSON file to write")
         check_earlier_result(Path(out))
-    result = bench_result(model_ref, profile, predictor, spec, max_eval_samples, seed)
+    result = bench_result(model_ref, profile, predictor, spec, max_eval_samples, seed, max_length)
     if out is not None:
         write_json(Path(out), result)
     return result
 
 
 def bench_result(model_ref: str, profile: Profile, predictor: Predictor, spec: str | dict | None,
-                 max_eval_samples: int | None, seed: int) -> dict:
-    """Accuracy on the test split, size and latency of the model on the profile (or why skipped)."""
+                 max_eval_samples: int | None, seed: int, max_length: int | None = None) -> dict:
+    """Accuracy on the test split, size and latency of the model on the profile (or why skipped);
+    `max_length`: the --max-length given, if any (the predictor already cuts there)."""
     model = deployable_at(Path(model_ref), predictor)
     result = {"model": str(model_ref), "profile": profile.model_dump(mode="json"), "kind": model.kind,
               "precision": model.precision, "max_length": predictor.max_length, "size_bytes": model_size(model),
@@ -92,6 +93,7 @@ def bench_result(model_ref: str, profile: Profile, predictor: Predictor, spec: s
     if spec is None:
         raise UserError(f"no --task given and {model_ref} records no task; pass --task")
     task = load_task(spec, seed=seed)
+    check_holds_text(max_length, predictor.tokenizer, task, model_ref)
     test = task.split("test").head(max_eval_samples)
     predictions = predict_classes(predictor, test, task)
     result.update(task=task.name, **classification_metrics(np.asarray(test.labels), predictions))

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from compressor.bundle import ModelBundle, read_provenance
-from compressor.evaluate import check_max_length, find_onnx, split_seed
+from compressor.evaluate import check_holds_text, check_max_length, find_onnx, split_seed
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
@@ -42,6 +42,7 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
         raise UserError(f"no --task given and {model} records no task; pass --task")
     check_output(out, [model, *task_files(task_spec)], owner_files=(EXPORT_FILE,))
     task = load_task(task_spec, seed=seed)
+    check_holds_text(max_length, bundle.tokenizer, task, model)
     bundle = bundle.replace(task=task.spec, task_seed=seed)   # the export records the task it was gated on
     if quantize_cfg is not None or quantize is not None:   # the flags win over what a `quantize` pass recorded
         deploy = {k: v for k, v in bundle.deploy.items() if k != "quantize"}

@@ -88,3 +88,19 @@ def test_a_max_length_the_model_cannot_run_at_is_refused(tiny_bert_dir, value):
     with pytest.raises(UserError, match=rf"^--max-length {value}: expected a positive number of tokens, at most the "
                                         "128 position embeddings of "):
         load_predictor(tiny_bert_dir, value)
+
+
+def test_a_max_length_without_room_for_a_text_token_is_refused(tiny_bert_dir, tiny_task, tmp_path):
+    """Below its special tokens plus one, the tokenizer cut nothing: `--max-length 1` scored
+    whole texts while the result said 1. A pair task's third special token counts too."""
+    with pytest.raises(UserError, match=r"^--max-length 2: expected at least 3 tokens for .* on task 'tiny' \(its "
+                                        r"tokenizer adds 2 special tokens to each text, "):
+        evaluate_path(str(tiny_bert_dir), tiny_task.spec, max_length=2)
+    assert evaluate_path(str(tiny_bert_dir), tiny_task.spec, max_length=3)["max_length"] == 3
+    test = tiny_task.split("test")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"text": text, "text_pair": text, "label": tiny_task.label_names[label]}) + "\n"
+                             for text, label in zip(test.texts[:10], test.labels)))
+    with pytest.raises(UserError, match=r"^--max-length 3: expected at least 4 tokens .* to each text pair"):
+        evaluate_path(str(tiny_bert_dir), str(pairs), "all", max_length=3)
+    assert evaluate_path(str(tiny_bert_dir), str(pairs), "all", max_length=4)["max_length"] == 4

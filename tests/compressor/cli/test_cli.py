@@ -390,7 +390,9 @@ def test_the_bundled_encoder_where_a_classifier_is_needed_says_to_fine_tune_firs
 @pytest.mark.parametrize("command", ["evaluate", "export", "bench"])
 @pytest.mark.parametrize("value, expected", [("0", "argument --max-length: expected a positive integer"),
                                              ("129", "--max-length 129: expected a positive number of tokens, at "
-                                                     "most the 128 position embeddings")])
+                                                     "most the 128 position embeddings"),
+                                             # [CLS] [SEP] and no text: the tokenizer cut nothing at 1 or 2
+                                             ("2", "--max-length 2: expected at least 3 tokens for ")])
 def test_a_max_length_the_model_cannot_run_at_is_one_line_exit_2(command, value, expected, tiny_bert_dir, tiny_csv,
                                                                   tmp_path, capsys):
     argv = [command, "--model", str(tiny_bert_dir), "--task", str(tiny_csv), "--max-length", value]
