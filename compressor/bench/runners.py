@@ -58,15 +58,18 @@ def input_batches(tokenizer, split: Split, batch_size: int, sequence_length: int
     `real`: each batch padded to its longest member, as a server batching requests would,
     texts cut at `max_length` (pass `usable_length(model)`: the model's positions bound it);
     an int: every text truncated or padded to exactly that many tokens, at most the model's
-    `positions` (`model_positions(model)`; `max_length` when not given).
+    `positions` (`model_positions(model)`; `max_length` when not given). Not capped at the
+    tokenizer's `model_max_length`: an export's is the length it was gated at, and timing the
+    model at a longer shape it can run is a fair question.
     """
     max_length = min(max_length, tokenizer.model_max_length)   # the tokenizer knows its family's limit
-    longest = min(positions or max_length, tokenizer.model_max_length)
     n = min(len(split), batch_size * count)
     if n < batch_size:
         raise UserError(f"the test split has {len(split)} examples, fewer than batch size {batch_size}")
+    longest = positions or max_length
     if sequence_length != "real" and int(sequence_length) > longest:
-        raise UserError(f"sequence length {sequence_length} is longer than the model's {longest} positions; "
+        limit = f"the model's {longest} positions" if positions else f"the {longest} tokens texts are cut at"
+        raise UserError(f"sequence length {sequence_length} is longer than {limit}; "
                         f"expected a sequence length of at most {longest} (or 'real')")
     n -= n % batch_size
     texts, pairs = split.texts[:n], (split.text_pairs[:n] if split.text_pairs is not None else None)

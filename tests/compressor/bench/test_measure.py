@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from compressor.bench import measure
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable
@@ -41,6 +43,15 @@ def test_a_fixed_length_may_use_every_position_the_model_has(tokenizer, tiny_tas
                                                               positions=64)) <= 16
     with pytest.raises(UserError, match="sequence length 65 is longer than the model's 64 positions"):
         input_batches(tokenizer, test, 4, 65, max_length=16, positions=64)
+    # An export's tokenizer caps texts at the length it was gated at (here 16): a fixed length
+    # up to the positions is still a shape the model runs, and was refused as "16 positions".
+    gated = copy.copy(tokenizer)
+    gated.model_max_length = 16
+    assert {b["input_ids"].shape[1] for b in input_batches(gated, test, 4, 48, max_length=16, positions=64)} == {48}
+    with pytest.raises(UserError, match="sequence length 65 is longer than the model's 64 positions"):
+        input_batches(gated, test, 4, 65, max_length=16, positions=64)
+    with pytest.raises(UserError, match="sequence length 17 is longer than the 16 tokens texts are cut at"):
+        input_batches(gated, test, 4, 17, max_length=16)
 
 
 def test_a_recipe_benchmark_length_past_the_teachers_positions_stops_before_training(tiny_bert_dir, tiny_csv,
