@@ -229,10 +229,8 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
     task_spec = task_spec if task_spec is not None else predictor.task
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")
-    if split == WHOLE:
-        task = on_model_labels(whole_task(task_spec), predictor.label_names)
-    else:
-        task = load_task(task_spec, seed=seed)
+    loaded = whole_task(task_spec) if split == WHOLE else load_task(task_spec, seed=seed)
+    task = on_labels(loaded, split, predictor.label_names)
     check_holds_text(max_length, predictor.tokenizer, task, model)
     data_split = task.split(split).head(max_samples)
     predictions = predict_classes(predictor, data_split, task)
@@ -240,15 +238,31 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
               "task": task.name, "split": split, "max_length": predictor.max_length,
               **classification_metrics(np.asarray(data_split.labels), predictions)}
     if reference is not None:
-        try:
-            ref_predictor = load_predictor(reference, max_length)
-            check_holds_text(max_length, ref_predictor.tokenizer, task, reference)
-            ref_predictions = predict_classes(ref_predictor, data_split, task)
-        except UserError as err:
-            raise UserError(f"--reference {reference}: {err}") from None
-        result["reference"] = str(reference)
-        result["agreement"] = agreement(predictions, ref_predictions)
+        predicted = np.asarray(task.label_names)[predictions]
+        result.update(reference_agreement(reference, loaded, split, max_samples, max_length, predicted))
     return result
+
+
+def reference_agreement(reference: str, loaded: TaskData, split: str, max_samples: int | None,
+                        max_length: int | None, predicted: np.ndarray) -> dict:
+    """The share of examples where `reference` predicts the label named in `predicted` (the
+    model's predictions, by name). The reference's labels are checked as the model's are: the
+    task's, or with split all, a set that holds the file's (each model numbers them its way)."""
+    try:
+        ref_predictor = load_predictor(reference, max_length)
+        task = on_labels(loaded, split, ref_predictor.label_names)
+        check_holds_text(max_length, ref_predictor.tokenizer, task, reference)
+        ref_predictions = predict_classes(ref_predictor, task.split(split).head(max_samples), task)
+    except UserError as err:
+        raise UserError(f"--reference {reference}: {err}") from None
+    return {"reference": str(reference),
+            "agreement": agreement(predicted, np.asarray(task.label_names)[ref_predictions])}
+
+
+def on_labels(loaded: TaskData, split: str, model_labels: tuple[str, ...]) -> TaskData:
+    """The task a model is scored on: a whole file's numbered by the model's labels
+    (`on_model_labels`); one with drawn splits as it is (`label_permutation` checks it)."""
+    return on_model_labels(loaded, model_labels) if split == WHOLE else loaded
 
 
 def on_model_labels(task: TaskData, model_labels: tuple[str, ...]) -> TaskData:

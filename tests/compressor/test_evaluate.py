@@ -9,6 +9,7 @@ import pytest
 
 from compressor.evaluate import evaluate_path, load_predictor, predict_classes, same_task_spec, split_seed
 from pretrain.batching import encode
+from pretrain.data import WHOLE, whole_task
 from pretrain.errors import UserError
 
 
@@ -104,3 +105,36 @@ def test_a_max_length_without_room_for_a_text_token_is_refused(tiny_bert_dir, ti
     with pytest.raises(UserError, match=r"^--max-length 3: expected at least 4 tokens .* to each text pair"):
         evaluate_path(str(tiny_bert_dir), str(pairs), "all", max_length=3)
     assert evaluate_path(str(tiny_bert_dir), str(pairs), "all", max_length=4)["max_length"] == 4
+
+
+def test_split_all_takes_a_reference_with_other_labels_that_hold_the_files(tiny_bert_dir, tiny_task, tokenizer,
+                                                                           tmp_path):
+    """The reference had to have exactly the model's labels, and its refusal described the
+    model's: a file of 3 labels scored by a 4-label model against a 3-label one was refused
+    as "the model lacks 1 of the task's 4 labels". It is held to the model's rule: the file's
+    labels among its own, predictions compared by name."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+    test = tiny_task.split("test")
+    three = tiny_task.label_names[:3]
+    rows = [(text, tiny_task.label_names[label]) for text, label in zip(test.texts, test.labels)
+            if tiny_task.label_names[label] in three]
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(json.dumps({"text": text, "label": label}) + "\n" for text, label in rows))
+    torch.manual_seed(1)
+    reference = tmp_path / "reference"
+    config = BertConfig.from_pretrained(str(tiny_bert_dir), num_labels=3, id2label=dict(enumerate(three[::-1])),
+                                        label2id={name: i for i, name in enumerate(three[::-1])})
+    BertForSequenceClassification(config).save_pretrained(str(reference))
+    tokenizer.save_pretrained(str(reference))
+
+    def names(model_dir):
+        predictor = load_predictor(model_dir)
+        logits = predictor.logits(encode(predictor.tokenizer, whole_task(str(path)).split(WHOLE), 128))
+        return np.asarray(predictor.label_names)[logits.argmax(axis=1)]
+    result = evaluate_path(str(tiny_bert_dir), str(path), WHOLE, reference=str(reference))
+    assert result["samples"] == len(rows)
+    assert result["agreement"] == pytest.approx((names(tiny_bert_dir) == names(reference)).mean())
+    with pytest.raises(UserError, match=r"^--reference .*: model labels do not match task 'tiny': its rows hold 1 "
+                                        rf"label\(s\) the model lacks \(e.g. \['{tiny_task.label_names[3]}'\]\)"):
+        evaluate_path(str(tiny_bert_dir), tiny_task.spec["path"], WHOLE, reference=str(reference))
