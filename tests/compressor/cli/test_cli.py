@@ -525,6 +525,31 @@ def test_a_stop_while_the_libraries_import_is_one_line_too(monkeypatch, capsys):
     assert capsys.readouterr().err == "interrupted: nothing was written\n"
 
 
+# Run as `python -m compressor`, with a Ctrl-C arriving while the command's modules import.
+STOPPED_WHILE_IMPORTING = """
+import runpy, sys
+class Interrupting:
+    def find_spec(self, name, path=None, target=None):
+        if name == "compressor.cli.commands":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupting())
+sys.argv = ["compressor", "--version"]
+runpy.run_module("compressor", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_stop_while_the_command_imports_is_one_line_and_exit_130():
+    """pydantic and logging imported before main could catch a Ctrl-C: a traceback, and the
+    process died of the signal (-2). Also what the `compressor` script calls (pyproject.toml)."""
+    import tomllib
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-c", STOPPED_WHILE_IMPORTING], cwd=root, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert (proc.returncode, proc.stderr) == (130, "interrupted: nothing was written\n")
+    script = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]["compressor"]
+    assert script == "compressor.cli:main"      # the function run above
+
+
 @pytest.mark.parametrize("failure, said", [
     (OSError(28, "No space left on device", "x/model.onnx"), "No space left on device"),
     (RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file data/0: "
