@@ -52,21 +52,26 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     index = {label: i for i, label in enumerate(label_names)}
     splits = {name: _to_split(rows[name], index, has_pair, seed + i)
               for i, name in enumerate(SPLITS)}
-    shared = shared_texts(rows, has_pair)
+    shared, in_splits = shared_texts(rows, has_pair)
     if shared:
-        _warn_once(f"warning: {train_path}: {shared} {'text pair' if has_pair else 'text'}(s) occur in more than one "
+        # the files the repeated rows are in: a split drawn from the train file is in that one
+        files = list(dict.fromkeys(str(spec.get(name) or train_path) for name in SPLITS if name in in_splits))
+        where = files[0] if len(files) == 1 else f"across {', '.join(files)}"
+        _warn_once(f"warning: {where}: {shared} {'text pair' if has_pair else 'text'}(s) occur in more than one "
                    "of the train, validation and test splits (duplicate rows), so validation and test accuracy "
                    "count examples seen in training; expected each once (drop the duplicate rows)")
     return TaskData(train_path.stem, label_names, splits, spec=spec)
 
 
-def shared_texts(rows: dict[str, list[Row]], has_pair: bool) -> int:
-    """How many distinct texts (text pairs for a pair task) more than one split holds."""
+def shared_texts(rows: dict[str, list[Row]], has_pair: bool) -> tuple[int, set[str]]:
+    """How many distinct texts (text pairs for a pair task) more than one split holds, and
+    the splits that hold them."""
     seen_in: dict[tuple, set[str]] = {}
     for name, split_rows in rows.items():
         for text, _, pair in split_rows:
             seen_in.setdefault((text, pair) if has_pair else (text,), set()).add(name)
-    return sum(len(splits) > 1 for splits in seen_in.values())
+    shared = [splits for splits in seen_in.values() if len(splits) > 1]
+    return len(shared), set().union(*shared)
 
 
 @functools.cache

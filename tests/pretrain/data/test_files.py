@@ -156,6 +156,16 @@ def test_a_test_file_sharing_a_train_text_is_warned_about(tmp_path, capsys, warn
     assert ": 1 text(s) occur in more than one" in capsys.readouterr().err
 
 
+def test_the_warning_names_the_files_that_share_rows(tmp_path, capsys, warnings_anew):
+    """Rows shared by the validation and test files only were blamed on the train file."""
+    train = _csv(tmp_path / "train.csv", _many(12))
+    validation, test = _csv(tmp_path / "v.csv", ["same,pos", "v,neg"]), _csv(tmp_path / "t.csv", ["same,pos"])
+    file_task({"path": str(train), "validation": str(validation), "test": str(test)})
+    assert capsys.readouterr().err.startswith(f"warning: across {validation}, {test}: 1 text(s) occur in more than one")
+    file_task({"path": str(train), "test": str(_csv(tmp_path / "t2.csv", ["sentence 3,neg"]))})   # validation drawn
+    assert capsys.readouterr().err.startswith(f"warning: across {train}, {tmp_path / 't2.csv'}: 1 text(s) occur")
+
+
 def test_a_pair_task_shares_a_row_only_when_both_texts_repeat(tmp_path, capsys, warnings_anew):
     train = _jsonl(tmp_path / "train.jsonl", [{"text": "a", "text_pair": f"b{i}", "label": i % 2} for i in range(20)])
     test = _jsonl(tmp_path / "test.jsonl", [{"text": "a", "text_pair": "new", "label": 0}])
