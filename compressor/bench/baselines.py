@@ -32,7 +32,7 @@ from pathlib import Path
 
 from compressor import __version__
 from compressor.bundle import PROVENANCE_FILE, read_provenance, recorded_length
-from compressor.export.onnx import EXPORT_FILE, ONNX_FILE
+from compressor.export.onnx import EXPORT_FILE, ONNX_FILE, cutting_at
 from compressor.export.quiet import quiet_logs, scratch_cwd
 from compressor.export.trace import write_onnx
 from pretrain.atomic import write_json
@@ -112,8 +112,8 @@ def save_scored_tokenizer(teacher_dir: Path, model, tokenizer, out: Path) -> Non
     """The teacher's tokenizer, cutting texts at the length the baseline is scored and timed at
     (the teacher's fine-tuning length), as our exports ship theirs: deployed as it is, it
     would otherwise cut at the model's positions and see text the measurements never did."""
-    tokenizer.model_max_length = usable_length(model, recorded_length(read_provenance(teacher_dir), teacher_dir))
-    tokenizer.save_pretrained(str(out))
+    length = usable_length(model, recorded_length(read_provenance(teacher_dir), teacher_dir))
+    cutting_at(tokenizer, length).save_pretrained(str(out))
 
 
 def preset_for_cpu(flags: set[str], machine: str) -> str:

@@ -240,10 +240,19 @@ def save_deployed_tokenizer(bundle: ModelBundle, directory: Path) -> int:
     at (what `pipeline(..., truncation=True)` then cuts a text to); returns that length. The
     bundle's own tokenizer keeps its value (later steps of the tool read it)."""
     length = bundle.usable_length
-    deployed = copy.copy(bundle.tokenizer)
-    deployed.model_max_length = length
-    deployed.save_pretrained(str(directory))
+    cutting_at(bundle.tokenizer, length).save_pretrained(str(directory))
     return length
+
+
+def cutting_at(tokenizer, length: int):
+    """A copy of `tokenizer` whose `model_max_length` is `length`, and so is the `max_length`
+    a tokenizer_config.json may carry from an older save (MiniLM's hub files: 128): saved
+    unchanged, it said 128 beside a `model_max_length` of 64."""
+    cut = copy.copy(tokenizer)
+    cut.model_max_length = length
+    if "max_length" in tokenizer.init_kwargs:
+        cut.init_kwargs = {**tokenizer.init_kwargs, "max_length": length}
+    return cut
 
 
 def calibration_rows(quantize: QuantizeConfig | None, task: TaskData):

@@ -314,5 +314,8 @@ def test_a_model_fine_tuned_past_the_default_length_is_gated_shipped_and_evaluat
     record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), task).record
     assert record["max_length"] == length
     assert AutoTokenizer.from_pretrained(str(tmp_path / "out")).model_max_length == length
+    # not MiniLM's max_length 128 beside it (its tokenizer_config.json has both)
+    assert "max_length" in tokenizer.init_kwargs
+    assert json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["max_length"] == length
     assert json.loads((tmp_path / "out" / "compressor.json").read_text())["max_length"] == length
     assert load_predictor(tmp_path / "out").max_length == length
