@@ -91,6 +91,63 @@ def in_use(directory: Path) -> bool:
 
 
 @contextlib.contextmanager
+def claimed_output(out: Path, flag: str = "--out") -> Iterator[None]:
+    """Hold `out` for a command until it ends: a second command writing the same output is
+    refused in one line. Two exports into one --out, started together, both ran, and the last
+    rename replaced the other's output, whose printed record then described nothing.
+
+    The claim is a temporary `.NAME.tmp-*` beside `out`, locked as `atomic_dir`'s are (a killed
+    command's goes in the next writer's cleanup), made under an exclusive lock on the parent
+    after looking for a live one: another command's claim, or any writer's temporary of `out`.
+    For the standalone commands only: the pipeline's stages are not claimed (two search workers
+    may build the same stage, and a stage's dir is written inside its run's)."""
+    out = Path(out)
+    made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        claim, held = claim_beside(out, flag)
+    except BaseException:
+        remove_empty(made)
+        raise
+    try:
+        yield
+    finally:
+        os.close(held)
+        shutil.rmtree(claim, ignore_errors=True)
+        remove_empty(made)
+
+
+def claim_beside(out: Path, flag: str) -> tuple[Path, int]:
+    """The claim (see claimed_output): its dir, and the descriptor that holds its lock."""
+    remove_killed_temporaries(out)
+    with dir_locked(out.parent, fcntl.LOCK_EX, required=False):
+        if any(written_now(path) for path in out.parent.glob(f".{glob.escape(out.name)}.tmp-*")):
+            raise UserError(f"{flag} {out} is in use by another command writing the same output; wait for it to "
+                            f"finish, or choose another {flag}")
+        claim = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        held = os.open(claim, os.O_RDONLY)
+        with contextlib.suppress(OSError):
+            fcntl.flock(held, fcntl.LOCK_SH)
+    return claim, held
+
+
+def written_now(temporary: Path) -> bool:
+    """Whether a live process holds this temporary dir (False where it is gone by now, or
+    where the filesystem has no locks to tell)."""
+    try:
+        return temporary.is_dir() and in_use(temporary)
+    except OSError:
+        return False
+
+
+def remove_empty(dirs: list[Path]) -> None:
+    """The dirs a claim made on the way to its output, where still empty (deepest first)."""
+    for directory in dirs:
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
+@contextlib.contextmanager
 def dir_locked(directory: Path, operation: int, required: bool = True) -> Iterator[None]:
     """flock `operation` (LOCK_SH or LOCK_EX) on a dir, held for the block. A lock the
     filesystem refuses raises OSError, or (not `required`) the block runs without it."""

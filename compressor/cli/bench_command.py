@@ -14,7 +14,7 @@ from compressor.bench.runners import Deployable
 from compressor.bundle import weights_size
 from compressor.evaluate import Predictor, check_holds_text, find_onnx, load_predictor, predict_classes, split_seed
 from compressor.report.analysis import contention_warnings
-from pretrain.atomic import check_output, write_json
+from pretrain.atomic import check_output, claimed_output, write_json
 from pretrain.data import load_task, task_files
 from pretrain.errors import UserError
 from pretrain.metrics import classification_metrics
@@ -69,8 +69,10 @@ def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | 
         if Path(out).is_dir():
             raise UserError(f"--out {out} is a directory; expected the path of a JSON file to write")
         check_earlier_result(Path(out))
-    result = bench_result(model_ref, profile, predictor, spec, max_eval_samples, seed, max_length)
-    if out is not None:
+    if out is None:
+        return bench_result(model_ref, profile, predictor, spec, max_eval_samples, seed, max_length)
+    with claimed_output(Path(out)):       # a second bench writing `out` meanwhile is refused
+        result = bench_result(model_ref, profile, predictor, spec, max_eval_samples, seed, max_length)
         write_json(Path(out), result)
     return result
 

@@ -12,7 +12,7 @@ from compressor.evaluate import check_holds_text, check_max_length, find_onnx, s
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
-from pretrain.atomic import check_output
+from pretrain.atomic import check_output, claimed_output
 from pretrain.batching import model_positions
 from pretrain.data import load_task, task_files
 from pretrain.errors import UserError, validation_message
@@ -51,7 +51,8 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
         bundle = bundle.replace(deploy=deploy)
     set_threads(None)
     try:
-        return export_bundle(bundle, out, export_settings, task, max_eval_samples).record
+        with claimed_output(out):     # a second export into `out` meanwhile is refused
+            return export_bundle(bundle, out, export_settings, task, max_eval_samples).record
     except GateFailure as err:
         if err.setting not in GATE_FLAGS:
             raise

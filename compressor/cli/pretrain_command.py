@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -12,13 +13,16 @@ from compressor.bundle import PROVENANCE_FILE
 from compressor.pipeline.cache import inputs_fingerprint
 from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
-from pretrain.atomic import atomic_dir, check_output, write_json
+from pretrain.atomic import atomic_dir, check_output, claimed_output, write_json
 from pretrain.errors import UserError
 from pretrain.models import set_threads
 from pretrain.model_code import ship_model_code
 from pretrain.pretraining import SETTINGS_FILE, PretrainConfig, prepare, run_pretraining
 from pretrain.resume import checkpoint_dir, claimed_checkpoint
 from pretrain.train import StepCallback
+
+if TYPE_CHECKING:
+    from pretrain.static_embeddings import EmbeddingConfig
 
 
 def tokenizer_command(corpus: str, kind: str, vocab_size: int, out: Path, min_frequency: int = 2) -> dict:
@@ -30,11 +34,12 @@ def tokenizer_command(corpus: str, kind: str, vocab_size: int, out: Path, min_fr
         raise UserError(describe_validation_error(err)) from None
     check_vocab_size(cfg)
     check_output(out, [corpus], owner_files=(METRICS_FILE,))
-    tokenizer = train_tokenizer(corpus, cfg)
-    metrics = {**tokenizer_metrics(corpus, cfg, tokenizer), "environment": environment()}
-    with atomic_dir(Path(out)) as tmp:
-        save_tokenizer(tokenizer, tmp)
-        write_json(tmp / METRICS_FILE, metrics)
+    with claimed_output(Path(out)):       # a second command writing `out` meanwhile is refused
+        tokenizer = train_tokenizer(corpus, cfg)
+        metrics = {**tokenizer_metrics(corpus, cfg, tokenizer), "environment": environment()}
+        with atomic_dir(Path(out)) as tmp:
+            save_tokenizer(tokenizer, tmp)
+            write_json(tmp / METRICS_FILE, metrics)
     return metrics
 
 
@@ -70,13 +75,19 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
 
 def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bool = True) -> dict:
     """Skip-gram embeddings: embeddings.npy + vocab.txt + metrics.json (with probe neighbours)."""
-    from pretrain.static_embeddings import (EmbeddingConfig, geometry, nearest_neighbours, save_embeddings,
-                                            train_embeddings)
+    from pretrain.static_embeddings import EmbeddingConfig
     try:
         cfg = EmbeddingConfig(**{k: v for k, v in settings.items() if v is not None})
     except ValidationError as err:
         raise UserError(describe_validation_error(err)) from None
     check_output(out, [corpus], owner_files=("embeddings.npy", "metrics.json"))
+    with claimed_output(Path(out)):       # a second command writing `out` meanwhile is refused
+        return write_embeddings(corpus, Path(out), cfg, show_progress)
+
+
+def write_embeddings(corpus: str, out: Path, cfg: EmbeddingConfig, show_progress: bool) -> dict:
+    """Train, then write `out` (claimed by `embeddings_command`); its metrics returned."""
+    from pretrain.static_embeddings import geometry, nearest_neighbours, save_embeddings, train_embeddings
     vocab, matrix, result = train_embeddings(corpus, cfg, show_progress=show_progress)
     metrics = {"corpus": corpus, "vocab_size": len(vocab), "dim": cfg.dim, "steps": result.steps,
                "initial_loss": result.initial_loss, "final_loss": result.final_loss,
@@ -87,7 +98,7 @@ def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bo
                # SGNS vectors share; Mu & Viswanath 2018), to see whether it dominates.
                "nearest_neighbours_mean_removed": nearest_neighbours([w for w, _ in vocab], matrix - matrix.mean(0)),
                "environment": environment()}
-    with atomic_dir(Path(out)) as tmp:
+    with atomic_dir(out) as tmp:
         save_embeddings(tmp, vocab, matrix)
         write_json(tmp / "metrics.json", metrics)
     return metrics

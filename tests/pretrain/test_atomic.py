@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.atomic import atomic_dir, check_output
+from pretrain.atomic import atomic_dir, check_output, claimed_output
 from pretrain.errors import UserError
 
 OWNER = ("metrics.json",)
@@ -195,3 +195,41 @@ def test_a_dir_written_atomically_inside_another_does_not_wait_on_the_outer_writ
     threading.Thread(target=nested, daemon=True).start()
     assert done.wait(timeout=20), "the nested atomic_dir hung on its parent's lock"
     assert (tmp_path / "outer" / "inner" / "weights.bin").read_bytes() == b"w"
+
+
+def test_a_second_writer_of_a_claimed_output_is_refused(tmp_path):
+    """Two exports into one --out both ran, and the last rename silently replaced the other's
+    output. The claim is a locked temporary beside the output, gone when the command ends; a
+    killed command's (unlocked) is cleared, and dirs made on the way to a refused output go."""
+    import fcntl
+    out = tmp_path / "out"
+    killed = tmp_path / ".out.tmp-k1ll3d"
+    killed.mkdir()
+    with claimed_output(out):
+        assert not killed.exists()
+        with pytest.raises(UserError, match=rf"^--out {out} is in use by another command writing the same output; "
+                                            "wait for it to finish, or choose another --out$"):
+            with claimed_output(out):
+                pass
+        with atomic_dir(out) as tmp:            # the command's own write goes on
+            (tmp / "weights.bin").write_bytes(b"w")
+        with claimed_output(tmp_path / "other"):    # another output is free
+            pass
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+    with claimed_output(out):                   # free again
+        pass
+    live = tmp_path / ".deeper.tmp-l1ve"        # any live writer's temporary of the output refuses
+    live.mkdir()
+    held = os.open(live, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_SH)
+    try:
+        with pytest.raises(UserError, match="is in use by another command"):
+            with claimed_output(tmp_path / "deeper"):
+                pass
+    finally:
+        os.close(held)
+    with pytest.raises(UserError):
+        with claimed_output(tmp_path / "new" / "dirs" / "x"):
+            with claimed_output(tmp_path / "new" / "dirs" / "x"):
+                pass
+    assert not (tmp_path / "new").exists()

@@ -550,6 +550,31 @@ def test_a_stop_while_the_command_imports_is_one_line_and_exit_130():
     assert script == "compressor.cli:main"      # the function run above
 
 
+@pytest.mark.parametrize("command", ["export", "bench", "tokenizer", "embeddings"])
+def test_a_second_command_writing_the_same_output_is_refused(command, tiny_bert_dir, tiny_csv, tmp_path, capsys):
+    """Two exports into one --out both exited 0, and one's output was silently lost (the last
+    rename won). A live writer's temporary beside the output (`.NAME.tmp-*`) refuses the second."""
+    import fcntl
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a few words of text\n\nand a second document\n")
+    out = tmp_path / ("out.json" if command == "bench" else "out")
+    argv = {"export": ["export", "--model", str(tiny_bert_dir), "--task", str(tiny_csv)],
+            "bench": ["bench", "--model", str(tiny_bert_dir), "--task", str(tiny_csv), "--iterations", "1"],
+            "tokenizer": ["tokenizer", "--corpus", str(corpus), "--vocab-size", "100"],
+            "embeddings": ["embeddings", "--corpus", str(corpus), "--steps", "1"]}[command]
+    writing = tmp_path / f".{out.name}.tmp-an0th3r"         # as another command's, locked while it writes
+    writing.mkdir()
+    held = os.open(writing, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_SH)
+    try:
+        assert main([*argv, "--out", str(out)]) == 2
+    finally:
+        os.close(held)
+    assert capsys.readouterr().err == (f"error: --out {out} is in use by another command writing the same output; "
+                                       "wait for it to finish, or choose another --out\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["corpus.txt", writing.name])
+
+
 @pytest.mark.parametrize("failure, said", [
     (OSError(28, "No space left on device", "x/model.onnx"), "No space left on device"),
     (RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file data/0: "
