@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from compressor.passes import pass_name_of
+from compressor.passes import config_as_written, pass_name_of
 from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
 
@@ -122,7 +122,8 @@ def section(settings: BaseModel | dict | None, field: str) -> BaseModel | dict |
 
 
 def as_dict(config: BaseModel | dict | None) -> dict | None:
-    """Only the fields a user set: defaults stay defaults (as in a hand-written recipe)."""
+    """Only the fields a user set: defaults stay defaults (as in a hand-written recipe), type
+    tags kept (`config_as_written`)."""
     if config is None or isinstance(config, dict):
         return config
-    return config.model_dump(mode="json", exclude_unset=True)
+    return config_as_written(config)

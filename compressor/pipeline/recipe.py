@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from compressor.bench.baselines import BASELINES, distinct_baselines
 from compressor.export.onnx import ExportSettings
-from compressor.passes import get_pass
+from compressor.passes import config_as_written, get_pass
 from compressor.search.settings import SearchSettings
 from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_numbers, yaml_problem
 from pretrain.errors import UserError, validation_message
@@ -209,7 +209,7 @@ def variant_as_written(variants: dict[str, list], name: str, limits: DataLimits,
     steps = []
     for i, item in enumerate(variants[name]):
         step = parse_step(item, f"variants.{name}[{i}]")
-        config = step.config.model_dump(mode="json", exclude_unset=True)
+        config = config_as_written(step.config)
         trains = "max_train_samples" in type(step.config).model_fields
         if trains and step.config.max_train_samples is None and limits.max_train_samples:
             config["max_train_samples"] = limits.max_train_samples
