@@ -306,8 +306,7 @@ def test_param_groups_get_their_own_options(make_tiny_bert, toy48, monkeypatch, 
     model = make_tiny_bert()
     built = capture_optimizers(monkeypatch)
     logs = []
-    embedding = "sparse" if optimizer == "adamw" else "dense"   # (SGD's weight decay takes no sparse grads)
-    train(model, toy48, resume_cfg(epochs=0.5, warmup_ratio=0.0, optimizer=optimizer, embedding_updates=embedding),
+    train(model, toy48, resume_cfg(epochs=0.5, warmup_ratio=0.0, optimizer=optimizer, embedding_updates="sparse"),
           show_progress=False,
           param_groups=lambda m: [{"params": HEAD, "lr": 0.5, "weight_decay": 0.0}], callbacks=[logs.append])
     opt = built[0][0]
@@ -400,3 +399,18 @@ def test_fine_tuning_settings_that_are_no_number_are_refused(field):
     for value in (float("inf"), float("nan")):
         with pytest.raises(ValidationError, match="finite number"):
             FinetuneConfig(**{field: value, **extra})
+
+
+def test_sgd_trains_sparse_embeddings_under_default_weight_decay(make_tiny_bert, toy, monkeypatch):
+    # SGD's weight decay adds a dense tensor to each gradient, which a sparse one refuses:
+    # the sparse word embedding goes without decay (as under SparseAdam), the rest keeps it.
+    model = make_tiny_bert()
+    built = capture_optimizers(monkeypatch)
+    before = word_embedding(model)
+    result = train(model, toy, cfg(optimizer="sgd", embedding_updates="sparse", lr=0.1), show_progress=False)
+    assert result.steps == 4 and all(np.isfinite(result.losses))
+    (opt,) = built[0]
+    assert group_of(opt, model.get_input_embeddings().weight)["weight_decay"] == 0.0
+    assert group_of(opt, model.classifier.weight)["weight_decay"] == TrainConfig().weight_decay > 0
+    changed = set(torch.nonzero((word_embedding(model) != before).any(dim=1)).flatten().tolist())
+    assert changed == {t for ids in toy.input_ids for t in ids}
