@@ -4,6 +4,7 @@ step-based batch sources, callbacks, checkpoints and exact resume."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,6 +200,16 @@ def toy48(tokenizer):
 def resume_cfg(**kw) -> TrainConfig:
     base = dict(epochs=2, batch_size=8, lr=1e-3, warmup_ratio=0.2, embedding_updates="sparse")
     return TrainConfig(**{**base, **kw})
+
+
+def test_each_epoch_ends_with_its_partial_batch_as_documented(make_tiny_bert, tokenizer):
+    # 100 examples in batches of 8: 13 steps an epoch (the last of 4), so every example is
+    # seen once an epoch; 2 epochs are 26 steps, not ceil(2 * 100 / 8) = 25.
+    result = train(make_tiny_bert(layers=1), encode(tokenizer, toy_split(100)), cfg(epochs=2, batch_size=8),
+                   show_progress=False)
+    assert (result.steps, result.samples) == (26, 200)
+    doc = (Path(__file__).parents[2] / "TRAIN_API.md").read_text()
+    assert "`ceil(epochs * ceil(len(data) / batch_size))` steps" in doc
 
 
 def random_batches(toy48, steps: int, seed: int = 3) -> StepBatches:
