@@ -478,7 +478,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if exports:
         print(f"\n{exports}")
     for warning in report.get("warnings", []):
-        print(f"warning: {warning}")
+        print(f"warning: {warning}", file=sys.stderr)   # stdout: the results alone
     if report.get("search"):
         print(f"search: {report['search']['outcome']} (its report: {args.out / report['search']['dir'] / 'report.json'})")
     print(f"report: {args.out / 'report.json'} (also report.md, report.html)")
