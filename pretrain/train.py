@@ -395,8 +395,11 @@ class Run:
             return
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # a truncated or foreign file: say which, not a traceback
-            raise UserError(f"cannot read checkpoint {path}: {str(err).splitlines()[0]}") from None
+        except Exception:  # a truncated or foreign file: one line, not a traceback
+            # (nor torch's own message: it advises weights_only=False, i.e. running the file's code)
+            raise UserError(f"{path} is not a readable training checkpoint (truncated, or not written by this "
+                            f"tool); expected one a run of this tool wrote: delete {path.parent} to start the "
+                            "training over") from None
         if state.get("fingerprint") != self.fingerprint():
             raise UserError(f"checkpoint {path} was written by a run with other settings; "
                             f"expected the same training config and step count (or remove it)")

@@ -283,10 +283,21 @@ def test_checkpoint_of_other_settings_is_refused(make_tiny_bert, toy48, tmp_path
     assert (tmp_path / CHECKPOINT_FILE).read_bytes() == before
 
 
-def test_unreadable_checkpoint_is_a_user_error(make_tiny_bert, toy48, tmp_path):
-    (tmp_path / CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
-    with pytest.raises(UserError, match="cannot read checkpoint"):
+class Foreign:
+    """Not a tensor, dict or number: torch.load(weights_only=True) refuses to unpickle it."""
+
+
+@pytest.mark.parametrize("write", [lambda path: path.write_bytes(b"not a checkpoint"),
+                                   lambda path: torch.save({"model": Foreign()}, path)], ids=["junk", "foreign"])
+def test_unreadable_checkpoint_is_one_line_naming_what_to_do(make_tiny_bert, toy48, tmp_path, write):
+    # torch's own message advises weights_only=False, i.e. running the file's code: never passed on.
+    write(tmp_path / CHECKPOINT_FILE)
+    with pytest.raises(UserError) as caught:
         train(make_tiny_bert(), toy48, resume_cfg(), show_progress=False, checkpoint=Checkpointing(directory=tmp_path))
+    message = str(caught.value)
+    assert message == (f"{tmp_path / CHECKPOINT_FILE} is not a readable training checkpoint (truncated, or not "
+                       f"written by this tool); expected one a run of this tool wrote: delete {tmp_path} "
+                       "to start the training over")
 
 
 # --- hooks for compression passes: optimizer groups of their own, auxiliary modules ---
