@@ -466,12 +466,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.plan:
         from compressor.pipeline.plan import plan_lines, plan_recipe
         plan = plan_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, force=args.force,
-                           rebenchmark=args.rebenchmark)
+                           rebenchmark=args.rebenchmark, source=str(args.recipe))
         print("\n".join(plan_lines(plan)))
         return 0
     with stage_lines(not args.quiet):
         report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet,
-                            force=args.force, rebenchmark=args.rebenchmark)
+                            force=args.force, rebenchmark=args.rebenchmark, source=str(args.recipe))
     from compressor.report.render import exports_table, markdown_table
     print(markdown_table(report))
     exports = exports_table(report)

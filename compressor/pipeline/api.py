@@ -84,7 +84,12 @@ class Pipeline:
 
     def validate(self):
         """The validated recipe and its steps (raises UserError like a bad YAML recipe)."""
-        return parse_recipe(self.to_dict(), source=f"pipeline {self._raw['name']!r}")
+        return parse_recipe(self.to_dict(), source=self.source)
+
+    @property
+    def source(self) -> str:
+        """How its errors name the pipeline (a recipe's name its file)."""
+        return f"pipeline {self._raw['name']!r}"
 
     def run(self, out_dir: str | Path, *, force: bool = False, rebenchmark: bool = False,
             show_progress: bool = True) -> dict:
@@ -96,7 +101,7 @@ class Pipeline:
         threads = torch.get_num_threads()    # the run uses every core; the caller's setting comes back
         try:
             return run_recipe(recipe, steps, Path(out_dir), show_progress=show_progress, force=force,
-                              rebenchmark=rebenchmark)
+                              rebenchmark=rebenchmark, source=self.source)
         finally:
             torch.set_num_threads(threads)
 
@@ -105,7 +110,7 @@ class Pipeline:
         stage cached or to build, with the passes a build runs. Runs and writes nothing."""
         from compressor.pipeline.plan import plan_recipe
         recipe, steps = self.validate()
-        return plan_recipe(recipe, steps, Path(out_dir), force=force, rebenchmark=rebenchmark)
+        return plan_recipe(recipe, steps, Path(out_dir), force=force, rebenchmark=rebenchmark, source=self.source)
 
 
 def section(settings: BaseModel | dict | None, field: str) -> BaseModel | dict | None:

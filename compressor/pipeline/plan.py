@@ -42,9 +42,9 @@ class PlannedStage:
 
 
 def plan_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *, base_dir: Path = Path("."),
-                force: bool = False, rebenchmark: bool = False) -> dict:
+                force: bool = False, rebenchmark: bool = False, source: str = "") -> dict:
     """The plan of `run_recipe` with the same arguments: {"out", "notes", "stages"}."""
-    prepared = prepare(recipe, steps, out_dir, base_dir)
+    prepared = prepare(recipe, steps, out_dir, base_dir, source)
     notes, replaced = list(prepared.notes), False
     if out_dir.exists():
         make_out_dir(out_dir)                     # a file in its place is refused, as by the run
