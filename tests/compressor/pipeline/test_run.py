@@ -810,3 +810,20 @@ def test_an_error_of_the_checks_against_inputs_names_the_recipe_file_and_where(
     assert main(["run", str(recipe), "--out", str(tmp_path / "out"), "--plan"]) == 2
     assert capsys.readouterr().err.splitlines() == [f"error: {recipe}: {message}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.yaml"]
+
+
+@pytest.mark.parametrize("benchmark, profile", [(None, "cpu"), ({"profiles": ["cpu-avx512-vnni", "cpu"]},
+                                                                "cpu-avx512-vnni")])
+def test_a_recipe_search_runs_on_the_benchmarks_first_profile_else_on_cpu(benchmark, profile, tmp_path, monkeypatch):
+    # As README says: no benchmark section is the bundled cpu profile, not an error.
+    from types import SimpleNamespace
+
+    import compressor.search.run as search_run
+    raw = {"name": "r", "teacher": {"task": "wordnet-supersense"}, "search": {"latency_budget_ms": 5},
+           **({"benchmark": benchmark} if benchmark else {})}
+    recipe, _ = parse_recipe(raw)
+    asked = []
+    monkeypatch.setattr(search_run, "run_search", lambda teacher, task, target, *args, **kwargs: asked.append(target)
+                        or dict.fromkeys(("outcome", "chosen", "best_effort", "recipe_file")))
+    pipeline_run.recipe_search(recipe, SimpleNamespace(path=tmp_path), tmp_path, tmp_path / "out", False)
+    assert asked == [profile]
