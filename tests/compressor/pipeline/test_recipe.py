@@ -292,3 +292,11 @@ def test_an_empty_recipe_name_is_refused(tmp_path):
 def test_a_value_no_branch_of_a_union_takes_says_what_each_takes_at_an_indexed_location(tmp_path, section, message):
     # Not pydantic's branch tags (`sequence_lengths.1.int: Input should be a valid integer`).
     assert error_of(tmp_path, "name: r\n" + TEACHER + section) == f"{tmp_path / 'recipe.yaml'}: {message}"
+
+
+def test_a_bare_pass_name_is_the_pass_with_its_defaults(tmp_path):
+    from compressor.export.quantize import DynamicInt8Config
+    _, steps = load_recipe(write(tmp_path, "name: r\n" + TEACHER + "variants: {int8: [quantize]}\n"))
+    assert [(s.name, s.config) for s in steps["int8"]] == [("quantize", DynamicInt8Config())]
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants: {a: [theseus]}\n")
+    assert message.endswith("variants.a[0].theseus.successor_layers: Field required")
