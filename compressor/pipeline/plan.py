@@ -205,7 +205,9 @@ def plan_lines(plan: dict) -> list[str]:
     rows = [("stage", "state", "what a run does")]
     for s in plan["stages"]:
         work = ", ".join(p + ("*" if trains_pass(p) else "") for p in s["passes"])
-        if s["start"] and s["start"] != "teacher":
+        if s["start"] and not s["passes"]:      # its steps are all done by then: it is that model
+            work = "the teacher as is" if s["start"] == "teacher" else f"a copy of {s['start']} (the same steps)"
+        elif s["start"] and s["start"] != "teacher":
             work += f" (from {s['start']})"
         if s["resumes"]:
             work += f"; resumes from {s['resumes']}"
