@@ -60,6 +60,27 @@ def field_suggestion(model: type[BaseModel] | None, loc: tuple) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+# Pydantic names the branch of a union an error comes from, in its location, by the branch's
+# type ("int", "literal['real']", "dict[str,any]", "function-after[...]"): not a field name.
+TYPE_TAGS = {"int", "str", "float", "bool", "dict", "list"}
+
+
+def is_type_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in TYPE_TAGS or "[" in part or part.startswith("function-"))
+
+
+def location(loc: tuple) -> str:
+    """A pydantic error's location as recipes write it: ("variants", "d", 0, "str") ->
+    `variants.d[0]` (fields dotted, list items indexed, union branch tags left out)."""
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif not is_type_tag(part):
+            text += f".{part}" if text else str(part)
+    return text
+
+
 def model_in(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model an annotation holds (`X`, `X | None`, ...), if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):

@@ -395,8 +395,11 @@ class Run:
             return
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # a truncated or foreign file: say which, not a traceback
-            raise UserError(f"cannot read checkpoint {path}: {str(err).splitlines()[0]}") from None
+        except Exception:  # a truncated or foreign file: one line, not a traceback
+            # (nor torch's own message: it advises weights_only=False, i.e. running the file's code)
+            raise UserError(f"{path} is not a readable training checkpoint (truncated, or not written by this "
+                            f"tool); expected one a run of this tool wrote: delete {path.parent} to start the "
+                            "training over") from None
         if state.get("fingerprint") != self.fingerprint():
             raise UserError(f"checkpoint {path} was written by a run with other settings; "
                             f"expected the same training config and step count (or remove it)")
@@ -517,7 +520,8 @@ def named_groups(model: nn.Module, groups: list[dict[str, Any]], sparse_ids: set
 def make_optimizers(model: nn.Module, cfg: TrainConfig, sparse_params: list[nn.Parameter],
                     param_groups: list[dict[str, Any]] = ()) -> list[torch.optim.Optimizer]:
     """AdamW (no decay on biases and LayerNorm) plus SparseAdam for sparse-gradient params;
-    or, with cfg.optimizer "sgd", one plain SGD over everything (it takes sparse gradients).
+    or, with cfg.optimizer "sgd", one plain SGD over everything (it takes sparse gradients,
+    though not with weight decay: those params get none, as SparseAdam gives them none).
 
     `param_groups` (parameter names + options) come after the default groups, so the first
     group's rate is still the one progress and StepLog report; the parameters they name
@@ -528,8 +532,10 @@ def make_optimizers(model: nn.Module, cfg: TrainConfig, sparse_params: list[nn.P
     grouped = {id(p) for g in own for p in g["params"]}
     rest = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) not in grouped]
     if cfg.optimizer == "sgd":
-        return [torch.optim.SGD([{"params": [p for _, p in rest]}, *own], lr=cfg.lr,
-                                weight_decay=cfg.weight_decay)]
+        dense = [p for _, p in rest if id(p) not in sparse_ids]
+        sparse = [p for _, p in rest if id(p) in sparse_ids]
+        groups = [{"params": dense}, *own] + ([{"params": sparse, "weight_decay": 0.0}] if sparse else [])
+        return [torch.optim.SGD(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)]
     decay, no_decay = [], []
     for name, p in rest:
         if id(p) in sparse_ids:

@@ -19,7 +19,8 @@ from typing import Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_items, refuse_bool_numbers, yaml_problem
+from compressor.yamlfile import (field_suggestion, is_type_tag, load_yaml, location, refuse_bool_items,
+                                 refuse_bool_numbers, yaml_problem)
 from pretrain.errors import UserError, validation_message
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
@@ -194,14 +195,11 @@ def load_profile(ref: str) -> Profile:
     return profile
 
 
-TYPE_TAGS = {"int", "str", "float", "bool", "dict", "list"}
-
-
 def describe_profile_error(err: ValidationError) -> str:
     """`threads: expected int | Literal['cores'] (got 'many')`: the field, its type, the value."""
     first = err.errors()[0]
     # Union branches appear in loc as type tags ("int", "literal['cores']"): not field names.
-    parts = [str(p) for p in first["loc"] if str(p) not in TYPE_TAGS and "[" not in str(p)]
+    parts = [str(p) for p in first["loc"] if not is_type_tag(p)]
     given = first.get("input")
     shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
     field = Profile.model_fields.get(parts[0]) if parts else None
@@ -209,7 +207,7 @@ def describe_profile_error(err: ValidationError) -> str:
     if field is not None and len(parts) == 1 and is_type_error:
         return f"{parts[0]}: expected {type_name(field.annotation)}{shown}"
     hint = field_suggestion(Profile, tuple(parts)) if first["type"] == "extra_forbidden" else ""
-    return f"{'.'.join(parts) or 'profile'}: {validation_message(first)}{shown}{hint}"
+    return f"{location(first['loc']) or 'profile'}: {validation_message(first)}{shown}{hint}"
 
 
 def type_name(annotation) -> str:

@@ -466,19 +466,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.plan:
         from compressor.pipeline.plan import plan_lines, plan_recipe
         plan = plan_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, force=args.force,
-                           rebenchmark=args.rebenchmark)
+                           rebenchmark=args.rebenchmark, source=str(args.recipe))
         print("\n".join(plan_lines(plan)))
         return 0
     with stage_lines(not args.quiet):
         report = run_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, show_progress=not args.quiet,
-                            force=args.force, rebenchmark=args.rebenchmark)
+                            force=args.force, rebenchmark=args.rebenchmark, source=str(args.recipe))
     from compressor.report.render import exports_table, markdown_table
     print(markdown_table(report))
     exports = exports_table(report)
     if exports:
         print(f"\n{exports}")
     for warning in report.get("warnings", []):
-        print(f"warning: {warning}")
+        print(f"warning: {warning}", file=sys.stderr)   # stdout: the results alone
     if report.get("search"):
         print(f"search: {report['search']['outcome']} (its report: {args.out / report['search']['dir'] / 'report.json'})")
     print(f"report: {args.out / 'report.json'} (also report.md, report.html)")

@@ -62,13 +62,23 @@ def load_int8_model(directory: Path) -> nn.Module:
         config = AutoConfig.from_pretrained(str(directory))
         skeleton = AutoModelForSequenceClassification.from_config(config)
         model = quantized_copy(skeleton)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            state = torch.load(directory / INT8_FILE, weights_only=True)
+        state = read_int8_state(directory / INT8_FILE)
         model.load_state_dict(state)
     except (OSError, ValueError, RuntimeError, KeyError) as err:
         raise UserError(f"cannot load the int8 PyTorch model in {directory}: {first_line(err)}") from None
     return model.eval()
+
+
+def read_int8_state(path: Path) -> dict:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(path, weights_only=True)
+    except OSError:
+        raise
+    except Exception:   # truncated or foreign: one line (not torch's advice to load with weights_only=False)
+        raise ValueError(f"{path} is not a readable int8 state dict (truncated, or not written by this tool); "
+                         "expected the file `compressor export --quantize torch-dynamic-int8` writes") from None
 
 
 def is_int8_dir(path: Path) -> bool:

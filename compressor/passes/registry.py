@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
 from transformers import PreTrainedTokenizerBase
@@ -374,6 +374,18 @@ def pass_name_of(config: BaseModel) -> str:
         why = "is shared by several passes; pass a (name, config) pair" if names else "is not a pass config"
         raise UserError(f"{type(config).__name__} {why}; pass configs: {known}")
     return names[0]
+
+
+def config_as_written(config: BaseModel) -> dict:
+    """The fields a user set, as a recipe writes them: defaults stay defaults (a pass that
+    trains takes the run's), but a type tag (a field of one literal value, as the quantize
+    modes' `mode`) is always kept: it is the choice of type, and without it the recipe would
+    read back as the default type (Fp16Config() -> `quantize: {}` -> dynamic-int8)."""
+    written = config.model_dump(mode="json", exclude_unset=True)
+    for name, field_info in type(config).model_fields.items():
+        if get_origin(field_info.annotation) is Literal and len(get_args(field_info.annotation)) == 1:
+            written[name] = getattr(config, name)
+    return written
 
 
 def get_pass(name: str) -> PassSpec:

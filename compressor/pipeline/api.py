@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from compressor.passes import pass_name_of
+from compressor.passes import config_as_written, pass_name_of
 from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
 
@@ -84,7 +84,12 @@ class Pipeline:
 
     def validate(self):
         """The validated recipe and its steps (raises UserError like a bad YAML recipe)."""
-        return parse_recipe(self.to_dict(), source=f"pipeline {self._raw['name']!r}")
+        return parse_recipe(self.to_dict(), source=self.source)
+
+    @property
+    def source(self) -> str:
+        """How its errors name the pipeline (a recipe's name its file)."""
+        return f"pipeline {self._raw['name']!r}"
 
     def run(self, out_dir: str | Path, *, force: bool = False, rebenchmark: bool = False,
             show_progress: bool = True) -> dict:
@@ -96,7 +101,7 @@ class Pipeline:
         threads = torch.get_num_threads()    # the run uses every core; the caller's setting comes back
         try:
             return run_recipe(recipe, steps, Path(out_dir), show_progress=show_progress, force=force,
-                              rebenchmark=rebenchmark)
+                              rebenchmark=rebenchmark, source=self.source)
         finally:
             torch.set_num_threads(threads)
 
@@ -105,7 +110,7 @@ class Pipeline:
         stage cached or to build, with the passes a build runs. Runs and writes nothing."""
         from compressor.pipeline.plan import plan_recipe
         recipe, steps = self.validate()
-        return plan_recipe(recipe, steps, Path(out_dir), force=force, rebenchmark=rebenchmark)
+        return plan_recipe(recipe, steps, Path(out_dir), force=force, rebenchmark=rebenchmark, source=self.source)
 
 
 def section(settings: BaseModel | dict | None, field: str) -> BaseModel | dict | None:
@@ -122,7 +127,8 @@ def section(settings: BaseModel | dict | None, field: str) -> BaseModel | dict |
 
 
 def as_dict(config: BaseModel | dict | None) -> dict | None:
-    """Only the fields a user set: defaults stay defaults (as in a hand-written recipe)."""
+    """Only the fields a user set: defaults stay defaults (as in a hand-written recipe), type
+    tags kept (`config_as_written`)."""
     if config is None or isinstance(config, dict):
         return config
-    return config.model_dump(mode="json", exclude_unset=True)
+    return config_as_written(config)

@@ -42,9 +42,9 @@ class PlannedStage:
 
 
 def plan_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *, base_dir: Path = Path("."),
-                force: bool = False, rebenchmark: bool = False) -> dict:
+                force: bool = False, rebenchmark: bool = False, source: str = "") -> dict:
     """The plan of `run_recipe` with the same arguments: {"out", "notes", "stages"}."""
-    prepared = prepare(recipe, steps, out_dir, base_dir)
+    prepared = prepare(recipe, steps, out_dir, base_dir, source)
     notes, replaced = list(prepared.notes), False
     if out_dir.exists():
         make_out_dir(out_dir)                     # a file in its place is refused, as by the run
@@ -205,7 +205,9 @@ def plan_lines(plan: dict) -> list[str]:
     rows = [("stage", "state", "what a run does")]
     for s in plan["stages"]:
         work = ", ".join(p + ("*" if trains_pass(p) else "") for p in s["passes"])
-        if s["start"] and s["start"] != "teacher":
+        if s["start"] and not s["passes"]:      # its steps are all done by then: it is that model
+            work = "the teacher as is" if s["start"] == "teacher" else f"a copy of {s['start']} (the same steps)"
+        elif s["start"] and s["start"] != "teacher":
             work += f" (from {s['start']})"
         if s["resumes"]:
             work += f"; resumes from {s['resumes']}"

@@ -7,7 +7,9 @@ Validation happens before anything is written, and every error names the field's
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,9 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from compressor.bench.baselines import BASELINES, distinct_baselines
 from compressor.export.onnx import ExportSettings
-from compressor.passes import get_pass
+from compressor.passes import config_as_written, get_pass
 from compressor.search.settings import SearchSettings
-from compressor.yamlfile import field_suggestion, load_yaml, refuse_bool_numbers, yaml_problem
+from compressor.yamlfile import (field_suggestion, is_type_tag, load_yaml, location, refuse_bool_numbers,
+                                 yaml_problem)
 from pretrain.errors import UserError, validation_message
 from pretrain.finetune import FinetuneConfig
 from pretrain.limits import MAX_SEED
@@ -209,7 +212,7 @@ def variant_as_written(variants: dict[str, list], name: str, limits: DataLimits,
     steps = []
     for i, item in enumerate(variants[name]):
         step = parse_step(item, f"variants.{name}[{i}]")
-        config = step.config.model_dump(mode="json", exclude_unset=True)
+        config = config_as_written(step.config)
         trains = "max_train_samples" in type(step.config).model_fields
         if trains and step.config.max_train_samples is None and limits.max_train_samples:
             config["max_train_samples"] = limits.max_train_samples
@@ -254,19 +257,57 @@ def parse_step(item: dict[str, Any] | str, where: str) -> Step:
 
 def describe_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     """The first pydantic error as one line: path, what was expected, what was given; for a
-    field `model` (the validated class) does not have, the nearest name it does have."""
+    field `model` (the validated class) does not have, the nearest name it does have; for a
+    value no branch of a union took, what each branch takes (`'foo'; expected an integer or 'real'`)."""
     errors = err.errors()
     # An unknown field first: a misspelt required one (`nmae:`) is also reported missing, and
     # the unknown one is where the did-you-mean hint can go.
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    # Union branches show up in loc as type tags ("dict[str,any]"); they are not field names.
-    path = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-") and "[" not in str(p))
-    full = ".".join(p for p in (prefix, path) if p)
+    branches = union_branches(errors, first)
+    full = ".".join(p for p in (prefix, location(first["loc"])) if p) or "recipe"
+    more = f" [and {err.error_count() - len(branches)} more]" if err.error_count() > len(branches) else ""
+    if len(branches) > 1:
+        expected = " or ".join(dict.fromkeys(branch_expects(e) for e in branches))
+        return f"{full}: {first.get('input')!r}; expected {expected}{more}"
     given = first.get("input")
     shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
-    more = f" [and {err.error_count() - 1} more]" if err.error_count() > 1 else ""
     hint = field_suggestion(model, first["loc"]) if first["type"] == "extra_forbidden" else ""
-    return f"{full or 'recipe'}: {validation_message(first)}{shown}{hint}{more}"
+    return f"{full}: {validation_message(first)}{shown}{hint}{more}"
+
+
+# What a union's branch takes, by the error it gave (others: pydantic's message).
+BRANCH_EXPECTS = {"int_parsing": "an integer", "int_type": "an integer", "int_from_float": "an integer",
+                  "float_parsing": "a number", "float_type": "a number", "string_type": "a string",
+                  "bool_parsing": "true or false", "bool_type": "true or false", "dict_type": "a mapping",
+                  "model_type": "a mapping", "list_type": "a list"}
+
+
+def union_branches(errors: list[dict], first: dict) -> list[dict]:
+    """The errors of every branch of the union whose branch `first` is (pydantic reports
+    each), or just `first` where it is no union's."""
+    loc = first["loc"]
+    if not loc or not is_type_tag(loc[-1]):
+        return [first]
+    return [e for e in errors if e["loc"][:-1] == loc[:-1] and e["loc"] and is_type_tag(e["loc"][-1])]
+
+
+def branch_expects(error: dict) -> str:
+    if error["type"] == "literal_error":
+        return str(error["ctx"]["expected"])
+    return BRANCH_EXPECTS.get(error["type"], validation_message(error).removeprefix("Input should be "))
+
+
+@contextlib.contextmanager
+def located(where: str) -> Iterator[None]:
+    """A UserError raised inside names where in the recipe it comes from, `where: ...`, as
+    the recipe's validation errors do (`r.yaml: variants.a[0]: ...`); nothing is added for an
+    empty `where` (a recipe with no file, run from code)."""
+    try:
+        yield
+    except UserError as err:
+        if not where:
+            raise
+        raise UserError(f"{where}: {err}") from None
 
 
 def load_recipe(path: str | Path) -> tuple[Recipe, dict[str, list[Step]]]:
@@ -307,10 +348,8 @@ def parse_recipe(raw: Any, source: str = "recipe") -> tuple[Recipe, dict[str, li
         raise UserError(f"{source}: {describe_validation_error(err, model=Recipe)}") from None
     except ValueError as err:
         raise UserError(f"{source}: {err}") from None
-    try:
+    with located(source):
         steps = recipe.variant_steps()
-    except UserError as err:
-        raise UserError(f"{source}: {err}") from None
     if not steps and recipe.search is None:
         raise UserError(f"{source}: no variants: add `variants:` or `passes:` (an empty list is the teacher "
                         f"itself), or a `search:` section")

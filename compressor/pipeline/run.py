@@ -18,7 +18,7 @@ from compressor.pipeline.benchmark_stages import (baseline_deployable, baseline_
 from compressor.pipeline.cache import log
 from compressor.pipeline.outdir import WriteError, claimed_out_dir, disk_errors
 from compressor.pipeline.paths import resolve_config_paths, resolve_path, resolve_step_paths, resolve_task_paths
-from compressor.pipeline.recipe import SEARCH_DIR, STAGE_FILE, WORK_DIR, Recipe, Step
+from compressor.pipeline.recipe import SEARCH_DIR, STAGE_FILE, WORK_DIR, Recipe, Step, located
 from compressor.pipeline.report_data import build_report
 from compressor.pipeline.stages import (Stage, export_stage, pass_context, config_inputs, teacher_stage,
                                        variant_stage)
@@ -44,10 +44,25 @@ class Prepared:
     notes: tuple[str, ...] = ()      # what the run does that the recipe does not say (--plan prints them)
 
 
-def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_dir: Path) -> Prepared:
+def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_dir: Path, source: str = "") -> Prepared:
     """Every check that needs no stage: the teacher, baselines and presets, each pass against
     the teacher's family and tokenizer, the task's data, and --out against the inputs. Bad
-    input stops here, before anything is written."""
+    input stops here, before anything is written; an error of the recipe's starts with its
+    `source` (the recipe file), as its validation errors do."""
+    with located(source):
+        prepared = checked_against_inputs(recipe, steps, base_dir)
+    # Stages replace what they write under out_dir (and --force its whole contents): no
+    # input may lie there, or around it.
+    recipe, steps = prepared.recipe, prepared.steps
+    configs = [step.config for variant_steps in steps.values() for step in variant_steps]
+    configs += [recipe.teacher.finetune] if recipe.teacher.finetune is not None else []
+    task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
+    check_output(out_dir, [prepared.teacher_path, *task_files(task_spec),
+                           *(p for c in configs for p in config_inputs(c))], owner_files=None)
+    return prepared
+
+
+def checked_against_inputs(recipe: Recipe, steps: dict[str, list[Step]], base_dir: Path) -> Prepared:
     teacher_ref = resolve_path(recipe.teacher.model, base_dir, keep=BUNDLED_MODELS)
     teacher_path = check_model_ref(teacher_ref)
     family = read_model_type(teacher_path)
@@ -62,7 +77,8 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
              for name, variant_steps in steps.items()}
     task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
     split_seed, notes = task_split_seed(recipe, teacher_path, task_spec)
-    task = load_task(task_spec, seed=split_seed)
+    with located("teacher.task"):
+        task = load_task(task_spec, seed=split_seed)
     if recipe.benchmark is not None:
         test = task.split("test")
         scored = len(test.head(recipe.data.max_eval_samples))
@@ -72,18 +88,10 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
     else:
         recipe = with_teacher_finetune(recipe, resolve_config_paths(recipe.teacher.finetune, base_dir))
         check_inputs_exist(recipe.teacher.finetune, "teacher.finetune")
-        try:
+        with located("teacher.finetune"):
             check_extra_tasks(recipe.teacher.finetune)
-        except UserError as err:
-            raise UserError(f"teacher.finetune: {err}") from None
     check_steps_fit(steps, teacher_path, task, exports=recipe.export is not None and recipe.export.onnx,
                     max_train_samples=recipe.data.max_train_samples)
-    # Stages replace what they write under out_dir (and --force its whole contents): no
-    # input may lie there, or around it.
-    configs = [step.config for variant_steps in steps.values() for step in variant_steps]
-    configs += [recipe.teacher.finetune] if recipe.teacher.finetune is not None else []
-    check_output(out_dir, [teacher_path, *task_files(task_spec), *(p for c in configs for p in config_inputs(c))],
-                 owner_files=None)
     return Prepared(recipe, teacher_ref, teacher_path, steps, task, presets, split_seed, notes)
 
 
@@ -107,11 +115,12 @@ def with_teacher_finetune(recipe: Recipe, finetune_cfg) -> Recipe:
 
 def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
                base_dir: Path = Path("."), show_progress: bool = True, force: bool = False,
-               rebenchmark: bool = False, held: bool = False) -> dict:
+               rebenchmark: bool = False, held: bool = False, source: str = "") -> dict:
     """Run every stage of a validated recipe into out_dir and return the report (`held`: the
-    caller holds out_dir's lock, see `claimed_out_dir`)."""
+    caller holds out_dir's lock, see `claimed_out_dir`; `source`: the recipe file, which the
+    errors of its checks name)."""
     set_threads(None)
-    prepared = prepare(recipe, steps, out_dir, base_dir)
+    prepared = prepare(recipe, steps, out_dir, base_dir, source)
     recipe, steps, task, presets = prepared.recipe, prepared.steps, prepared.task, prepared.presets
     for note in prepared.notes:
         log.info("note: %s", note)
@@ -205,7 +214,7 @@ def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: Task
         known = Known(model=teacher, teacher=teacher, train_rows=len(task.split("train")), pair_task=task.is_pair_task,
                       max_train_samples=max_train_samples)
         for i, step in enumerate(variant_steps):
-            try:
+            with located(f"variants.{name}[{i}]"):
                 known = shape_after(step.name, step.config, known)
                 if get_pass(step.name).check_tokenizer is not None:
                     check_pass_tokenizer(step.name, step.config, tokenizer())
@@ -213,5 +222,3 @@ def check_steps_fit(steps: dict[str, list[Step]], teacher_path: Path, task: Task
                     calibration_rows(step.config, task)
                 check_extra_tasks(step.config)
                 check_inputs_exist(step.config, step.name)
-            except UserError as err:
-                raise UserError(f"variants.{name}[{i}]: {err}") from None

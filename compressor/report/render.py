@@ -276,7 +276,9 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
                     [f"{s['profile']}: {s['reason']}" for s in skipped]))
     if report.get("warnings"):
         out.append(("lines", "Warnings", report["warnings"]))
-    measured = report.get("benchmark", {}).get("environment")
+    benchmark = report.get("benchmark", {})
+    # Every profile skipped: no latency was measured anywhere, so no "where and when".
+    measured = benchmark.get("environment") if benchmark.get("profiles") else None
     if measured:
         out.append(("lines", "Where and when the latencies were measured", environment_lines(measured)))
     out.append(("lines", "Environment (this report written)" if measured else "Environment",

@@ -7,6 +7,7 @@ helps, the line, the column or the label, so the user can fix the file without a
 from __future__ import annotations
 
 import csv
+import difflib
 import functools
 import io
 import json
@@ -159,9 +160,20 @@ def _check_keys(spec: dict) -> None:
     unknown = sorted(str(k) for k in spec if k not in ALLOWED_KEYS)
     if unknown:
         raise UserError(f"unknown data spec key(s) {', '.join(unknown)}; "
-                        f"allowed keys: {', '.join(ALLOWED_KEYS)}")
+                        f"allowed keys: {', '.join(ALLOWED_KEYS)}{_nearest_keys(unknown)}")
     if not spec.get("path"):
         raise UserError(f"data spec needs a 'path' to a {'/'.join(EXTENSIONS)} file")
+
+
+def _nearest_keys(unknown: list[str]) -> str:
+    """`; did you mean 'split'?` for a misspelt key (`splt`), as a recipe's fields get."""
+    close = {key: difflib.get_close_matches(key, ALLOWED_KEYS, n=1) for key in unknown}
+    close = {key: match[0] for key, match in close.items() if match}
+    if not close:
+        return ""
+    if len(unknown) == 1:
+        return f"; did you mean {next(iter(close.values()))!r}?"
+    return "; did you mean " + ", ".join(f"{match!r} for {key!r}" for key, match in close.items()) + "?"
 
 
 def _fractions(value) -> tuple[float, float, float]:

@@ -7,7 +7,7 @@ import yaml
 
 from compressor.bench.profiles import load_profile
 from compressor.pipeline.recipe import load_recipe
-from compressor.yamlfile import load_yaml
+from compressor.yamlfile import load_yaml, location
 from pretrain.errors import UserError
 
 
@@ -63,3 +63,13 @@ def test_a_misspelt_profile_field_gets_the_nearest_name(tmp_path):
     path.write_text("provider: CPUExecutionProvider\nthread: 2\n")
     with pytest.raises(UserError, match=r"thread: Extra inputs are not permitted \(got 2\); did you mean 'threads'\?"):
         load_profile(str(path))
+
+
+@pytest.mark.parametrize("loc, text", [
+    (("variants", "d", 0, "dict[str,any]"), "variants.d[0]"),
+    (("benchmark", "sequence_lengths", 1, "int"), "benchmark.sequence_lengths[1]"),
+    (("threads", "literal['cores']"), "threads"),
+    (("variants", "v", 0, "drop-layers", "keep", 1), "variants.v[0].drop-layers.keep[1]"),
+])
+def test_a_location_reads_as_a_recipe_writes_it(loc, text):
+    assert location(loc) == text

@@ -4,6 +4,7 @@ step-based batch sources, callbacks, checkpoints and exact resume."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -201,6 +202,16 @@ def resume_cfg(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
+def test_each_epoch_ends_with_its_partial_batch_as_documented(make_tiny_bert, tokenizer):
+    # 100 examples in batches of 8: 13 steps an epoch (the last of 4), so every example is
+    # seen once an epoch; 2 epochs are 26 steps, not ceil(2 * 100 / 8) = 25.
+    result = train(make_tiny_bert(layers=1), encode(tokenizer, toy_split(100)), cfg(epochs=2, batch_size=8),
+                   show_progress=False)
+    assert (result.steps, result.samples) == (26, 200)
+    doc = (Path(__file__).parents[2] / "TRAIN_API.md").read_text()
+    assert "`ceil(epochs * ceil(len(data) / batch_size))` steps" in doc
+
+
 def random_batches(toy48, steps: int, seed: int = 3) -> StepBatches:
     """A source whose batch is a pure function of the step, like a masking objective's."""
     def make(step: int):
@@ -272,10 +283,21 @@ def test_checkpoint_of_other_settings_is_refused(make_tiny_bert, toy48, tmp_path
     assert (tmp_path / CHECKPOINT_FILE).read_bytes() == before
 
 
-def test_unreadable_checkpoint_is_a_user_error(make_tiny_bert, toy48, tmp_path):
-    (tmp_path / CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
-    with pytest.raises(UserError, match="cannot read checkpoint"):
+class Foreign:
+    """Not a tensor, dict or number: torch.load(weights_only=True) refuses to unpickle it."""
+
+
+@pytest.mark.parametrize("write", [lambda path: path.write_bytes(b"not a checkpoint"),
+                                   lambda path: torch.save({"model": Foreign()}, path)], ids=["junk", "foreign"])
+def test_unreadable_checkpoint_is_one_line_naming_what_to_do(make_tiny_bert, toy48, tmp_path, write):
+    # torch's own message advises weights_only=False, i.e. running the file's code: never passed on.
+    write(tmp_path / CHECKPOINT_FILE)
+    with pytest.raises(UserError) as caught:
         train(make_tiny_bert(), toy48, resume_cfg(), show_progress=False, checkpoint=Checkpointing(directory=tmp_path))
+    message = str(caught.value)
+    assert message == (f"{tmp_path / CHECKPOINT_FILE} is not a readable training checkpoint (truncated, or not "
+                       f"written by this tool); expected one a run of this tool wrote: delete {tmp_path} "
+                       "to start the training over")
 
 
 # --- hooks for compression passes: optimizer groups of their own, auxiliary modules ---
@@ -306,8 +328,7 @@ def test_param_groups_get_their_own_options(make_tiny_bert, toy48, monkeypatch, 
     model = make_tiny_bert()
     built = capture_optimizers(monkeypatch)
     logs = []
-    embedding = "sparse" if optimizer == "adamw" else "dense"   # (SGD's weight decay takes no sparse grads)
-    train(model, toy48, resume_cfg(epochs=0.5, warmup_ratio=0.0, optimizer=optimizer, embedding_updates=embedding),
+    train(model, toy48, resume_cfg(epochs=0.5, warmup_ratio=0.0, optimizer=optimizer, embedding_updates="sparse"),
           show_progress=False,
           param_groups=lambda m: [{"params": HEAD, "lr": 0.5, "weight_decay": 0.0}], callbacks=[logs.append])
     opt = built[0][0]
@@ -400,3 +421,18 @@ def test_fine_tuning_settings_that_are_no_number_are_refused(field):
     for value in (float("inf"), float("nan")):
         with pytest.raises(ValidationError, match="finite number"):
             FinetuneConfig(**{field: value, **extra})
+
+
+def test_sgd_trains_sparse_embeddings_under_default_weight_decay(make_tiny_bert, toy, monkeypatch):
+    # SGD's weight decay adds a dense tensor to each gradient, which a sparse one refuses:
+    # the sparse word embedding goes without decay (as under SparseAdam), the rest keeps it.
+    model = make_tiny_bert()
+    built = capture_optimizers(monkeypatch)
+    before = word_embedding(model)
+    result = train(model, toy, cfg(optimizer="sgd", embedding_updates="sparse", lr=0.1), show_progress=False)
+    assert result.steps == 4 and all(np.isfinite(result.losses))
+    (opt,) = built[0]
+    assert group_of(opt, model.get_input_embeddings().weight)["weight_decay"] == 0.0
+    assert group_of(opt, model.classifier.weight)["weight_decay"] == TrainConfig().weight_decay > 0
+    changed = set(torch.nonzero((word_embedding(model) != before).any(dim=1)).flatten().tolist())
+    assert changed == {t for ids in toy.input_ids for t in ids}

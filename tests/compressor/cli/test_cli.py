@@ -641,3 +641,19 @@ def test_run_says_which_stages_it_reused_and_which_it_built(cli, capsys):
     assert main([*argv, "--quiet"]) == 0
     assert "stage " not in capsys.readouterr().err
     assert logging.getLogger("compressor.pipeline").handlers == []
+
+
+def test_run_prints_report_warnings_on_stderr_and_only_results_on_stdout(tmp_path, monkeypatch, capsys):
+    # A script reading stdout gets the results alone; a warning is a note to the person.
+    import compressor.pipeline as pipeline
+    import compressor.report.render as render
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\nteacher: {model: minilm, task: wordnet-supersense}\nvariants: {a: []}\n")
+    report = {"warnings": ["sensitive-int8 is 66% smaller than expected"], "teacher": {}, "models": []}
+    monkeypatch.setattr(pipeline, "run_recipe", lambda *args, **kwargs: report)
+    monkeypatch.setattr(render, "markdown_table", lambda report: "| table |")
+    monkeypatch.setattr(render, "exports_table", lambda report: "")
+    assert main(["run", str(recipe), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning:" not in out and out.splitlines()[0] == "| table |"
+    assert err.splitlines() == ["warning: sensitive-int8 is 66% smaller than expected"]

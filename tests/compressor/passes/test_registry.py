@@ -293,3 +293,17 @@ def test_a_training_pass_trains_at_its_input_models_length_unless_it_sets_one(be
     from compressor.passes.layers import DropLayers
     assert apply_pass(start, "drop-layers", DropLayers(keep=(0, 1)), ctx).max_length == 64
     assert apply_pass(bert_bundle, "finetune", cfg, ctx).history[-1]["config"]["max_length"] == 128
+
+
+def test_a_config_as_written_keeps_its_type_tag_and_leaves_defaults_out():
+    from typing import Literal
+
+    from compressor.passes.registry import PassConfig, config_as_written
+
+    class Tagged(PassConfig):
+        kind: Literal["tagged"] = "tagged"     # which type: a choice even when left at its default
+        size: int = 3
+        style: Literal["a", "b"] = "a"          # an option with a default, not a tag
+
+    assert config_as_written(Tagged()) == {"kind": "tagged"}
+    assert config_as_written(Tagged(size=4)) == {"kind": "tagged", "size": 4}

@@ -8,7 +8,8 @@ import yaml
 from pydantic import ValidationError
 
 from compressor import Pipeline
-from compressor.export.quantize import QuantizeConfig
+from compressor.export.quantize import (DynamicInt8Config, Fp16Config, IncConfig, Int4WeightOnlyConfig, QuantizeConfig,
+                                         StaticInt8Config, TorchDynamicInt8Config)
 from compressor.passes.layers import DropLayers
 from compressor.pipeline import run as pipeline_run
 from compressor.pipeline import run_recipe, stages
@@ -109,3 +110,16 @@ def test_a_settings_object_of_another_section_is_refused(tiny_bert_dir, tiny_csv
         pipe.variant("odd", ("drop-layers", {"keep": [0]}, 1))
     pipe.export(ExportSettings(optimize=False))              # its own type is taken
     assert pipe.to_dict()["export"] == {"optimize": False}
+
+
+@pytest.mark.parametrize("config", [DynamicInt8Config(), StaticInt8Config(calibration="minmax"), Fp16Config(),
+                                    Int4WeightOnlyConfig(), TorchDynamicInt8Config(), IncConfig()],
+                         ids=lambda c: c.mode)
+def test_every_quantize_mode_reads_back_as_itself(config, tiny_bert_dir, tiny_csv):
+    # The mode is the config's type, never "a default the user did not set": without it the
+    # written recipe would read back as dynamic-int8 (or be refused for another mode's option).
+    pipe = Pipeline("api", teacher=str(tiny_bert_dir), task={"path": str(tiny_csv)}).variant("q", config)
+    assert pipe.to_dict()["variants"]["q"] == [{"quantize": {**config.model_dump(mode="json", exclude_unset=True),
+                                                            "mode": config.mode}}]
+    assert pipe.validate()[1]["q"][0].config == config
+    assert parse_recipe(yaml.safe_load(pipe.to_yaml()))[1]["q"][0].config == config

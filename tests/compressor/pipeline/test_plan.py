@@ -159,3 +159,16 @@ def test_the_command_prints_the_plan_and_writes_nothing(done, tmp_path, capsys):
     assert "0 of 10 stages to build" in printed
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
 
+
+
+def test_a_variant_whose_steps_an_earlier_one_ran_reads_as_a_copy_of_it():
+    from dataclasses import asdict
+
+    from compressor.pipeline.plan import PlannedStage, plan_lines
+    stages = [PlannedStage("same", "variant", "build", start="teacher"),
+              PlannedStage("a", "variant", "build", passes=["drop-layers"], start="teacher"),
+              PlannedStage("b", "variant", "build", start="a"),
+              PlannedStage("c", "variant", "build", passes=["quantize"], start="b")]
+    lines = plan_lines({"recipe": "r", "out": "out", "notes": [], "stages": [asdict(s) for s in stages]})
+    assert lines[2:6] == ["  same   build   the teacher as is", "  a      build   drop-layers",
+                          "  b      build   a copy of a (the same steps)", "  c      build   quantize (from b)"]

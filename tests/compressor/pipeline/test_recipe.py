@@ -281,3 +281,22 @@ def test_a_misspelt_required_field_is_named_with_a_hint(tmp_path):
 def test_an_empty_recipe_name_is_refused(tmp_path):
     assert "name: String should have at least 1 character" in error_of(tmp_path, "name: ''\n" + TEACHER +
                                                                         "variants:\n  v: []\n")
+
+
+@pytest.mark.parametrize("section, message", [
+    ("variants:\n  v: []\nbenchmark: {sequence_lengths: [real, foo]}\n",
+     "benchmark.sequence_lengths[1]: 'foo'; expected an integer or 'real'"),
+    ("variants:\n  d: [finetune, 42]\n", "variants.d[1]: 42; expected a mapping or a string"),
+    ("variants:\n  d: [finetune, 42, 43]\n", "variants.d[1]: 42; expected a mapping or a string [and 2 more]"),
+])
+def test_a_value_no_branch_of_a_union_takes_says_what_each_takes_at_an_indexed_location(tmp_path, section, message):
+    # Not pydantic's branch tags (`sequence_lengths.1.int: Input should be a valid integer`).
+    assert error_of(tmp_path, "name: r\n" + TEACHER + section) == f"{tmp_path / 'recipe.yaml'}: {message}"
+
+
+def test_a_bare_pass_name_is_the_pass_with_its_defaults(tmp_path):
+    from compressor.export.quantize import DynamicInt8Config
+    _, steps = load_recipe(write(tmp_path, "name: r\n" + TEACHER + "variants: {int8: [quantize]}\n"))
+    assert [(s.name, s.config) for s in steps["int8"]] == [("quantize", DynamicInt8Config())]
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants: {a: [theseus]}\n")
+    assert message.endswith("variants.a[0].theseus.successor_layers: Field required")

@@ -785,3 +785,45 @@ def test_an_export_the_gate_refuses_names_the_variant_and_the_recipe_key(tiny_be
                                           r"expected a larger export\.accuracy_tolerance \(now 0\.02\)"):
         stages.export_stage(stage, ExportSettings(accuracy_tolerance=0.02), recipe, tiny_task, tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda raw: raw["variants"].update(v=[{"drop-layers": {"keep": [0, 7]}}]),
+     "variants.v[0]: drop-layers: layer index 7 out of range; the model has 4 layers (0..3)"),
+    (lambda raw: raw["teacher"]["task"].update(splt=[0.8, 0.1, 0.1]),
+     "teacher.task: unknown data spec key(s) splt; allowed keys: path, text, label, text_pair, validation, test, "
+     "split; did you mean 'split'?"),
+    (lambda raw: raw["teacher"]["task"].update(split=[0.8, 0.1, 0.2]),
+     "teacher.task: split fractions [0.8, 0.1, 0.2] sum to 1.1; they must sum to 1"),
+])
+def test_an_error_of_the_checks_against_inputs_names_the_recipe_file_and_where(
+        change, message, tiny_bert_dir, tiny_csv, tmp_path, monkeypatch, capsys):
+    # As a validation error does (`r.yaml: variants.v[0].drop-layers.keep: ...`).
+    import yaml
+
+    from compressor.cli import main
+    forbid_building(monkeypatch)
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": []})
+    change(raw)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(recipe), "--out", str(tmp_path / "out"), "--plan"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {recipe}: {message}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.yaml"]
+
+
+@pytest.mark.parametrize("benchmark, profile", [(None, "cpu"), ({"profiles": ["cpu-avx512-vnni", "cpu"]},
+                                                                "cpu-avx512-vnni")])
+def test_a_recipe_search_runs_on_the_benchmarks_first_profile_else_on_cpu(benchmark, profile, tmp_path, monkeypatch):
+    # As README says: no benchmark section is the bundled cpu profile, not an error.
+    from types import SimpleNamespace
+
+    import compressor.search.run as search_run
+    raw = {"name": "r", "teacher": {"task": "wordnet-supersense"}, "search": {"latency_budget_ms": 5},
+           **({"benchmark": benchmark} if benchmark else {})}
+    recipe, _ = parse_recipe(raw)
+    asked = []
+    monkeypatch.setattr(search_run, "run_search", lambda teacher, task, target, *args, **kwargs: asked.append(target)
+                        or dict.fromkeys(("outcome", "chosen", "best_effort", "recipe_file")))
+    pipeline_run.recipe_search(recipe, SimpleNamespace(path=tmp_path), tmp_path, tmp_path / "out", False)
+    assert asked == [profile]

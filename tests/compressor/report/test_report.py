@@ -175,7 +175,8 @@ def test_the_report_says_where_and_when_cached_latencies_were_measured():
     env = {"cpu": {"model": "X", "cores": 2, "flags": ["avx2"]}, "packages": {"torch": "2"}}
     report = {"recipe": {"name": "r"}, "teacher": {"path": "t", "accuracy": 0.81, "params": 1000, "size_bytes": 100},
               "models": models, "pareto": pareto_fronts(models), "flops_sequence_length": 16,
-              "benchmark": {"environment": {**env, "date": "2026-01-01T00:00:00+00:00",
+              "benchmark": {"profiles": [{"name": "cpu"}],
+                            "environment": {**env, "date": "2026-01-01T00:00:00+00:00",
                                             "cpu": {"model": "Y", "cores": 4, "flags": []}}},
               "environment": {**env, "date": "2026-02-02T00:00:00+00:00"}}
     md = render_report_md(report, "pareto.png")
@@ -308,3 +309,15 @@ def test_latencies_timed_while_other_processes_used_the_cpus_are_warned_about():
         ("other processes used the CPUs while models were timed on cpu at batch 1 (sequence real): busy-at-1 12% "
          "of the CPUs' time during their timed calls; those latencies run high and may rank the models wrongly: "
          "rerun on a quiet machine")]
+
+
+def test_a_benchmark_that_measured_nothing_has_no_where_and_when_section():
+    env = {"cpu": {"model": "X", "cores": 2, "flags": []}, "packages": {}, "date": "2026-01-01T00:00:00+00:00"}
+    report = {"recipe": {"name": "r"}, "models": [], "environment": env,
+              "teacher": {"path": "t", "accuracy": 0.81, "params": 1000, "size_bytes": 100},
+              "benchmark": {"profiles": [], "environment": env,
+                            "skipped": [{"profile": "gpu-cuda-fp16", "reason": "no CUDA device is visible"}]}}
+    md = render_report_md(report, None)
+    assert "## Skipped profiles" in md and "nothing was measured" in md
+    assert "Where and when the latencies were measured" not in md
+    assert "## Environment\n" in md

@@ -224,6 +224,13 @@ def test_unknown_key_lists_allowed_keys(tmp_path):
     assert "labels" in message and "text_pair" in message and "validation" in message
 
 
+def test_a_misspelt_key_gets_the_nearest_allowed_one(tmp_path):
+    assert _error({"path": "x.csv", "splt": [0.8, 0.1, 0.1]}).endswith("; did you mean 'split'?")
+    assert _error({"path": "x.csv", "labl": "y", "txt": "t"}).endswith("; did you mean 'label' for 'labl', "
+                                                                       "'text' for 'txt'?")
+    assert "did you mean" not in _error({"path": "x.csv", "zzzz": 1})
+
+
 def test_missing_path_key():
     assert "path" in _error({"text": "t"})
 
