@@ -79,37 +79,16 @@ def test_qat_trains_with_the_loop_and_records_ranges_for_every_linear(bert_bundl
                            after["bert.encoder.layer.1.output.dense.weight"])
 
 
-class Stop(Exception):
-    pass
-
-
 def test_a_stopped_qat_resumes_from_its_checkpoint_with_identical_weights_and_ranges(bert_bundle, tiny_task,
-                                                                                     tmp_path, monkeypatch):
+                                                                                     stopped_then_resumed):
     """The pass checkpoints in the stage's work dir with its ranges' EMA state, so a stopped
     recipe resumes QAT there and ends where an uninterrupted QAT ends."""
     from compressor.passes import quantization
-    from pretrain.train import CHECKPOINT_FILE
     cfg = config("qat", epochs=1, batch_size=16, lr=1e-3, max_train_samples=96, ema_decay=0.5)   # 6 steps
     reference = apply_pass(bert_bundle, "qat", cfg, ctx(tiny_task))
-
-    monkeypatch.setattr(quantization, "CHECKPOINT_EVERY", 2)
-    real_finetune = quantization.finetune
-    steps: list[int] = []
-
-    def stop_at_5(log):
-        if log.step == 5:
-            raise Stop
-    work = Context(task=tiny_task, seed=0, show_progress=False, work_dir=tmp_path / "work")
-    monkeypatch.setattr(quantization, "finetune", lambda *a, **k: real_finetune(*a, **k, callbacks=[stop_at_5]))
-    with pytest.raises(Stop):
-        apply_pass(bert_bundle, "qat", cfg, work)
-    saved = torch.load(tmp_path / "work" / CHECKPOINT_FILE, weights_only=True)
+    saved, steps, resumed = stopped_then_resumed(quantization, "qat", bert_bundle, cfg, tiny_task)
     assert saved["progress"]["step"] == 4
     assert saved["model"]["bert.encoder.layer.0.intermediate.dense.input_range.observations"] == 4
-
-    monkeypatch.setattr(quantization, "finetune", lambda *a, **k: real_finetune(
-        *a, **k, callbacks=[lambda log: steps.append(log.step)]))
-    resumed = apply_pass(bert_bundle, "qat", cfg, work)
     assert steps == [5, 6]
     assert resumed.deploy["qat"] == reference.deploy["qat"]           # ranges, steps, samples, loss
     a, b = reference.model.state_dict(), resumed.model.state_dict()

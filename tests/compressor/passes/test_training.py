@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from compressor.bundle import ModelBundle
@@ -55,35 +54,15 @@ def test_finetune_pass_trains_at_the_strategys_default_lr(bert_bundle, tiny_task
     assert out.history[-1]["config"]["lr"] == 1e-3                          # the bundle records the rate used
 
 
-class Stop(Exception):
-    pass
-
-
-def test_a_stopped_finetune_pass_resumes_from_its_checkpoint_with_identical_weights(bert_bundle, tiny_task, tmp_path,
-                                                                                  monkeypatch):
+def test_a_stopped_finetune_pass_resumes_from_its_checkpoint_with_identical_weights(bert_bundle, tiny_task,
+                                                                                  stopped_then_resumed):
     """The pass checkpoints in the stage's work dir, so a stopped recipe resumes it there."""
     from compressor.passes import training
-    from pretrain.train import CHECKPOINT_FILE
     cfg = get_pass("finetune").config_type.model_validate(
         {"epochs": 1, "batch_size": 16, "lr": 1e-3, "max_train_samples": 96})          # 6 steps
     reference = apply_pass(bert_bundle, "finetune", cfg, Context(task=tiny_task, show_progress=False))
-
-    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 2)
-    real_finetune = training.finetune
-    steps: list[int] = []
-
-    def stop_at_5(log):
-        if log.step == 5:
-            raise Stop
-    ctx = Context(task=tiny_task, show_progress=False, work_dir=tmp_path / "work")
-    monkeypatch.setattr(training, "finetune", lambda *a, **k: real_finetune(*a, **k, callbacks=[stop_at_5]))
-    with pytest.raises(Stop):
-        apply_pass(bert_bundle, "finetune", cfg, ctx)
-    assert torch.load(tmp_path / "work" / CHECKPOINT_FILE, weights_only=True)["progress"]["step"] == 4
-
-    monkeypatch.setattr(training, "finetune", lambda *a, **k: real_finetune(
-        *a, **k, callbacks=[lambda log: steps.append(log.step)]))
-    resumed = apply_pass(bert_bundle, "finetune", cfg, ctx)
+    saved, steps, resumed = stopped_then_resumed(training, "finetune", bert_bundle, cfg, tiny_task)
+    assert saved["progress"]["step"] == 4
     assert steps == [5, 6]
     a, b = reference.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
