@@ -292,23 +292,22 @@ def test_the_models_table_says_how_many_test_examples_the_accuracies_come_from()
 
 
 def test_latencies_timed_while_other_processes_used_the_cpus_are_warned_about():
-    """Rows over the contention threshold are named with their share, one line per measurement;
-    rows under it, and rows that do not record it (older reports), are not."""
-    def timed(name, contention, batch=8):
-        model = entry(name, 0.8, 5.0)
-        model["latency"][0].update(batch_size=batch, **({} if contention is None else {"contention": contention}))
+    """A measurement is judged by its models' shares pooled over their timed seconds, one line
+    per measurement naming the most contended; a short model's high reading alone (jiffy
+    noise) is not warned about, and rows that do not record it (older reports) are not judged."""
+    def timed(name, contention, batch=8, mean_ms=5.0):
+        model = entry(name, 0.8, mean_ms)
+        model["latency"][0].update(batch_size=batch, mean_ms=mean_ms, iterations=300,
+                                   **({} if contention is None else {"contention": contention}))
         return model
     models = [timed("busy", 0.42), timed("also-busy", 0.351), timed("quiet", 0.02), timed("older", None),
-              timed("busy-at-1", 0.12, batch=1), timed("quiet-at-1", 0.1, batch=1)]
+              timed("short-at-1", 0.12, batch=1, mean_ms=0.5), timed("long-at-1", 0.02, batch=1, mean_ms=5.0)]
     report = {"teacher": {"path": None, "params": 1000}, "models": models,
               "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
     assert runtime_warnings(report) == [
-        ("other processes used the CPUs while models were timed on cpu at batch 8 (sequence real): busy 42%, "
-         "also-busy 35% of the CPUs' time during their timed calls; those latencies run high and may rank the "
-         "models wrongly: rerun on a quiet machine"),
-        ("other processes used the CPUs while models were timed on cpu at batch 1 (sequence real): busy-at-1 12% "
-         "of the CPUs' time during their timed calls; those latencies run high and may rank the models wrongly: "
-         "rerun on a quiet machine")]
+        ("other processes used 26% of the CPUs while the models were timed on cpu at batch 8 (sequence real; "
+         "most during busy 42%, also-busy 35%, quiet 2%); those latencies run high and may rank the models "
+         "wrongly: rerun on a quiet machine")]
 
 
 def test_a_benchmark_that_measured_nothing_has_no_where_and_when_section():
