@@ -52,11 +52,19 @@ def locked_temporary(target: Path) -> tuple[Path, int]:
     """A new temporary dir `.NAME.tmp-*` beside `target`, and the descriptor that holds its lock
     (unlocked where the filesystem has no locks: no cleanup runs there, see below)."""
     with dir_locked(target.parent, fcntl.LOCK_SH, required=False):
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        held = os.open(tmp, os.O_RDONLY)
-        with contextlib.suppress(OSError):
-            fcntl.flock(held, fcntl.LOCK_SH)
+        tmp, held = held_temporary(target)
     os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; outputs are for sharing
+    return tmp, held
+
+
+def held_temporary(target: Path) -> tuple[Path, int]:
+    """Make `.NAME.tmp-*` beside `target` and hold a shared lock on it (where the filesystem
+    locks); its descriptor, open until the writer is done, is the lock. The caller holds the
+    parent's lock meanwhile (see above)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    held = os.open(tmp, os.O_RDONLY)
+    with contextlib.suppress(OSError):
+        fcntl.flock(held, fcntl.LOCK_SH)
     return tmp, held
 
 
@@ -124,11 +132,7 @@ def claim_beside(out: Path, flag: str) -> tuple[Path, int]:
         if any(written_now(path) for path in out.parent.glob(f".{glob.escape(out.name)}.tmp-*")):
             raise UserError(f"{flag} {out} is in use by another command writing the same output; wait for it to "
                             f"finish, or choose another {flag}")
-        claim = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        held = os.open(claim, os.O_RDONLY)
-        with contextlib.suppress(OSError):
-            fcntl.flock(held, fcntl.LOCK_SH)
-    return claim, held
+        return held_temporary(out)
 
 
 def written_now(temporary: Path) -> bool:
