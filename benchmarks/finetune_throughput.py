@@ -26,8 +26,9 @@ What both sides get alike:
   `bf16=True`). Each mode of ours is compared with the Trainer run in its own precision.
 
 What differs: ours trains the last layer on the first token only (the one the classifier
-reads; same gradients, pretrain/first_token.py), which the Trainer has no option for;
-`--modes sparse-whole` measures ours without it.
+reads; same gradients, pretrain/first_token.py) and draws its dropout masks 16 bits per
+element (the same rate, pretrain/dropout.py), which the Trainer has no options for;
+`--modes sparse-whole` and `sparse-torchdropout` measure ours without each.
 
 What the clock covers, on both sides: the whole training call and nothing else. Ours:
 `pretrain.train.train` (optimizer creation included) with the TrainConfig that
@@ -87,7 +88,7 @@ TASK = "wordnet-supersense"
 LOG_EVERY = 50   # the Trainer logs the mean loss of the last 50 steps: ours' final_loss window
 
 
-MODE_FLAGS = ("ungrouped", "whole", "bf16")
+MODE_FLAGS = ("ungrouped", "whole", "bf16", "torchdropout")
 TRAINER = "transformers-trainer"
 ENV_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
 
@@ -100,14 +101,16 @@ def mode_parts(mode: str) -> tuple[str, set[str]]:
 
 def finetune_config(args: argparse.Namespace, seed: int, mode: str = "sparse") -> FinetuneConfig:
     """What `compressor finetune --epochs E --batch-size B --lr LR --seed S --max-train-samples N
-    [--embedding-updates M] [--whole-last-layer] [--precision bf16]` builds; `-ungrouped` turns
-    off length grouping, `-whole` trains the whole last layer (not the first token only), `-bf16`
-    trains in mixed precision."""
+    [--embedding-updates M] [--whole-last-layer] [--precision bf16] [--dropout-masks torch]` builds;
+    `-ungrouped` turns off length grouping, `-whole` trains the whole last layer (not the first token
+    only), `-bf16` trains in mixed precision, `-torchdropout` uses torch's dropout (not the packed
+    masks and eager attention of pretrain/dropout.py)."""
     embedding_updates, flags = mode_parts(mode)
     return FinetuneConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed,
                           max_train_samples=args.train_samples, embedding_updates=embedding_updates,
                           group_by_length="ungrouped" not in flags, cls_only_last_layer="whole" not in flags,
-                          precision="bf16" if "bf16" in flags else "fp32")
+                          precision="bf16" if "bf16" in flags else "fp32",
+                          dropout_masks="torch" if "torchdropout" in flags else "packed")
 
 
 def encoded_train(model, tokenizer, task: TaskData, cfg: FinetuneConfig) -> Encoded:
@@ -369,7 +372,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="round r uses seed + r")
     parser.add_argument("--modes", default="sparse",
                         help="comma-separated runs of ours per round: sparse, dense, frozen, each optionally "
-                             "with -ungrouped, -whole (the whole last layer) and/or -bf16 (mixed precision)")
+                             "with -ungrouped, -whole (the whole last layer), -bf16 (mixed precision) and/or "
+                             "-torchdropout (torch's dropout)")
     parser.add_argument("--trainer-precisions", default="fp32",
                         help="comma-separated Trainer runs per round: fp32, bf16 (its `bf16=True`); each mode "
                              "of ours is compared with the Trainer in its own precision when that ran")
@@ -385,7 +389,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         updates, flags = mode_parts(mode)
         if updates not in ("sparse", "dense", "frozen") or not flags <= set(MODE_FLAGS):
             parser.error(f"unknown mode {mode!r}; expected sparse, dense or frozen, optionally with "
-                         f"-ungrouped, -whole and/or -bf16")
+                         f"-ungrouped, -whole, -bf16 and/or -torchdropout")
     for precision in args.trainer_precisions.split(","):
         if precision not in ("fp32", "bf16"):
             parser.error(f"unknown Trainer precision {precision!r}; expected fp32 or bf16")

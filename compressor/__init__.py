@@ -1,6 +1,6 @@
 """Compression and deployment optimizer for pretrained NLP encoders."""
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = ["Pipeline", "__version__"]
 

@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--precision", **from_config(
         FinetuneConfig, "precision", "bf16: mixed precision (bfloat16 matrix products, fp32 weights), fast on "
                                      "CPUs with AVX-512 BF16 or AMX"))
+    ft.add_argument("--dropout-masks", **from_config(
+        FinetuneConfig, "dropout_masks", "packed: 16 random bits per element, the same rate (pretrain/dropout.py); "
+                                         "torch: torch's dropout"))
     ft.add_argument("--strategy", **from_config(
         FinetuneConfig, "strategy", "full: all weights; frozen: head only; scalar-mix: frozen encoder, learned "
                                     "mix of all layers; adapters: Houlsby bottlenecks + LayerNorms + head"))
@@ -412,6 +415,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         overrides={"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                    "max_train_samples": args.max_train_samples, "seed": args.seed,
                    "embedding_updates": args.embedding_updates, "precision": args.precision,
+                   "dropout_masks": args.dropout_masks,
                    "strategy": args.strategy,
                    "adapter_size": args.adapter_size, "adapter_init_std": args.adapter_init_std,
                    "intermediate_task": task_arg(args.intermediate_task) if args.intermediate_task else None,

@@ -436,3 +436,16 @@ def test_sgd_trains_sparse_embeddings_under_default_weight_decay(make_tiny_bert,
     assert group_of(opt, model.classifier.weight)["weight_decay"] == TrainConfig().weight_decay > 0
     changed = set(torch.nonzero((word_embedding(model) != before).any(dim=1)).flatten().tolist())
     assert changed == {t for ids in toy.input_ids for t in ids}
+
+
+def test_clipping_through_fused_adamws_grad_scale_matches_scaling_the_gradients(make_tiny_bert, toy, monkeypatch):
+    import pretrain.train as train_module
+
+    def trained(max_grad_norm, fold=True):
+        monkeypatch.setattr(train_module, "takes_grad_scale", lambda opt: fold and opt.defaults.get("fused", False))
+        model = make_tiny_bert()
+        train(model, toy, cfg(epochs=2, max_grad_norm=max_grad_norm), show_progress=False)
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+    folded, scaled, unclipped = trained(0.05), trained(0.05, fold=False), trained(None)
+    assert not torch.allclose(folded, unclipped, atol=1e-4)     # the norm 0.05 does clip
+    assert torch.allclose(folded, scaled, atol=1e-6)
