@@ -27,8 +27,12 @@ What both sides get alike:
 
 What differs: ours trains the last layer on the first token only (the one the classifier
 reads; same gradients, pretrain/first_token.py) and draws its dropout masks 16 bits per
-element (the same rate, pretrain/dropout.py), which the Trainer has no options for;
-`--modes sparse-whole` and `sparse-torchdropout` measure ours without each.
+element (the same rate), the attention-probability masks included, for which its SDPA
+attention runs in its eager form (pretrain/dropout.py); the Trainer has no options for
+these. `--modes sparse-whole` and `sparse-torchdropout` measure ours without each, and a
+Trainer side `bf16-eager` (or `fp32-eager`) gives the Trainer's model the same eager
+attention (with torch's dropout), so that what the attention form alone is worth is not
+counted as the loop's.
 
 What the clock covers, on both sides: the whole training call and nothing else. Ours:
 `pretrain.train.train` (optimizer creation included) with the TrainConfig that
@@ -69,6 +73,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +83,7 @@ from compressor.bench.environment import environment
 from pretrain.atomic import write_json
 from pretrain.batching import Encoded, encode, usable_length
 from pretrain.data import TaskData, load_task
+from pretrain.dropout import eager_forward
 from pretrain.finetune import FinetuneConfig, LoopHooks, evaluate, last_layer_for, whole_last_layer_reason
 from pretrain.models import load_classifier, set_threads
 from pretrain.strategies import trainable_for
@@ -254,11 +260,29 @@ def own_mixed_precision_env():
             os.environ[ENV_MIXED_PRECISION] = saved
 
 
-def trainer_side(precision: str) -> str:
-    return TRAINER if precision == "fp32" else f"{TRAINER}-{precision}"
+def trainer_side(spec: str) -> str:
+    return TRAINER if spec == "fp32" else f"{TRAINER}-{spec}"
 
 
-def run_trainer(task: TaskData, args: argparse.Namespace, seed: int, precision: str) -> dict:
+def trainer_spec_parts(spec: str) -> tuple[str, bool]:
+    """'bf16-eager' -> ('bf16', True): the precision, and whether the model runs eager attention."""
+    precision, _, attention = spec.partition("-")
+    return precision, attention == "eager"
+
+
+def eager_attention(model) -> int:
+    """Run the model's SDPA self-attention as its eager form, as our loop does while it trains
+    (pretrain/dropout.py), so a Trainer side can have the same attention; returns how many."""
+    swapped = 0
+    for module in model.modules():
+        forward = eager_forward(module)
+        if forward is not None:
+            module.forward = types.MethodType(forward, module)
+            swapped += 1
+    return swapped
+
+
+def run_trainer(task: TaskData, args: argparse.Namespace, seed: int, spec: str) -> dict:
     from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
     class Losses(TrainerCallback):
@@ -269,8 +293,10 @@ def run_trainer(task: TaskData, args: argparse.Namespace, seed: int, precision: 
             if logs and "loss" in logs:
                 self.logged.append(float(logs["loss"]))
 
+    precision, eager = trainer_spec_parts(spec)
     cfg = finetune_config(args, seed)
     model, tokenizer = load_classifier(MODEL, task.label_names, seed=seed)
+    eager_modules = eager_attention(model) if eager else 0
     train_set = EncodedDataset(encoded_train(model, tokenizer, task, cfg))
     losses = Losses()
     threads = torch.get_num_threads()
@@ -287,7 +313,7 @@ def run_trainer(task: TaskData, args: argparse.Namespace, seed: int, precision: 
         mixed_precision = trainer.accelerator.mixed_precision   # what it really ran: "no" or "bf16"
     model.eval()
     samples = trained_samples(len(train_set), args.batch_size, out.global_step)
-    return {"side": trainer_side(precision), "seconds": seconds, "samples": samples, "steps": out.global_step,
+    return {"side": trainer_side(spec), "seconds": seconds, "eager_attention_modules": eager_modules, "samples": samples, "steps": out.global_step,
             "samples_per_second": samples / seconds, "setup_seconds": setup_seconds,
             # the mean loss of the last LOG_EVERY steps (as ours), or of the whole run if shorter
             "final_loss": losses.logged[-1] if losses.logged else out.training_loss,
@@ -355,10 +381,16 @@ def summarize(rounds: list[dict], modes: list[str], trainers: list[str]) -> dict
         for s in ours:
             ratios = [r["ratio"][s] for r in rounds]
             diffs = [r["accuracy_difference"][s] for r in rounds]
-            summary["ratio"][s] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                                   "per_round": ratios}
+            summary["ratio"][s] = spread(ratios)
             summary["accuracy_difference"][s] = {"mean": statistics.fmean(diffs), "per_seed": diffs}
+        summary["ratio_to"] = {s: {t: spread([r["runs"][s]["samples_per_second"] / r["runs"][t]["samples_per_second"]
+                                              for r in rounds])
+                                   for t in sides if t not in ours} for s in ours}
     return summary
+
+
+def spread(ratios: list[float]) -> dict:
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "per_round": ratios}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -375,8 +407,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "with -ungrouped, -whole (the whole last layer), -bf16 (mixed precision) and/or "
                              "-torchdropout (torch's dropout)")
     parser.add_argument("--trainer-precisions", default="fp32",
-                        help="comma-separated Trainer runs per round: fp32, bf16 (its `bf16=True`); each mode "
-                             "of ours is compared with the Trainer in its own precision when that ran")
+                        help="comma-separated Trainer runs per round: fp32, bf16 (its `bf16=True`), each "
+                             "optionally with -eager (the model's attention in its eager form, as ours trains "
+                             "it); each mode of ours is compared with the Trainer in its own precision (SDPA) "
+                             "when that ran, and with every Trainer side in `ratio_to`")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     parser.add_argument("--skip-trainer", action="store_true")
     parser.add_argument("--profile", action="store_true",
@@ -390,9 +424,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if updates not in ("sparse", "dense", "frozen") or not flags <= set(MODE_FLAGS):
             parser.error(f"unknown mode {mode!r}; expected sparse, dense or frozen, optionally with "
                          f"-ungrouped, -whole, -bf16 and/or -torchdropout")
-    for precision in args.trainer_precisions.split(","):
-        if precision not in ("fp32", "bf16"):
-            parser.error(f"unknown Trainer precision {precision!r}; expected fp32 or bf16")
+    for spec in args.trainer_precisions.split(","):
+        if spec not in ("fp32", "bf16", "fp32-eager", "bf16-eager"):
+            parser.error(f"unknown Trainer precision {spec!r}; expected fp32 or bf16, optionally with -eager")
     return args
 
 
@@ -404,10 +438,10 @@ def main(argv: list[str] | None = None) -> dict:
         targs = TrainingArguments(**trainer_arguments(args, args.seed, tmp))
         differing = non_default_arguments(targs)
         by_side = {}
-        for precision in args.trainer_precisions.split(","):
+        for spec in args.trainer_precisions.split(","):
             with own_mixed_precision_env():
-                by_side[trainer_side(precision)] = non_default_arguments(
-                    TrainingArguments(**trainer_arguments(args, args.seed, tmp, precision)))
+                by_side[trainer_side(spec)] = non_default_arguments(
+                    TrainingArguments(**trainer_arguments(args, args.seed, tmp, trainer_spec_parts(spec)[0])))
     for values in (differing, *by_side.values()):
         values.pop("seed", None)
     result = {"command": command_line(argv), "settings": {k: v for k, v in vars(args).items() if k != "out"},

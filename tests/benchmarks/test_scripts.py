@@ -69,6 +69,31 @@ def test_finetune_throughput_mixed_precision_on_both_sides(tmp_path, monkeypatch
     assert by_side["transformers-trainer-bf16"]["bf16"] is True and "bf16" not in by_side["transformers-trainer"]
 
 
+def test_finetune_throughput_trainer_with_eager_attention(tmp_path, monkeypatch):
+    """A `-eager` Trainer side runs its model's attention in the eager form (as ours trains it),
+    keeps its own precision, and every mode of ours gets a ratio to it."""
+    out = tmp_path / "throughput.json"
+    run_script("finetune_throughput.py", ["--rounds", 1, "--train-samples", 40, "--eval-samples", 16, "--threads", 1,
+                                          "--modes", "sparse", "--trainer-precisions", "fp32,fp32-eager",
+                                          "--out", out], monkeypatch)
+    result = json.loads(out.read_text())
+    runs = result["rounds"][0]["runs"]
+    assert runs["transformers-trainer-fp32-eager"]["eager_attention_modules"] > 0
+    assert runs["transformers-trainer"]["eager_attention_modules"] == 0
+    assert runs["transformers-trainer-fp32-eager"]["mixed_precision"] == "no"
+    assert result["compared_with"] == {"ours-sparse": "transformers-trainer"}
+    to_eager = result["summary"]["ratio_to"]["ours-sparse"]["transformers-trainer-fp32-eager"]
+    assert to_eager["median"] == pytest.approx(
+        runs["ours-sparse"]["samples_per_second"] / runs["transformers-trainer-fp32-eager"]["samples_per_second"])
+
+
+@pytest.mark.parametrize("precisions", ["bf16-flash", "eager", "fp16"])
+def test_finetune_throughput_refuses_unknown_trainer_side(monkeypatch, precisions):
+    with pytest.raises(SystemExit) as exit_:
+        run_script("finetune_throughput.py", ["--trainer-precisions", precisions], monkeypatch)
+    assert exit_.value.code == 2
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_help(name, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
