@@ -332,9 +332,10 @@ def evaluate_model(model, tokenizer, task: TaskData, args: argparse.Namespace) -
 
 def baseline_for(mode: str, trainers: list[str]) -> str:
     """The Trainer side a mode of ours is compared with: the one in the same precision when it
-    ran, else the first listed."""
+    ran (SDPA before eager attention), else the first listed."""
     precision = "bf16" if "bf16" in mode_parts(mode)[1] else "fp32"
-    return trainer_side(precision) if precision in trainers else trainer_side(trainers[0])
+    same = [spec for spec in (precision, f"{precision}-eager") if spec in trainers]
+    return trainer_side(same[0] if same else trainers[0])
 
 
 def run_rounds(args: argparse.Namespace) -> dict:

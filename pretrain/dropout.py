@@ -13,15 +13,15 @@ elements are scaled by 1 / (1 - that probability), so the expected output is the
 with torch's dropout. The draws come from torch's default generator: `torch.manual_seed`
 makes runs repeatable and the loop's checkpoints carry the state, as before.
 
-`packed_dropout(model)` swaps every `nn.Dropout` of the model for this one while the block
-runs and puts the originals back afterwards, so a saved or exported model is the plain
-Transformers model. The attention-probability dropout of Transformers' SDPA attention is not
+`packed_dropout(model)` gives every `nn.Dropout` of the model this forward while the block
+runs and puts torch's back afterwards (the modules themselves, and the hooks adapters hang
+on them, stay), so a saved or exported model is the plain Transformers model. The attention-probability dropout of Transformers' SDPA attention is not
 a module: `scaled_dot_product_attention` draws it inside, with torch's masks. So, within the
-block, the SDPA self-attention of the BERT layout (BERT, RoBERTa, XLM-R, ELECTRA) runs its
-eager parent's forward instead: the same softmax(QK^T / sqrt(d) + mask) V, written out, which
+block, the SDPA self-attention of a BERT-layout encoder (BERT, RoBERTa, XLM-R; ELECTRA's
+attention is eager already) runs its eager parent's forward instead: the same softmax(QK^T / sqrt(d) + mask) V, written out, which
 applies the module's own `dropout` (swapped) to the probabilities. On CPU that is what
-SDPA's math kernel computes when dropout is on (its fused kernels take no dropout), and it
-measured no slower (benchmarks/README.md).
+SDPA's math kernel computes when dropout is on, and in a MiniLM step on 2 cores it ran
+faster (benchmarks/README.md, "Packed dropout masks with attention dropout").
 """
 
 from __future__ import annotations
@@ -57,53 +57,47 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor
     return slices >= drop_threshold(p)
 
 
-class PackedBitsDropout(nn.Module):
-    """`nn.Dropout(p)` with masks from 16-bit slices of random words (see module doc)."""
+def packs(p: float) -> bool:
+    """Whether a rate has a packed form: above 0 and below 1 once rounded to 1/65536."""
+    return 0 < effective_probability(p) < 1
 
-    def __init__(self, p: float) -> None:
-        super().__init__()
-        if not 0 <= p < 1:
-            raise ValueError(f"dropout probability {p} is outside [0, 1)")
-        self.p = p
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or effective_probability(self.p) == 0:
-            return x
-        scale = 1.0 / (1.0 - effective_probability(self.p))
-        # where() keeps only the boolean mask for the backward pass, as torch's dropout does
-        return torch.where(keep_mask(x.shape, self.p, x.device), x * scale, 0.0)
+def packed_bits_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Dropout of `x` at rate ~p in training (see module doc); for `packs(p)` rates."""
+    scale = 1.0 / (1.0 - effective_probability(p))
+    # where() keeps only the boolean mask for the backward pass, as torch's dropout does
+    return torch.where(keep_mask(x.shape, p, x.device), x * scale, 0.0)
 
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
+
+def packed_forward(module: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """An `nn.Dropout`'s forward with packed masks: its own p, and nothing in eval mode."""
+    return packed_bits_dropout(x, module.p) if module.training else x
 
 
 @contextlib.contextmanager
 def packed_dropout(model: nn.Module) -> Iterator[int]:
-    """Within the block, every `nn.Dropout` of `model` with 0 < p < 1 is a PackedBitsDropout of
-    the same p, and every SDPA self-attention that `eager_forward` knows runs its eager
-    forward (so its attention dropout is the swapped module); the originals come back on
-    leaving, whatever happened. Yields how many dropout modules were swapped. A module
-    reachable from several parents (shared layers) is swapped wherever it sits."""
-    swapped: list[tuple[nn.Module, str, nn.Module]] = []
-    eager: list[tuple[nn.Module, object]] = []
+    """Within the block, every `nn.Dropout` of `model` whose rate `packs` draws packed masks,
+    and every SDPA self-attention that `eager_forward` knows runs its eager forward (so its
+    attention dropout is one of those modules); both come back on leaving, whatever happened.
+    Yields how many dropout modules draw packed masks.
+
+    Only the modules' forwards change, never the modules: the forward hooks that adapters
+    hang on a dropout module (pretrain/strategies.py) keep running, and a module reachable
+    from several parents (shared layers) is one module."""
+    changed: list[tuple[nn.Module, object]] = []
+    dropouts = 0
     try:
-        for module in model.modules():
-            forward = eager_forward(module)
-            if forward is not None:      # modules() yields a shared module once
-                eager.append((module, module.__dict__.get("forward")))
+        for module in model.modules():           # each module once, however often it is reachable
+            if type(module) is nn.Dropout and packs(module.p):
+                forward, dropouts = packed_forward, dropouts + 1
+            else:
+                forward = eager_forward(module)
+            if forward is not None:
+                changed.append((module, module.__dict__.get("forward")))
                 module.forward = types.MethodType(forward, module)
-        for parent in model.modules():
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Dropout and 0 < child.p < 1:
-                    replacement = PackedBitsDropout(child.p)
-                    replacement.train(child.training)
-                    parent._modules[name] = replacement
-                    swapped.append((parent, name, child))
-        yield len(swapped)
+        yield dropouts
     finally:
-        for parent, name, original in reversed(swapped):
-            parent._modules[name] = original
-        for module, own_forward in reversed(eager):
+        for module, own_forward in reversed(changed):
             del module.forward
             if own_forward is not None:
                 module.forward = own_forward
@@ -116,12 +110,16 @@ def eager_forward(module: nn.Module):
     layout qualify: both forwards take the same arguments and the same additive mask (the
     model prepares it for SDPA, and the eager forward adds it to the scores), and the eager
     one applies `self.dropout` to the probabilities. DistilBERT's and ALBERT's eager
-    attention expect other masks, so they keep SDPA and torch's masks inside it."""
+    attention expect other masks, so they keep SDPA and torch's masks inside it; so does a
+    decoder's (the `clm` objective's BERT), which SDPA makes causal by a flag the eager form
+    does not take."""
     cls = type(module)
     if not cls.__name__.endswith("SdpaSelfAttention") or len(cls.__bases__) != 1:
         return None
+    if getattr(module, "is_decoder", False):   # SDPA makes it causal by is_causal, which eager lacks
+        return None
     parent = cls.__bases__[0]
     dropout = getattr(module, "dropout", None)
-    if parent.__name__ != cls.__name__.replace("Sdpa", "") or type(dropout) is not nn.Dropout or not 0 < dropout.p < 1:
+    if parent.__name__ != cls.__name__.replace("Sdpa", "") or type(dropout) is not nn.Dropout or not packs(dropout.p):
         return None
     return parent.forward

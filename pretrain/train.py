@@ -21,9 +21,12 @@ Where the time goes on a small CPU, and what the loop does about it:
   textbook behaviour). DDP all-reduces sparse gradients on gloo; NCCL cannot, so on GPU
   "sparse" falls back to "dense";
 - the optimizer step over the dense parameters uses the fused AdamW kernel;
-- torch's dropout draws one random number per element, 12% of a MiniLM step on 2 cores;
-  with `dropout_masks="packed"` (the default) the model's dropout modules draw 16 bits per
-  element instead, four elements per 64-bit word, for the same rate (pretrain/dropout.py).
+- torch's dropout draws one random number per element on one thread, 12-13% of a MiniLM
+  step on 2 cores; with `dropout_masks="packed"` (the default) the model's dropout modules
+  draw 16 bits per element instead, four elements per 64-bit word, for the same rate, and
+  BERT-layout SDPA attention runs eagerly so its attention dropout does too (pretrain/dropout.py);
+- clipping hands its factor to the fused AdamW kernel (`grad_scale`) rather than rewriting
+  every gradient first.
 """
 
 from __future__ import annotations
@@ -408,7 +411,8 @@ class Run:
                             f"tool); expected one a run of this tool wrote: delete {path.parent} to start the "
                             "training over") from None
         if state.get("fingerprint") != self.fingerprint():
-            raise UserError(f"checkpoint {path} was written by a run with other settings; "
+            raise UserError(f"checkpoint {path} was written by a run with other settings "
+                            f"({fingerprint_differences(state.get('fingerprint'), self.fingerprint())}); "
                             f"expected the same training config and step count (or remove it)")
         self.model.load_state_dict(state["model"])
         for opt, saved in zip(self.optimizers, state["optimizers"], strict=True):
@@ -423,6 +427,17 @@ class Run:
             set_rng_state(state["rng"][self.place.rank])
         for key, value in state["progress"].items():
             setattr(progress, key, value)
+
+
+def fingerprint_differences(saved: Any, now: dict) -> str:
+    """The settings a checkpoint's fingerprint and this run's disagree on, as `name: old -> new`
+    (a setting the checkpoint lacks, say one a later version added, reads `absent`)."""
+    if not isinstance(saved, dict):
+        return "no fingerprint"
+    old = {**saved.get("config", {}), "steps": saved.get("steps")}
+    new = {**now["config"], "steps": now["steps"]}
+    return ", ".join(f"{name}: {old.get(name, 'absent')} -> {new.get(name, 'absent')}"
+                     for name in sorted(old.keys() | new.keys()) if old.get(name, "absent") != new.get(name, "absent"))
 
 
 def rng_state() -> dict:

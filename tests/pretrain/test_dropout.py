@@ -6,8 +6,17 @@ import pytest
 import torch
 from torch import nn
 
-from pretrain.dropout import (LANES, PackedBitsDropout, effective_probability, keep_mask, packed_dropout)
+from pretrain.dropout import (LANES, effective_probability, keep_mask, packed_bits_dropout, packed_dropout, packs)
+from pretrain.objectives import ModelSize
 from pretrain.train import TrainConfig, train
+
+TINY_DECODER = ModelSize(layers=1, hidden=32, heads=2, intermediate=64)
+
+
+@pytest.fixture(scope="module")
+def wordnet_docs(tokenizer):
+    from pretrain.data.stream import ChunkStream
+    return ChunkStream("wordnet", tokenizer, 64, buffer_size=1, seed=0).take(8)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.02])
@@ -33,10 +42,16 @@ def test_the_threshold_gives_the_asked_rate_to_1_in_65536():
     assert effective_probability(0.0) == 0.0
 
 
+def packed_out(x: torch.Tensor, p: float, train: bool = True) -> torch.Tensor:
+    drop = nn.Dropout(p).train(train)
+    with packed_dropout(drop):
+        return drop(x)
+
+
 def test_output_keeps_the_expectation_and_the_gradient_is_the_mask():
     torch.manual_seed(2)
     x = torch.ones(63, 33, 47, requires_grad=True)      # an element count not a multiple of 4
-    y = PackedBitsDropout(0.1).train()(x)
+    y = packed_out(x, 0.1)
     scale = 1 / (1 - effective_probability(0.1))
     values = torch.unique(y).tolist()
     assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(scale)
@@ -45,52 +60,80 @@ def test_output_keeps_the_expectation_and_the_gradient_is_the_mask():
     assert torch.equal(x.grad, y.detach())               # d(sum)/dx = keep * scale
 
 
-def test_eval_mode_and_zero_rate_pass_the_input_through():
+def test_eval_mode_passes_the_input_through():
     x = torch.randn(4, 5)
-    assert PackedBitsDropout(0.1).eval()(x) is x
-    assert PackedBitsDropout(0.0).train()(x) is x
+    assert packed_out(x, 0.1, train=False) is x
 
 
 def test_the_seed_decides_the_masks():
-    drop, x = PackedBitsDropout(0.3).train(), torch.ones(1000)
+    x = torch.ones(1000)
     torch.manual_seed(5)
-    first = drop(x)
+    first = packed_bits_dropout(x, 0.3)
     torch.manual_seed(5)
-    assert torch.equal(drop(x), first)
-    assert not torch.equal(drop(x), first)               # the generator moved on
+    assert torch.equal(packed_bits_dropout(x, 0.3), first)
+    assert not torch.equal(packed_bits_dropout(x, 0.3), first)      # the generator moved on
 
 
-def test_a_rate_outside_0_1_is_refused():
-    with pytest.raises(ValueError, match="outside"):
-        PackedBitsDropout(1.0)
+@pytest.mark.parametrize("p", [0.0, 1e-6, 1 - 1e-6, 1.0])
+def test_rates_without_a_packed_form_keep_torchs_dropout(p):
+    # 1e-6 rounds to 0 in 1/65536 steps and 1 - 1e-6 to 1, whose scale would divide by zero
+    assert not packs(p)
+    drop = nn.Dropout(p)
+    with packed_dropout(drop) as swapped:
+        assert swapped == 0 and "forward" not in vars(drop)
 
 
-def test_the_swap_covers_every_dropout_and_puts_the_originals_back(make_tiny_bert):
+def test_the_swap_covers_every_dropout_keeps_the_modules_and_puts_torchs_forward_back(make_tiny_bert):
     model = make_tiny_bert()
     originals = {name: m for name, m in model.named_modules() if type(m) is nn.Dropout}
     assert originals
     with pytest.raises(RuntimeError, match="inside"):
         with packed_dropout(model) as swapped:
-            inside = {name: m for name, m in model.named_modules() if name in originals}
             assert swapped == len(originals)
-            assert all(isinstance(m, PackedBitsDropout) and m.p == originals[name].p for name, m in inside.items())
+            assert {name: m for name, m in model.named_modules() if type(m) is nn.Dropout} == originals
+            assert all("forward" in vars(m) for m in originals.values())
             raise RuntimeError("inside")
-    assert {name: m for name, m in model.named_modules() if type(m) is nn.Dropout} == originals
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_hooks_on_dropout_modules_keep_running_inside(make_tiny_bert, tokenizer):
+    # the adapters strategy hangs its bottlenecks on the sublayers' dropout modules as hooks
+    model = make_tiny_bert().train()
+    calls = []
+    target = model.bert.encoder.layer[0].output.dropout
+    target.register_forward_hook(lambda module, args, out: calls.append(module))
+    with packed_dropout(model):
+        model(**toy_batch(tokenizer))
+    assert calls == [target]
+
+
+def test_adapters_train_under_packed_masks(make_tiny_bert, tokenizer):
+    from pretrain.batching import encode
+    from pretrain.data import Split
+    from pretrain.strategies import add_adapters
+    model = make_tiny_bert()
+    add_adapters(model, bottleneck=4)
+    adapters = {n: p.detach().clone() for n, p in model.named_parameters() if "adapter" in n}
+    assert adapters
+    data = encode(tokenizer, Split(["an apple", "an engine"] * 8, [1, 0] * 8))
+    train(model, data, TrainConfig(batch_size=8, lr=1e-2, dropout_masks="packed"), show_progress=False)
+    after = dict(model.named_parameters())
+    assert all(not torch.equal(after[n].detach(), before) for n, before in adapters.items())
 
 
 def test_train_uses_packed_masks_by_default_and_torchs_when_asked(make_tiny_bert, tokenizer):
     from pretrain.batching import encode
     from pretrain.data import Split
     data = encode(tokenizer, Split(["an apple", "an engine"] * 8, [1, 0] * 8))
-    for masks, kind in (("packed", PackedBitsDropout), ("torch", nn.Dropout)):
+    for masks, packed_inside in (("packed", True), ("torch", False)):
         model, seen = make_tiny_bert(), []
 
         def loss_fn(m, batch):
-            seen.append({type(d) for d in m.modules() if isinstance(d, (nn.Dropout, PackedBitsDropout))})
+            seen.append({"forward" in vars(d) for d in m.modules() if type(d) is nn.Dropout})
             return torch.nn.functional.cross_entropy(m(**batch).logits, batch["labels"])
         train(model, data, TrainConfig(batch_size=8, dropout_masks=masks), loss_fn=loss_fn, show_progress=False)
-        assert seen and all(s == {kind} for s in seen), (masks, seen)
-        assert {type(d) for d in model.modules() if isinstance(d, (nn.Dropout, PackedBitsDropout))} == {nn.Dropout}
+        assert seen and all(s == {packed_inside} for s in seen), (masks, seen)
+        assert not any("forward" in vars(d) for d in model.modules())
 
 
 class AtenOps(torch.utils._python_dispatch.TorchDispatchMode):
@@ -156,3 +199,19 @@ def test_attention_whose_eager_form_takes_another_mask_keeps_sdpa(tokenizer):
     batch.pop("token_type_ids", None)
     with packed_dropout(model) as swapped:
         assert swapped and torch.isfinite(model(**batch).loss)
+
+
+def test_a_decoders_attention_stays_causal(tokenizer, wordnet_docs):
+    # SDPA makes a BERT decoder causal through is_causal when the mask is None (no padding);
+    # the eager form has no such flag, so decoders keep SDPA
+    import numpy as np
+
+    from pretrain.objectives import get_objective
+    objective = get_objective("clm")
+    model = objective.build_model(tokenizer, TINY_DECODER, 64, seed=0).eval()
+    ids = objective.make_batch(wordnet_docs, tokenizer, np.random.default_rng(0), 64)["input_ids"][:1]
+    changed = ids.clone()
+    changed[:, 5:] = tokenizer.mask_token_id
+    with packed_dropout(model), torch.no_grad():
+        before, after = model(input_ids=ids).logits, model(input_ids=changed).logits
+    torch.testing.assert_close(before[:, :5], after[:, :5])

@@ -278,9 +278,21 @@ def test_checkpoint_of_other_settings_is_refused(make_tiny_bert, toy48, tmp_path
     ckpt = Checkpointing(directory=tmp_path, every_steps=2)
     train(make_tiny_bert(), toy48, resume_cfg(epochs=0.5), show_progress=False, checkpoint=ckpt)
     before = (tmp_path / CHECKPOINT_FILE).read_bytes()
-    with pytest.raises(UserError, match="other settings"):
+    with pytest.raises(UserError, match=r"other settings \(lr: 0\.001 -> 0\.0005\)") as error:
         train(make_tiny_bert(), toy48, resume_cfg(epochs=0.5, lr=5e-4), show_progress=False, checkpoint=ckpt)
+    assert "\n" not in str(error.value)
     assert (tmp_path / CHECKPOINT_FILE).read_bytes() == before
+
+
+def test_a_setting_the_checkpoint_lacks_is_named(make_tiny_bert, toy48, tmp_path):
+    # a checkpoint of an earlier version, whose config had no dropout_masks yet
+    ckpt = Checkpointing(directory=tmp_path, every_steps=2)
+    train(make_tiny_bert(), toy48, resume_cfg(epochs=0.5), show_progress=False, checkpoint=ckpt)
+    state = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)
+    del state["fingerprint"]["config"]["dropout_masks"]
+    torch.save(state, tmp_path / CHECKPOINT_FILE)
+    with pytest.raises(UserError, match=r"dropout_masks: absent -> packed\)"):
+        train(make_tiny_bert(), toy48, resume_cfg(epochs=0.5), show_progress=False, checkpoint=ckpt)
 
 
 class Foreign:
