@@ -302,7 +302,8 @@ def test_drop_layers_count_drops_the_layer_whose_removal_costs_least(bert_bundle
     record, keep = out.deploy["drop_layers"], [0, 1, 2, 3]
     for round_ in record["rounds"]:
         losses = {layer: mean_loss(with_layers(bundle.model, [i for i in keep if i != layer]), data) for layer in keep}
-        assert max(losses.values()) - min(losses.values()) > 0.05, losses     # the layers differ
+        # the layers differ (a random tiny model's do not: spread ~0), well beyond the 1e-3 below
+        assert max(losses.values()) - min(losses.values()) > 0.02, losses
         assert round_["loss_without"] == pytest.approx({str(k): v for k, v in losses.items()}, abs=1e-3)
         assert round_["dropped"] == min(losses, key=losses.get)
         keep.remove(round_["dropped"])

@@ -149,14 +149,15 @@ def test_qat_export_computes_what_qat_simulated(bert_bundle, tiny_task, tmp_path
 
 def int8_kernel_error_bound() -> float:
     """How far, relative to fp32, ORT's int8 result may stray from the exact integer product.
-    With VNNI (or AMX, or on ARM) the uint8 x int8 kernel sums in 32 bits: measured 0.0015 of
-    the distance to fp32. x86 CPUs without them multiply-add pairs into 16 bits (VPMADDUBSW),
+    With VNNI (or AMX, or on ARM) the uint8 x int8 kernel sums in 32 bits: measured 0.0015 to
+    0.030 of the distance to fp32 over eight QAT models (seeds 0-3, packed and torch dropout
+    masks, on AMX; the flips at a half step depend on the weights). x86 CPUs without them multiply-add pairs into 16 bits (VPMADDUBSW),
     which saturates when two large products meet, as ORT's quantization docs warn: measured
     0.13 on an AVX2 EPYC. An unquantized graph would sit at 1."""
     import platform
     from compressor.bench.environment import cpu_flags
     exact = platform.machine() not in ("x86_64", "AMD64") or cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"}
-    return 0.02 if exact else 0.3
+    return 0.05 if exact else 0.3
 
 
 def test_linear_scope_graph_runs_every_linear_as_an_integer_kernel(bert_bundle, tiny_task, tmp_path):
