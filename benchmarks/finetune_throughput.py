@@ -313,7 +313,8 @@ def run_trainer(task: TaskData, args: argparse.Namespace, seed: int, spec: str) 
         mixed_precision = trainer.accelerator.mixed_precision   # what it really ran: "no" or "bf16"
     model.eval()
     samples = trained_samples(len(train_set), args.batch_size, out.global_step)
-    return {"side": trainer_side(spec), "seconds": seconds, "eager_attention_modules": eager_modules, "samples": samples, "steps": out.global_step,
+    return {"side": trainer_side(spec), "seconds": seconds, "eager_attention_modules": eager_modules,
+            "samples": samples, "steps": out.global_step,
             "samples_per_second": samples / seconds, "setup_seconds": setup_seconds,
             # the mean loss of the last LOG_EVERY steps (as ours), or of the whole run if shorter
             "final_loss": losses.logged[-1] if losses.logged else out.training_loss,

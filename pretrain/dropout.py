@@ -15,13 +15,16 @@ makes runs repeatable and the loop's checkpoints carry the state, as before.
 
 `packed_dropout(model)` gives every `nn.Dropout` of the model this forward while the block
 runs and puts torch's back afterwards (the modules themselves, and the hooks adapters hang
-on them, stay), so a saved or exported model is the plain Transformers model. The attention-probability dropout of Transformers' SDPA attention is not
-a module: `scaled_dot_product_attention` draws it inside, with torch's masks. So, within the
-block, the SDPA self-attention of a BERT-layout encoder (BERT, RoBERTa, XLM-R; ELECTRA's
-attention is eager already) runs its eager parent's forward instead: the same softmax(QK^T / sqrt(d) + mask) V, written out, which
-applies the module's own `dropout` (swapped) to the probabilities. On CPU that is what
-SDPA's math kernel computes when dropout is on, and in a MiniLM step on 2 cores it ran
-faster (benchmarks/README.md, "Packed dropout masks with attention dropout").
+on them, stay), so a saved or exported model is the plain Transformers model.
+
+The attention-probability dropout of Transformers' SDPA attention is not a module:
+`scaled_dot_product_attention` draws it inside, with torch's masks. So, within the block,
+the SDPA self-attention of a BERT-layout encoder (BERT, RoBERTa, XLM-R; ELECTRA's attention
+is eager already) runs its eager parent's forward instead: the same
+softmax(QK^T / sqrt(d) + mask) V, written out, which applies the module's own `dropout`
+(packed) to the probabilities. On CPU that is what SDPA's math kernel computes once dropout
+is on, and in a MiniLM step on 2 cores it ran faster (benchmarks/README.md, the first
+section of "Fine-tuning throughput vs the Transformers Trainer").
 """
 
 from __future__ import annotations

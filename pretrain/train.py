@@ -24,7 +24,8 @@ Where the time goes on a small CPU, and what the loop does about it:
 - torch's dropout draws one random number per element on one thread, 12-13% of a MiniLM
   step on 2 cores; with `dropout_masks="packed"` (the default) the model's dropout modules
   draw 16 bits per element instead, four elements per 64-bit word, for the same rate, and
-  BERT-layout SDPA attention runs eagerly so its attention dropout does too (pretrain/dropout.py);
+  BERT-layout SDPA attention runs eagerly so that its attention dropout does too
+  (pretrain/dropout.py);
 - clipping hands its factor to the fused AdamW kernel (`grad_scale`) rather than rewriting
   every gradient first.
 """
@@ -595,7 +596,7 @@ def clip_dense_gradients(model: nn.Module, max_norm: float | None, optimizer: to
     With a fused AdamW over them, the clipping factor goes to its kernel as `grad_scale` (the
     divisor it applies to every gradient as it reads it, the hook GradScaler uses) instead of
     a pass that rewrites every gradient first: the same update, one pass over the gradients
-    fewer (2-4% of a MiniLM step on 2 cores). Elsewhere torch's clip_grad_norm_ scales them."""
+    fewer (about 2% of a MiniLM step on 2 cores). Elsewhere torch's clip_grad_norm_ scales them."""
     if max_norm is None:
         return
     params = [p for p in model.parameters() if p.grad is not None and not p.grad.is_sparse]
