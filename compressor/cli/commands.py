@@ -290,8 +290,10 @@ def int_list(value: str) -> list[int]:
 
 
 def length_list(value: str) -> list[int | str]:
-    return listed(value, lambda v: v if v == "real" else positive_int(v),
-                  "comma-separated positive integers or 'real' (e.g. real,128)")
+    from compressor.bench.profiles import MIN_SEQUENCE_LENGTH    # a profile's rule: read when the flag is given
+    fixed_length = bounded_int(MIN_SEQUENCE_LENGTH, MAX_COUNT, "a sequence length")
+    return listed(value, lambda v: v if v == "real" else fixed_length(v),
+                  f"comma-separated integers >= {MIN_SEQUENCE_LENGTH} or 'real' (e.g. real,128)")
 
 
 def listed(value: str, parse: Callable[[str], Any], expected: str) -> list:

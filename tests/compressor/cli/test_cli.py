@@ -408,7 +408,8 @@ def test_a_max_length_the_model_cannot_run_at_is_one_line_exit_2(command, value,
     ("--batch-sizes", "1,x", "expected comma-separated positive integers (e.g. 1,8), got '1,x'"),
     ("--batch-sizes", ",", "expected comma-separated positive integers (e.g. 1,8), got ','"),
     ("--batch-sizes", "1,0", "got '1,0'"),
-    ("--sequence-lengths", "real,abc", "positive integers or 'real' (e.g. real,128), got 'real,abc'"),
+    ("--sequence-lengths", "real,abc", "integers >= 2 or 'real' (e.g. real,128), got 'real,abc'"),
+    ("--sequence-lengths", "real,1", "integers >= 2 or 'real' (e.g. real,128), got 'real,1'"),   # no [CLS] [SEP]
     ("--iterations", "ten", "expected a positive integer from 1 to 2147483647, got ten"),
     ("--iterations", "99999999999999999999", "expected a positive integer from 1 to 2147483647"),
 ])
