@@ -464,11 +464,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from compressor.pipeline import run_recipe
-    from compressor.pipeline.recipe import load_recipe
+    from compressor.pipeline.recipe import load_recipe, located
     recipe, steps = load_recipe(args.recipe)
     if args.force:      # --force clears the dir: the recipe file must not be in it
         from pretrain.atomic import check_output
-        check_output(args.out, [args.recipe], owner_files=None)
+        with located(str(args.recipe)):
+            check_output(args.out, [args.recipe], owner_files=None)
     if args.plan:
         from compressor.pipeline.plan import plan_lines, plan_recipe
         plan = plan_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, force=args.force,

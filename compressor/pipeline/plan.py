@@ -21,7 +21,8 @@ from compressor.pipeline.benchmark_stages import (baseline_dir, baseline_key, ba
                                                   benchmark_key, baseline_deployable, variant_deployable)
 from compressor.pipeline.cache import BUILD_PARTIAL, BUILD_SECONDS, stage_record
 from compressor.pipeline.outdir import holder_of, make_out_dir, replaced_by_claim
-from compressor.pipeline.recipe import BENCHMARK_DIR, PREFIXES_DIR, SEARCH_DIR, WORK_DIR, Recipe, Step, export_dir_name
+from compressor.pipeline.recipe import (BENCHMARK_DIR, PREFIXES_DIR, SEARCH_DIR, WORK_DIR, Recipe, Step,
+                                       export_dir_name, located)
 from compressor.pipeline.run import Prepared, prepare
 from compressor.pipeline.stages import (export_key, export_stage, finished_stage, recorded_quantize, teacher_key,
                                         variant_key)
@@ -48,8 +49,9 @@ def plan_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *, 
     prepared = prepare(recipe, steps, out_dir, base_dir, source)
     notes, replaced = list(prepared.notes), False
     if out_dir.exists():
-        make_out_dir(out_dir)                     # a file in its place is refused, as by the run
-        replaced = bool(replaced_by_claim(out_dir, recipe, force))
+        with located(source):                     # as the run's claim refuses it
+            make_out_dir(out_dir)                 # a file in its place is refused, as by the run
+            replaced = bool(replaced_by_claim(out_dir, recipe, force))
         if replaced:
             notes.append(f"--force: the results of another recipe in {out_dir} would be deleted first")
         holder = holder_of(out_dir)

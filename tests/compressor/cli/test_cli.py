@@ -419,6 +419,17 @@ def test_list_and_count_flags_say_what_they_expect(capsys, flag, value, expected
     assert err.count("\n") == 1 and err.startswith(f"error: compressor bench: argument {flag}: ") and expected in err
 
 
+def test_run_force_over_the_dir_of_its_own_recipe_names_the_recipe_first(tmp_path, capsys):
+    """--force would clear the dir the recipe file lies in: refused as the run's other --out
+    errors are, the recipe file first."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\nteacher: {model: minilm, task: wordnet-supersense}\nvariants: {v: []}\n")
+    assert main(["run", str(recipe), "--out", str(tmp_path), "--force"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {recipe}: --out {tmp_path} holds the input {recipe}: "), line
+    assert [p.name for p in tmp_path.iterdir()] == ["r.yaml"]
+
+
 SEEDED = [["evaluate", "--model", "m"], ["export", "--model", "m", "--out", "o"], ["bench", "--model", "m"],
           ["embeddings", "--corpus", "c", "--out", "o"]]
 THREADED = [["search", "--teacher", "t", "--out", "o"], ["finetune", "--out", "o"],

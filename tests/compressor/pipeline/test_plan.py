@@ -205,3 +205,12 @@ def test_a_teacher_used_as_is_says_what_building_it_does(tiny_bert_dir, tiny_csv
     assert teacher["state"] == "build" and teacher["passes"] == [] and not teacher["trains"]
     assert any(re.fullmatch(r"\s+teacher\s+build\s+the teacher as is \(no fine-tuning\), saved and scored", line)
                for line in plan_lines(planned))
+
+
+def test_an_out_dir_the_plan_refuses_is_named_after_the_recipe_file(done, tmp_path):
+    raw, out, _ = done
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(UserError, match=r"^recipes/r.yaml: --out .*a-file is a file; expected a directory"):
+        plan(raw, tmp_path / "a-file", source="recipes/r.yaml")
+    with pytest.raises(UserError, match=r"^recipes/r.yaml: .*run holds results of recipe 'tiny-plan'; refusing"):
+        plan({**raw, "name": "another"}, out, source="recipes/r.yaml")
