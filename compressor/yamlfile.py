@@ -13,6 +13,7 @@ from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 from yaml.constructor import ConstructorError
 
 
@@ -50,14 +51,27 @@ def field_suggestion(model: type[BaseModel] | None, loc: tuple) -> str:
     """`; did you mean 'finetune'?` for a misspelt field at `loc` (its last part), found by
     following the model's fields down the path; empty where the path leaves the models
     (a list index, a mapping of variants) or no name is close."""
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part)) if model is not None else None
-        model = model_in(field.annotation) if field is not None else None
+    model = model_at(model, loc[:-1])
     if model is None:
         return ""
     names = [field.alias or name for name, field in model.model_fields.items()]
     close = difflib.get_close_matches(str(loc[-1]), names, n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def field_at(model: type[BaseModel] | None, loc: tuple) -> FieldInfo | None:
+    """The field a pydantic error's `loc` names, found as `field_suggestion` finds it; None
+    where the path leaves the models (a list item, a mapping of variants, a union branch)."""
+    parent = model_at(model, loc[:-1]) if loc else None
+    return parent.model_fields.get(loc[-1]) if parent is not None and isinstance(loc[-1], str) else None
+
+
+def model_at(model: type[BaseModel] | None, path: tuple) -> type[BaseModel] | None:
+    """The model that following the fields along `path` from `model` leads to, if any."""
+    for part in path:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        model = model_in(field.annotation) if field is not None else None
+    return model
 
 
 # Pydantic names the branch of a union an error comes from, in its location, by the branch's

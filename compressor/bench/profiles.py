@@ -26,6 +26,10 @@ from pretrain.errors import UserError, validation_message
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
 
 Precision = Literal["fp32", "fp16", "int8", "int4"]
+MIN_SEQUENCE_LENGTH = 2     # a fixed length holds [CLS] and [SEP] at least
+# What an item of a list field takes, in words, where its type says less than its validator
+# checks: a sequence length is an integer from 2 up, not any integer (profiles' and recipes' errors).
+ITEM_FORMS = {"sequence_lengths": f"an integer >= {MIN_SEQUENCE_LENGTH} or 'real'"}
 
 
 class Requirements(BaseModel):
@@ -115,8 +119,9 @@ def check_batch_sizes(sizes: list[int]) -> list[int]:
 
 def check_sequence_lengths(lengths: list) -> list:
     """Fixed lengths hold [CLS] and [SEP] at least; each measured once."""
-    if not lengths or any(isinstance(n, int) and n < 2 for n in lengths):
-        raise ValueError(f"sequence lengths must be 'real' or fixed lengths >= 2, at least one (got {lengths})")
+    if not lengths or any(isinstance(n, int) and n < MIN_SEQUENCE_LENGTH for n in lengths):
+        raise ValueError(f"sequence lengths must be 'real' or fixed lengths >= {MIN_SEQUENCE_LENGTH}, at least one "
+                         f"(got {lengths})")
     if len(set(map(str, lengths))) != len(lengths):
         raise ValueError(f"sequence lengths must be distinct (got {lengths})")
     return lengths
@@ -206,6 +211,8 @@ def describe_profile_error(err: ValidationError) -> str:
     is_type_error = first["type"].endswith(("_type", "_parsing")) or first["type"] == "literal_error"
     if field is not None and len(parts) == 1 and is_type_error:
         return f"{parts[0]}: expected {type_name(field.annotation)}{shown}"
+    if parts and parts[0] in ITEM_FORMS and is_type_error:
+        return f"{location(first['loc'])}: expected {ITEM_FORMS[parts[0]]}{shown}"
     hint = field_suggestion(Profile, tuple(parts)) if first["type"] == "extra_forbidden" else ""
     return f"{location(first['loc']) or 'profile'}: {validation_message(first)}{shown}{hint}"
 

@@ -290,8 +290,10 @@ def int_list(value: str) -> list[int]:
 
 
 def length_list(value: str) -> list[int | str]:
-    return listed(value, lambda v: v if v == "real" else positive_int(v),
-                  "comma-separated positive integers or 'real' (e.g. real,128)")
+    from compressor.bench.profiles import MIN_SEQUENCE_LENGTH    # a profile's rule: read when the flag is given
+    fixed_length = bounded_int(MIN_SEQUENCE_LENGTH, MAX_COUNT, "a sequence length")
+    return listed(value, lambda v: v if v == "real" else fixed_length(v),
+                  f"comma-separated integers >= {MIN_SEQUENCE_LENGTH} or 'real' (e.g. real,128)")
 
 
 def listed(value: str, parse: Callable[[str], Any], expected: str) -> list:
@@ -462,11 +464,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from compressor.pipeline import run_recipe
-    from compressor.pipeline.recipe import load_recipe
+    from compressor.pipeline.recipe import load_recipe, located
     recipe, steps = load_recipe(args.recipe)
     if args.force:      # --force clears the dir: the recipe file must not be in it
         from pretrain.atomic import check_output
-        check_output(args.out, [args.recipe], owner_files=None)
+        with located(str(args.recipe)):
+            check_output(args.out, [args.recipe], owner_files=None)
     if args.plan:
         from compressor.pipeline.plan import plan_lines, plan_recipe
         plan = plan_recipe(recipe, steps, args.out, base_dir=args.recipe.parent, force=args.force,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from compressor import __version__
-from compressor.pipeline.recipe import RESERVED_NAMES, RUN_FILE, STAGE_FILE, WORK_DIR, Recipe
+from compressor.pipeline.recipe import RESERVED_NAMES, RUN_FILE, STAGE_FILE, WORK_DIR, Recipe, located
 from pretrain.atomic import remove_dir, write_failure, write_json
 from pretrain.errors import UserError
 
@@ -49,23 +49,26 @@ def exclusive_use(out_dir: Path) -> Iterator[bool]:
 
 
 @contextlib.contextmanager
-def claimed_out_dir(out_dir: Path, recipe: Recipe, force: bool, *, held: bool = False) -> Iterator[bool]:
+def claimed_out_dir(out_dir: Path, recipe: Recipe, force: bool, *, held: bool = False,
+                    source: str = "") -> Iterator[bool]:
     """out_dir held by this run (`exclusive_use`: one run at a time, since a second one's claim
     would delete this one's temporaries and train the same stages twice) and claimed for
     `recipe` (`claim_out_dir`); yields whether the dir is new. A dir refused keeps nothing of
     this run, not even the lock file. `held`: the caller holds the lock already (a search
-    running its finals), so it is only claimed."""
-    if held:
-        created = make_out_dir(out_dir)
-        claim_out_dir(out_dir, recipe, force)
-        yield created
-        return
-    with exclusive_use(out_dir) as created:
-        try:
-            claim_out_dir(out_dir, recipe, force)
-        except UserError:
-            (out_dir / LOCK_FILE).unlink(missing_ok=True)
-            raise
+    running its finals), so it is only claimed. `source`: the recipe file a refusal starts
+    with, as the recipe's other errors do (not the errors of the run the claim holds)."""
+    with contextlib.ExitStack() as held_until_done:
+        with located(source):
+            if held:
+                created = make_out_dir(out_dir)
+            else:
+                created = held_until_done.enter_context(exclusive_use(out_dir))
+            try:
+                claim_out_dir(out_dir, recipe, force)
+            except UserError:
+                if not held:
+                    (out_dir / LOCK_FILE).unlink(missing_ok=True)
+                raise
         yield created
 
 
@@ -80,6 +83,12 @@ def make_out_dir(out_dir: Path) -> bool:
             out_dir.mkdir(parents=True)
         except FileExistsError:     # made since the check by a run starting beside this one: its lock says so
             return False
+        except OSError as err:
+            if write_failure(err) is not None:
+                raise               # disk_errors words it
+            # Not a refused write: a place no dir can be made (under /proc, say).
+            raise UserError(f"--out {out_dir}: cannot make the directory there ({err.strerror or err}); "
+                            "expected a path where a directory can be made") from None
     return True
 
 

@@ -19,9 +19,10 @@ from compressor.passes import get_pass
 from compressor.passes.registry import pass_names
 from compressor.pipeline.benchmark_stages import (baseline_dir, baseline_key, baseline_stage, baselines_to_build,
                                                   benchmark_key, baseline_deployable, variant_deployable)
-from compressor.pipeline.cache import BUILD_SECONDS, stage_record
+from compressor.pipeline.cache import BUILD_PARTIAL, BUILD_SECONDS, stage_record
 from compressor.pipeline.outdir import holder_of, make_out_dir, replaced_by_claim
-from compressor.pipeline.recipe import BENCHMARK_DIR, PREFIXES_DIR, SEARCH_DIR, WORK_DIR, Recipe, Step, export_dir_name
+from compressor.pipeline.recipe import (BENCHMARK_DIR, PREFIXES_DIR, SEARCH_DIR, WORK_DIR, Recipe, Step,
+                                       export_dir_name, located)
 from compressor.pipeline.run import Prepared, prepare
 from compressor.pipeline.stages import (export_key, export_stage, finished_stage, recorded_quantize, teacher_key,
                                         variant_key)
@@ -39,6 +40,7 @@ class PlannedStage:
     start: str | None = None         # a variant's starting model: teacher, prefixes/<key>, an earlier variant
     resumes: str | None = None       # the checkpoint dir (DIR/.work/<key>) a build continues from
     last_build_seconds: float | None = None   # how long its last build took (stage.json), if known
+    last_build_partial: bool = False  # that time leaves out a build killed before it could note its own
 
 
 def plan_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *, base_dir: Path = Path("."),
@@ -47,8 +49,9 @@ def plan_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *, 
     prepared = prepare(recipe, steps, out_dir, base_dir, source)
     notes, replaced = list(prepared.notes), False
     if out_dir.exists():
-        make_out_dir(out_dir)                     # a file in its place is refused, as by the run
-        replaced = bool(replaced_by_claim(out_dir, recipe, force))
+        with located(source):                     # as the run's claim refuses it
+            make_out_dir(out_dir)                 # a file in its place is refused, as by the run
+            replaced = bool(replaced_by_claim(out_dir, recipe, force))
         if replaced:
             notes.append(f"--force: the results of another recipe in {out_dir} would be deleted first")
         holder = holder_of(out_dir)
@@ -79,9 +82,10 @@ class Planner:
     def record(self, path: Path) -> dict:
         return {} if self.replaced else stage_record(path)
 
-    def state(self, path: Path, key: str) -> tuple[str, float | None]:
+    def state(self, path: Path, key: str) -> tuple[str, dict]:
+        """`cached` or `build`, and the stage's last build time as PlannedStage holds it."""
         record = self.record(path)
-        return ("cached" if record.get("key") == key else "build"), record.get(BUILD_SECONDS)
+        return ("cached" if record.get("key") == key else "build"), last_build(record)
 
     def checkpoint(self, key: str) -> str | None:
         work = self.out_dir / WORK_DIR / key
@@ -94,11 +98,11 @@ class Planner:
 
     def model_stages(self) -> list[PlannedStage]:
         key = self.teacher_key
-        state, seconds = self.state(self.out_dir / "teacher", key)
+        state, timing = self.state(self.out_dir / "teacher", key)
         tunes = self.recipe.teacher.finetune is not None
         stages = [PlannedStage("teacher", "teacher", state, passes=["finetune"] if tunes and state == "build" else [],
                                trains=tunes and state == "build",
-                               resumes=self.checkpoint(key) if state == "build" else None, last_build_seconds=seconds)]
+                               resumes=self.checkpoint(key) if state == "build" else None, **timing)]
         will_exist: dict[str, str] = {}          # model key -> where the run will find it by then
         for name, variant_steps in self.prepared.steps.items():
             stages.append(self.variant(name, variant_steps, will_exist))
@@ -110,10 +114,10 @@ class Planner:
         def key_of(prefix: list[Step]) -> str:
             return variant_key(self.teacher_key, self.recipe, prefix)
         key = key_of(steps)
-        state, seconds = self.state(self.out_dir / name, key)
+        state, timing = self.state(self.out_dir / name, key)
         if state == "cached":
             will_exist[key] = name
-            return PlannedStage(name, "variant", state, last_build_seconds=seconds)
+            return PlannedStage(name, "variant", state, **timing)
         done, start = 0, "teacher"
         for n in range(len(steps), 0, -1):
             prefix_key = key_of(steps[:n])
@@ -129,7 +133,7 @@ class Planner:
         will_exist[key] = name
         return PlannedStage(name, "variant", state, passes=[steps[i].name for i in to_run],
                             trains=any(get_pass(steps[i].name).trains for i in to_run), start=start,
-                            resumes=resumes, last_build_seconds=seconds)
+                            resumes=resumes, **timing)
 
     def export_stages(self) -> list[PlannedStage]:
         """One export per model stage; a model still to build is exported after it."""
@@ -143,9 +147,9 @@ class Planner:
                 continue
             quantize = recorded_quantize(model.path)
             path = self.out_dir / export_dir_name(name, quantize.mode if quantize else None)
-            state, seconds = self.state(path, export_key(model.key, self.recipe.export, quantize, self.recipe))
+            state, timing = self.state(path, export_key(model.key, self.recipe.export, quantize, self.recipe))
             planned.append(PlannedStage(path.name, "export", state, passes=["export"] if state == "build" else [],
-                                        last_build_seconds=seconds))
+                                        **timing))
         return planned
 
     def model_key(self, name: str, steps: list[Step]) -> str:
@@ -161,22 +165,22 @@ class Planner:
                 presets = list(dict.fromkeys(self.prepared.presets.values())) or [preset_for_this_cpu()]
             for preset in presets:
                 path = baseline_dir(self.out_dir, name, preset)
-                state, seconds = self.state(path, baseline_key(name, preset, self.teacher_key, self.recipe))
+                state, timing = self.state(path, baseline_key(name, preset, self.teacher_key, self.recipe))
                 planned.append(PlannedStage(f"{path.parent.name}/{path.name}", "baseline", state,
-                                            passes=[name] if state == "build" else [], last_build_seconds=seconds))
+                                            passes=[name] if state == "build" else [], **timing))
         return planned
 
     def benchmark_stage(self, upstream: list[PlannedStage], rebenchmark: bool) -> PlannedStage:
         """Measured again when asked, or when any model it measures is rebuilt; else its key
         (the deployed files' content) decides, computed from the cached stages as the run does."""
         record = self.record(self.out_dir / BENCHMARK_DIR)
-        seconds = record.get(BUILD_SECONDS)
+        timing = last_build(record)
         if rebenchmark or any(s.state == "build" for s in upstream if s.kind != "search"):
-            return PlannedStage(BENCHMARK_DIR, "benchmark", "build", passes=["benchmark"], last_build_seconds=seconds)
+            return PlannedStage(BENCHMARK_DIR, "benchmark", "build", passes=["benchmark"], **timing)
         key = benchmark_key(self.deployables(), self.recipe)
         state = "cached" if record.get("key") == key else "build"
         return PlannedStage(BENCHMARK_DIR, "benchmark", state, passes=["benchmark"] if state == "build" else [],
-                            last_build_seconds=seconds)
+                            **timing)
 
     def deployables(self) -> list:
         """What the run would measure, every stage being cached (so the stage functions only read)."""
@@ -194,6 +198,11 @@ class Planner:
             [variant_deployable(stage, exports.get(stage.name)) for stage in variants]
 
 
+def last_build(record: dict) -> dict:
+    """A stage record's build time, as the PlannedStage fields that hold it."""
+    return {"last_build_seconds": record.get(BUILD_SECONDS), "last_build_partial": bool(record.get(BUILD_PARTIAL))}
+
+
 def quantize_mode(steps: list[Step]) -> str | None:
     """The quantize mode a variant's passes will record (it names the export dir)."""
     modes = [step.config.mode for step in steps if step.name == "quantize"]
@@ -205,14 +214,16 @@ def plan_lines(plan: dict) -> list[str]:
     rows = [("stage", "state", "what a run does")]
     for s in plan["stages"]:
         work = ", ".join(p + ("*" if trains_pass(p) else "") for p in s["passes"])
-        if s["start"] and not s["passes"]:      # its steps are all done by then: it is that model
+        if s["kind"] == "teacher" and s["state"] == "build" and not s["passes"]:
+            work = "the teacher as is (no fine-tuning), saved and scored"
+        elif s["start"] and not s["passes"]:      # its steps are all done by then: it is that model
             work = "the teacher as is" if s["start"] == "teacher" else f"a copy of {s['start']} (the same steps)"
         elif s["start"] and s["start"] != "teacher":
             work += f" (from {s['start']})"
         if s["resumes"]:
             work += f"; resumes from {s['resumes']}"
         if s["last_build_seconds"] is not None:
-            work += ("; " if work else "") + f"last built in {s['last_build_seconds']:.0f} s"
+            work += ("; " if work else "") + last_built(s)
         rows.append((s["stage"], s["state"], work))
     width = max(len(r[0]) for r in rows)
     lines = [f"plan: recipe {plan['recipe']!r} into {plan['out']} (nothing was run or written)"]
@@ -222,6 +233,14 @@ def plan_lines(plan: dict) -> list[str]:
     training = sum(1 for s in to_build if s["trains"])
     lines.append(f"{len(to_build)} of {len(plan['stages'])} stages to build, {training} of them train (* trains)")
     return lines
+
+
+def last_built(stage: dict) -> str:
+    """How long a stage took when last built; a partial time (a build killed outright, whose
+    time no one noted, was resumed) is only a lower bound, and reads as one."""
+    if stage["last_build_partial"]:
+        return f"last built in at least {stage['last_build_seconds']:.0f} s (a killed build's time is not counted)"
+    return f"last built in {stage['last_build_seconds']:.0f} s"
 
 
 def trains_pass(name: str) -> bool:

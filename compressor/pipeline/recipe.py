@@ -15,13 +15,14 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from compressor.bench.baselines import BASELINES, distinct_baselines
 from compressor.export.onnx import ExportSettings
 from compressor.passes import config_as_written, get_pass
 from compressor.search.settings import SearchSettings
-from compressor.yamlfile import (field_suggestion, is_type_tag, load_yaml, location, refuse_bool_numbers,
-                                 yaml_problem)
+from compressor.yamlfile import (field_at, field_suggestion, is_type_tag, load_yaml, location,
+                                 refuse_bool_numbers, yaml_problem)
 from pretrain.errors import UserError, validation_message
 from pretrain.finetune import FinetuneConfig
 from pretrain.limits import MAX_SEED
@@ -207,8 +208,9 @@ def raw_variants(variants: dict | None, passes: list | None) -> dict[str, list]:
 def variant_as_written(variants: dict[str, list], name: str, limits: DataLimits, where: str) -> list[dict]:
     """A variant's steps with the recipe's training cap written into each pass that trains, so
     the variant trains the same in another recipe (the search's finals cap training differently)."""
-    if name not in variants:
-        raise ValueError(f"{where}: no variant {name!r} in the recipe; expected one of {sorted(variants)}")
+    # A UserError, not a ValueError: pydantic would put its field (`search`) before `where`.
+    if not isinstance(name, str) or name not in variants:
+        raise UserError(f"{where}: no variant {name!r} in the recipe; expected one of {sorted(variants)}")
     steps = []
     for i, item in enumerate(variants[name]):
         step = parse_step(item, f"variants.{name}[{i}]")
@@ -226,11 +228,8 @@ def compared_variant(spec: str) -> tuple[str, list[dict]]:
     if not sep or not path or not name:
         raise UserError(f"--compare {spec!r}: expected RECIPE:VARIANT, e.g. recipes/demo.yaml:three-layers-int8")
     recipe, _ = load_recipe(path)
-    try:
-        return name, variant_as_written(raw_variants(recipe.variants, recipe.passes), name, recipe.data,
-                                        f"--compare {spec}")
-    except ValueError as err:
-        raise UserError(str(err)) from None
+    return name, variant_as_written(raw_variants(recipe.variants, recipe.passes), name, recipe.data,
+                                    f"--compare {spec}")
 
 
 def parse_step(item: dict[str, Any] | str, where: str) -> Step:
@@ -258,7 +257,8 @@ def parse_step(item: dict[str, Any] | str, where: str) -> Step:
 def describe_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     """The first pydantic error as one line: path, what was expected, what was given; for a
     field `model` (the validated class) does not have, the nearest name it does have; for a
-    value no branch of a union took, what each branch takes (`'foo'; expected an integer or 'real'`)."""
+    value no branch of a union took, what each branch takes (`'foo'; expected a mapping or a
+    string`); for a bounded int field given another type, the integers it takes."""
     errors = err.errors()
     # An unknown field first: a misspelt required one (`nmae:`) is also reported missing, and
     # the unknown one is where the did-you-mean hint can go.
@@ -267,9 +267,12 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
     full = ".".join(p for p in (prefix, location(first["loc"])) if p) or "recipe"
     more = f" [and {err.error_count() - len(branches)} more]" if err.error_count() > len(branches) else ""
     if len(branches) > 1:
-        expected = " or ".join(dict.fromkeys(branch_expects(e) for e in branches))
+        expected = item_forms(first["loc"]) or " or ".join(dict.fromkeys(branch_expects(e) for e in branches))
         return f"{full}: {first.get('input')!r}; expected {expected}{more}"
     given = first.get("input")
+    bounded = int_range(field_at(model, first["loc"])) if first["type"] in INT_TYPE_ERRORS else None
+    if bounded is not None:     # not pydantic's "a valid integer": the field takes only some
+        return f"{full}: {given!r}; expected {bounded}{more}"
     shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
     hint = field_suggestion(model, first["loc"]) if first["type"] == "extra_forbidden" else ""
     return f"{full}: {validation_message(first)}{shown}{hint}{more}"
@@ -282,6 +285,25 @@ BRANCH_EXPECTS = {"int_parsing": "an integer", "int_type": "an integer", "int_fr
                   "model_type": "a mapping", "list_type": "a list"}
 
 
+INT_TYPE_ERRORS = {"int_parsing", "int_type", "int_from_float"}
+
+
+def int_range(field: FieldInfo | None) -> str | None:
+    """The integers a bounded int field takes, in words (`an integer from 8 to 512`, `a
+    positive integer`); None for a field with no bounds (pydantic's message says it all)."""
+    if field is None:
+        return None
+    low = max([m.ge for m in field.metadata if hasattr(m, "ge")] + [m.gt + 1 for m in field.metadata
+                                                                    if hasattr(m, "gt")], default=None)
+    high = min([m.le for m in field.metadata if hasattr(m, "le")] + [m.lt - 1 for m in field.metadata
+                                                                     if hasattr(m, "lt")], default=None)
+    if low is not None and high is not None:
+        return f"an integer from {low} to {high}"
+    if low is not None:
+        return "a positive integer" if low == 1 else f"an integer >= {low}"
+    return f"an integer <= {high}" if high is not None else None
+
+
 def union_branches(errors: list[dict], first: dict) -> list[dict]:
     """The errors of every branch of the union whose branch `first` is (pydantic reports
     each), or just `first` where it is no union's."""
@@ -289,6 +311,14 @@ def union_branches(errors: list[dict], first: dict) -> list[dict]:
     if not loc or not is_type_tag(loc[-1]):
         return [first]
     return [e for e in errors if e["loc"][:-1] == loc[:-1] and e["loc"] and is_type_tag(e["loc"][-1])]
+
+
+def item_forms(loc: tuple) -> str | None:
+    """What the list item at `loc` takes, in words, where its union's branches say less than
+    its validator checks (`ITEM_FORMS`: a sequence length is an integer >= 2, or 'real')."""
+    from compressor.bench.profiles import ITEM_FORMS
+    fields = [part for part in loc if isinstance(part, str) and not is_type_tag(part)]
+    return ITEM_FORMS.get(fields[-1]) if fields and len(loc) >= 2 and isinstance(loc[-2], int) else None
 
 
 def branch_expects(error: dict) -> str:
@@ -342,7 +372,8 @@ def parse_recipe(raw: Any, source: str = "recipe") -> tuple[Recipe, dict[str, li
     if not isinstance(raw, dict):
         raise UserError(f"{source}: expected a mapping with name, teacher and variants or passes")
     try:
-        recipe = Recipe.model_validate(raw)
+        with located(source):    # a validator's own UserError (a step search.compare parses) names the file too
+            recipe = Recipe.model_validate(raw)
         refuse_bool_numbers(raw, recipe, "")
     except ValidationError as err:
         raise UserError(f"{source}: {describe_validation_error(err, model=Recipe)}") from None

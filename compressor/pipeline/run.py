@@ -57,8 +57,9 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
     configs = [step.config for variant_steps in steps.values() for step in variant_steps]
     configs += [recipe.teacher.finetune] if recipe.teacher.finetune is not None else []
     task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
-    check_output(out_dir, [prepared.teacher_path, *task_files(task_spec),
-                           *(p for c in configs for p in config_inputs(c))], owner_files=None)
+    with located(source):       # --out is the run's: its refusals name the recipe file too
+        check_output(out_dir, [prepared.teacher_path, *task_files(task_spec),
+                               *(p for c in configs for p in config_inputs(c))], owner_files=None)
     return prepared
 
 
@@ -124,7 +125,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     recipe, steps, task, presets = prepared.recipe, prepared.steps, prepared.task, prepared.presets
     for note in prepared.notes:
         log.info("note: %s", note)
-    with claimed_out_dir(out_dir, recipe, force, held=held) as created:
+    with claimed_out_dir(out_dir, recipe, force, held=held, source=source) as created:
         try:
             teacher = teacher_stage(recipe, prepared.teacher_ref, prepared.teacher_path, task, prepared.split_seed,
                                     out_dir, show_progress)

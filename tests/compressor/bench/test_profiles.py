@@ -64,6 +64,7 @@ def profile_file(tmp_path, **changes):
     ({"provider": "CPUExecutionprovider"}, "no ONNX Runtime execution provider has that name.*'CPUExecutionprovider'"),
     ({"sequence_lengths": []}, "at least 1 item"),
     ({"sequence_lengths": [16, 16]}, "distinct"),
+    ({"sequence_lengths": ["real", "x"]}, r"sequence_lengths\[1\]: expected an integer >= 2 or 'real' \(got 'x'\)"),
     ({"batch_sizes": [8, 8]}, "distinct"),
 ])
 def test_a_profile_that_could_not_measure_is_refused_in_one_line(tmp_path, changes, why):

@@ -408,7 +408,8 @@ def test_a_max_length_the_model_cannot_run_at_is_one_line_exit_2(command, value,
     ("--batch-sizes", "1,x", "expected comma-separated positive integers (e.g. 1,8), got '1,x'"),
     ("--batch-sizes", ",", "expected comma-separated positive integers (e.g. 1,8), got ','"),
     ("--batch-sizes", "1,0", "got '1,0'"),
-    ("--sequence-lengths", "real,abc", "positive integers or 'real' (e.g. real,128), got 'real,abc'"),
+    ("--sequence-lengths", "real,abc", "integers >= 2 or 'real' (e.g. real,128), got 'real,abc'"),
+    ("--sequence-lengths", "real,1", "integers >= 2 or 'real' (e.g. real,128), got 'real,1'"),   # no [CLS] [SEP]
     ("--iterations", "ten", "expected a positive integer from 1 to 2147483647, got ten"),
     ("--iterations", "99999999999999999999", "expected a positive integer from 1 to 2147483647"),
 ])
@@ -416,6 +417,17 @@ def test_list_and_count_flags_say_what_they_expect(capsys, flag, value, expected
     assert main(["bench", "--model", "m", "--profile", "cpu", flag, value]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: compressor bench: argument {flag}: ") and expected in err
+
+
+def test_run_force_over_the_dir_of_its_own_recipe_names_the_recipe_first(tmp_path, capsys):
+    """--force would clear the dir the recipe file lies in: refused as the run's other --out
+    errors are, the recipe file first."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\nteacher: {model: minilm, task: wordnet-supersense}\nvariants: {v: []}\n")
+    assert main(["run", str(recipe), "--out", str(tmp_path), "--force"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {recipe}: --out {tmp_path} holds the input {recipe}: "), line
+    assert [p.name for p in tmp_path.iterdir()] == ["r.yaml"]
 
 
 SEEDED = [["evaluate", "--model", "m"], ["export", "--model", "m", "--out", "o"], ["bench", "--model", "m"],

@@ -27,3 +27,37 @@ def test_a_run_beside_one_that_makes_the_same_new_dir_first_is_told_it_is_in_use
     with other_run, pytest.raises(UserError, match=r"in use by another run"):
         with outdir.exclusive_use(out):
             pass
+
+
+def test_a_claim_refused_names_the_recipe_file_and_leaves_no_lock(tmp_path):
+    from compressor.pipeline.recipe import parse_recipe
+    recipe, _ = parse_recipe({"name": "r", "teacher": {"model": "minilm", "task": "wordnet-supersense"},
+                              "variants": {"v": []}})
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match=r"^recipes/r.yaml: .* holds files that neither"):
+        with outdir.claimed_out_dir(tmp_path, recipe, force=False, source="recipes/r.yaml"):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_an_error_of_the_run_a_claim_holds_is_not_renamed(tmp_path):
+    """Only the claim's refusals get the recipe file: a stage's errors say where they come from."""
+    from compressor.pipeline.recipe import parse_recipe
+    recipe, _ = parse_recipe({"name": "r", "teacher": {"model": "minilm", "task": "wordnet-supersense"},
+                              "variants": {"v": []}})
+    with pytest.raises(UserError, match=r"^variants.v\[0\]: no$"):
+        with outdir.claimed_out_dir(tmp_path / "out", recipe, force=False, source="recipes/r.yaml"):
+            raise UserError("variants.v[0]: no")
+
+
+def test_an_out_dir_no_dir_can_be_made_at_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    """Not a refused write (those are WriteErrors): mkdir under /proc, as root, said ENOENT."""
+    import errno
+    import os
+
+    def no_dir_here(path, *args, **kwargs):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    monkeypatch.setattr(Path, "mkdir", no_dir_here)
+    with pytest.raises(UserError, match=r"^--out .*/out: cannot make the directory there \(No such file or "
+                                        r"directory\); expected a path where a directory can be made$"):
+        outdir.make_out_dir(tmp_path / "out")

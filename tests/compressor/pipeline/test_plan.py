@@ -172,3 +172,45 @@ def test_a_variant_whose_steps_an_earlier_one_ran_reads_as_a_copy_of_it():
     lines = plan_lines({"recipe": "r", "out": "out", "notes": [], "stages": [asdict(s) for s in stages]})
     assert lines[2:6] == ["  same   build   the teacher as is", "  a      build   drop-layers",
                           "  b      build   a copy of a (the same steps)", "  c      build   quantize (from b)"]
+
+
+def test_a_build_time_that_leaves_out_a_killed_build_reads_as_a_lower_bound(done, tmp_path, capsys):
+    import json
+
+    import yaml
+    raw, out, _ = done
+    copy_dir = tmp_path / "run"
+    shutil.copytree(out, copy_dir)
+    record_file = copy_dir / "two-layers" / "stage.json"
+    record = json.loads(record_file.read_text())
+    record_file.write_text(json.dumps({**record, "build_seconds": 412.3, "build_attempts": 2,
+                                       "build_seconds_partial": True}))
+    by_stage = {s["stage"]: s for s in plan(raw, copy_dir)["stages"]}
+    assert by_stage["two-layers"]["last_build_partial"] and not by_stage["teacher"]["last_build_partial"]
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["run", str(recipe_file), "--out", str(copy_dir), "--plan"]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^\s+two-layers\s+cached\s+last built in at least 412 s \(a killed build's time is not counted\)$",
+                     printed, re.M)
+    assert not re.search(r"^\s+teacher\s+.*at least", printed, re.M)
+
+
+def test_a_teacher_used_as_is_says_what_building_it_does(tiny_bert_dir, tiny_csv, tmp_path):
+    from compressor.pipeline.plan import plan_lines
+    raw = raw_recipe(tiny_bert_dir, tiny_csv)
+    del raw["teacher"]["finetune"]
+    planned = plan(raw, tmp_path / "run")
+    teacher = next(s for s in planned["stages"] if s["stage"] == "teacher")
+    assert teacher["state"] == "build" and teacher["passes"] == [] and not teacher["trains"]
+    assert any(re.fullmatch(r"\s+teacher\s+build\s+the teacher as is \(no fine-tuning\), saved and scored", line)
+               for line in plan_lines(planned))
+
+
+def test_an_out_dir_the_plan_refuses_is_named_after_the_recipe_file(done, tmp_path):
+    raw, out, _ = done
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(UserError, match=r"^recipes/r.yaml: --out .*a-file is a file; expected a directory"):
+        plan(raw, tmp_path / "a-file", source="recipes/r.yaml")
+    with pytest.raises(UserError, match=r"^recipes/r.yaml: .*run holds results of recipe 'tiny-plan'; refusing"):
+        plan({**raw, "name": "another"}, out, source="recipes/r.yaml")

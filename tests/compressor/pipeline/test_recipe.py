@@ -285,13 +285,45 @@ def test_an_empty_recipe_name_is_refused(tmp_path):
 
 @pytest.mark.parametrize("section, message", [
     ("variants:\n  v: []\nbenchmark: {sequence_lengths: [real, foo]}\n",
-     "benchmark.sequence_lengths[1]: 'foo'; expected an integer or 'real'"),
+     "benchmark.sequence_lengths[1]: 'foo'; expected an integer >= 2 or 'real'"),
+    ("variants:\n  v: []\nbenchmark: {sequence_lengths: [2.5]}\n",
+     "benchmark.sequence_lengths[0]: 2.5; expected an integer >= 2 or 'real'"),
     ("variants:\n  d: [finetune, 42]\n", "variants.d[1]: 42; expected a mapping or a string"),
     ("variants:\n  d: [finetune, 42, 43]\n", "variants.d[1]: 42; expected a mapping or a string [and 2 more]"),
 ])
 def test_a_value_no_branch_of_a_union_takes_says_what_each_takes_at_an_indexed_location(tmp_path, section, message):
     # Not pydantic's branch tags (`sequence_lengths.1.int: Input should be a valid integer`).
     assert error_of(tmp_path, "name: r\n" + TEACHER + section) == f"{tmp_path / 'recipe.yaml'}: {message}"
+
+
+@pytest.mark.parametrize("section, message", [
+    ("variants:\n  v: [{finetune: {max_length: abc}}]\n", "variants.v[0].finetune.max_length: 'abc'; expected an "
+                                                         "integer from 8 to 512"),
+    ("teacher:\n  model: minilm\n  task: wordnet-supersense\n  finetune: {max_length: 64.5}\nvariants:\n  v: []\n",
+     "teacher.finetune.max_length: 64.5; expected an integer from 8 to 512"),
+    ("data: {max_eval_samples: many}\nvariants:\n  v: []\n",
+     "data.max_eval_samples: 'many'; expected a positive integer"),
+])
+def test_a_bounded_integer_of_the_wrong_type_says_which_integers_it_takes(tmp_path, section, message):
+    # Not pydantic's "Input should be a valid integer": 7 and 513 are integers too, and refused.
+    text = "name: r\n" + section if section.startswith("teacher") else "name: r\n" + TEACHER + section
+    assert error_of(tmp_path, text) == f"{tmp_path / 'recipe.yaml'}: {message}"
+
+
+@pytest.mark.parametrize("section, message", [
+    # A step search.compare copies is parsed inside the recipe's validation (a UserError, not pydantic's).
+    ("variants:\n  a: [{nope: {}}]\nsearch: {latency_budget_ms: 5, compare: [a]}\n",
+     "variants.a[0]: unknown pass 'nope'"),
+    ("passes: [quantize]\nvariants:\n  main: []\nsearch: {latency_budget_ms: 5, compare: [main]}\n",
+     "passes: is shorthand for a variant named main"),
+    # Once `search.compare:`, not `search: search.compare:`; an item that is no name is no crash.
+    ("variants:\n  a: []\nsearch: {latency_budget_ms: 5, compare: [nope]}\n",
+     "search.compare: no variant 'nope' in the recipe; expected one of ['a']"),
+    ("variants:\n  a: []\nsearch: {latency_budget_ms: 5, compare: [{a: 1}]}\n",
+     "search.compare: no variant {'a': 1} in the recipe; expected one of ['a']"),
+])
+def test_an_error_raised_inside_the_recipes_validation_starts_with_the_file(tmp_path, section, message):
+    assert error_of(tmp_path, "name: r\n" + TEACHER + section).startswith(f"{tmp_path / 'recipe.yaml'}: {message}")
 
 
 def test_a_bare_pass_name_is_the_pass_with_its_defaults(tmp_path):

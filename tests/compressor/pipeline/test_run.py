@@ -812,6 +812,39 @@ def test_an_error_of_the_checks_against_inputs_names_the_recipe_file_and_where(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.yaml"]
 
 
+@pytest.mark.parametrize("plan", [False, True])
+@pytest.mark.parametrize("out, message", [
+    ("a-file", "--out {out} is a file; expected a directory for the run's results"),
+    ("users", "{out} holds files that neither `compressor run` nor `compressor search` wrote (notes.txt)"),
+    ("other-run", "{out} holds results of recipe 'other'; refusing to mix them with recipe 'tiny'"),
+    ("teacher", "--out {out} is the input {out}: the output would replace the input"),
+])
+def test_an_out_dir_the_run_refuses_is_named_after_the_recipe_file(out, message, plan, tiny_bert_dir, tiny_csv,
+                                                                     tmp_path, monkeypatch, capsys):
+    # As the recipe's own errors are (`r.yaml: ...`): one line, the recipe file first, exit 2.
+    import yaml
+
+    from compressor.cli import main
+    forbid_building(monkeypatch)
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_bert_dir, teacher)
+    raw = raw_recipe(teacher, tiny_csv, {"same": []})
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    (tmp_path / "a-file").write_text("mine")
+    (tmp_path / "users").mkdir()
+    (tmp_path / "users" / "notes.txt").write_text("mine")
+    (tmp_path / "other-run" / "same").mkdir(parents=True)
+    (tmp_path / "other-run" / "same" / "stage.json").write_text("{}")
+    (tmp_path / "other-run" / "run.json").write_text(json.dumps({"recipe": "other"}))
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    argv = ["run", str(recipe), "--out", str(tmp_path / out), *(["--plan"] if plan else [])]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {recipe}: {message.format(out=tmp_path / out)}"), line
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
 @pytest.mark.parametrize("benchmark, profile", [(None, "cpu"), ({"profiles": ["cpu-avx512-vnni", "cpu"]},
                                                                 "cpu-avx512-vnni")])
 def test_a_recipe_search_runs_on_the_benchmarks_first_profile_else_on_cpu(benchmark, profile, tmp_path, monkeypatch):
