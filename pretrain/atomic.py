@@ -107,13 +107,16 @@ def claimed_output(out: Path, flag: str = "--out") -> Iterator[None]:
     The claim is a temporary `.NAME.tmp-*` beside `out`, locked as `atomic_dir`'s are (a killed
     command's goes in the next writer's cleanup), made under an exclusive lock on the parent
     after looking for a live one: another command's claim, or any writer's temporary of `out`.
-    For the standalone commands only: the pipeline's stages are not claimed (two search workers
-    may build the same stage, and a stage's dir is written inside its run's)."""
+    Every command writing an --out takes it, whichever the command (`run` and `search` beside
+    their dir's .lock, `finetune` and `pretrain` beside their checkpoint's lock), so an export
+    and a finetune into one --out refuse each other too. The pipeline's stages are not claimed
+    (two search workers may build the same stage, and a stage's dir is written inside its run's)."""
     out = Path(out)
-    made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]
-    out.parent.mkdir(parents=True, exist_ok=True)
+    place = Path(os.path.abspath(out))      # "." or "runs/x/..": the dir's own name, and its parent
+    made = [d for d in (place.parent, *place.parent.parents) if not d.exists()]
+    place.parent.mkdir(parents=True, exist_ok=True)
     try:
-        claim, held = claim_beside(out, flag)
+        claim, held = claim_beside(place, flag, shown=out)
     except BaseException:
         remove_empty(made)
         raise
@@ -125,12 +128,13 @@ def claimed_output(out: Path, flag: str = "--out") -> Iterator[None]:
         remove_empty(made)
 
 
-def claim_beside(out: Path, flag: str) -> tuple[Path, int]:
-    """The claim (see claimed_output): its dir, and the descriptor that holds its lock."""
+def claim_beside(out: Path, flag: str, shown: Path) -> tuple[Path, int]:
+    """The claim (see claimed_output) beside `out` (absolute): its dir, and the descriptor that
+    holds its lock. `shown`: the output as given, which a refusal names."""
     remove_killed_temporaries(out)
     with dir_locked(out.parent, fcntl.LOCK_EX, required=False):
         if any(written_now(path) for path in out.parent.glob(f".{glob.escape(out.name)}.tmp-*")):
-            raise UserError(f"{flag} {out} is in use by another command writing the same output; wait for it to "
+            raise UserError(f"{flag} {shown} is in use by another command writing the same output; wait for it to "
                             f"finish, or choose another {flag}")
         return held_temporary(out)
 

@@ -27,3 +27,28 @@ def test_a_run_beside_one_that_makes_the_same_new_dir_first_is_told_it_is_in_use
     with other_run, pytest.raises(UserError, match=r"in use by another run"):
         with outdir.exclusive_use(out):
             pass
+
+
+def test_a_run_and_another_command_writing_its_dir_refuse_each_other(tmp_path, monkeypatch):
+    """A run held only DIR/.lock, which an export or a finetune into the same --out never
+    looked at: started beside the run, it went on, and its last rename replaced the run's dir,
+    finished stages and all. The run now claims its dir as every command claims its --out."""
+    from pretrain.atomic import claimed_output
+    out = tmp_path / "out"
+    refused = rf"^--out {out} is in use by another command writing the same output; wait for it to finish"
+    with claimed_output(out):                     # an export into `out`, running
+        with pytest.raises(UserError, match=refused):
+            with outdir.exclusive_use(out):
+                pass
+        assert not out.exists()                   # neither the dir it made nor its lock file
+    out.mkdir()
+    (out / "run.json").write_text("{}")
+    with outdir.exclusive_use(out):               # a run in `out`, running
+        with pytest.raises(UserError, match=refused):
+            with claimed_output(out):
+                pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]     # the claims go with their commands
+    monkeypatch.chdir(out)                        # --out .: the claim is beside the dir, not in it
+    with outdir.exclusive_use(Path(".")):
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "run.json"]
