@@ -330,10 +330,17 @@ def atomic_file(path: Path, content: bytes) -> None:
 
 
 def atomic_files(directory: Path, contents: dict[str, bytes | None]) -> None:
-    """Replace files that belong together (a report.json and its renderings): each is written to
-    a temporary first, then all are renamed into place in one quick pass, in the order given (a
-    name given None is removed). A stop while they are written leaves the earlier set whole,
-    not one file of each."""
+    """Replace files that belong together (a report.json and its renderings), the last one
+    given being the one tools read (report.json). Each is written to a temporary first; then
+    the earlier set goes, that last file first, and the new files are renamed into place in
+    the order given, the last one last (a name given None is only removed).
+
+    So a stop at any point leaves the earlier set whole (stopped while the temporaries are
+    written), the new set whole, or files without the last one, which no finished set lacks
+    (stopped while replacing: whoever wrote the set writes it again, as a rerun of `compressor
+    run` does). The last file is only ever beside the rest of its own set: renamed one by one
+    over the earlier files, a stop between renames left a new report.md beside the report.json
+    of the run before."""
     written: list[tuple[Path, Path]] = []
     try:
         for name, content in contents.items():
@@ -342,15 +349,14 @@ def atomic_files(directory: Path, contents: dict[str, bytes | None]) -> None:
                 written.append((Path(tmp), directory / name))
                 with os.fdopen(fd, "wb") as f:
                     f.write(content)
+        for name in reversed(contents):
+            (directory / name).unlink(missing_ok=True)
         for tmp, path in written:
             os.replace(tmp, path)
     except BaseException:
         for tmp, _ in written:
             tmp.unlink(missing_ok=True)
         raise
-    for name, content in contents.items():
-        if content is None:
-            (directory / name).unlink(missing_ok=True)
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
