@@ -107,13 +107,16 @@ def claimed_output(out: Path, flag: str = "--out") -> Iterator[None]:
     The claim is a temporary `.NAME.tmp-*` beside `out`, locked as `atomic_dir`'s are (a killed
     command's goes in the next writer's cleanup), made under an exclusive lock on the parent
     after looking for a live one: another command's claim, or any writer's temporary of `out`.
-    For the standalone commands only: the pipeline's stages are not claimed (two search workers
-    may build the same stage, and a stage's dir is written inside its run's)."""
+    Every command writing an --out takes it, whichever the command (`run` and `search` beside
+    their dir's .lock, `finetune` and `pretrain` beside their checkpoint's lock), so an export
+    and a finetune into one --out refuse each other too. The pipeline's stages are not claimed
+    (two search workers may build the same stage, and a stage's dir is written inside its run's)."""
     out = Path(out)
-    made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]
-    out.parent.mkdir(parents=True, exist_ok=True)
+    place = Path(os.path.abspath(out))      # "." or "runs/x/..": the dir's own name, and its parent
+    made = [d for d in (place.parent, *place.parent.parents) if not d.exists()]
+    place.parent.mkdir(parents=True, exist_ok=True)
     try:
-        claim, held = claim_beside(out, flag)
+        claim, held = claim_beside(place, flag, shown=out)
     except BaseException:
         remove_empty(made)
         raise
@@ -125,12 +128,13 @@ def claimed_output(out: Path, flag: str = "--out") -> Iterator[None]:
         remove_empty(made)
 
 
-def claim_beside(out: Path, flag: str) -> tuple[Path, int]:
-    """The claim (see claimed_output): its dir, and the descriptor that holds its lock."""
+def claim_beside(out: Path, flag: str, shown: Path) -> tuple[Path, int]:
+    """The claim (see claimed_output) beside `out` (absolute): its dir, and the descriptor that
+    holds its lock. `shown`: the output as given, which a refusal names."""
     remove_killed_temporaries(out)
     with dir_locked(out.parent, fcntl.LOCK_EX, required=False):
         if any(written_now(path) for path in out.parent.glob(f".{glob.escape(out.name)}.tmp-*")):
-            raise UserError(f"{flag} {out} is in use by another command writing the same output; wait for it to "
+            raise UserError(f"{flag} {shown} is in use by another command writing the same output; wait for it to "
                             f"finish, or choose another {flag}")
         return held_temporary(out)
 
@@ -326,10 +330,17 @@ def atomic_file(path: Path, content: bytes) -> None:
 
 
 def atomic_files(directory: Path, contents: dict[str, bytes | None]) -> None:
-    """Replace files that belong together (a report.json and its renderings): each is written to
-    a temporary first, then all are renamed into place in one quick pass, in the order given (a
-    name given None is removed). A stop while they are written leaves the earlier set whole,
-    not one file of each."""
+    """Replace files that belong together (a report.json and its renderings), the last one
+    given being the one tools read (report.json). Each is written to a temporary first; then
+    the earlier set goes, that last file first, and the new files are renamed into place in
+    the order given, the last one last (a name given None is only removed).
+
+    So a stop at any point leaves the earlier set whole (stopped while the temporaries are
+    written), the new set whole, or files without the last one, which no finished set lacks
+    (stopped while replacing: whoever wrote the set writes it again, as a rerun of `compressor
+    run` does). The last file is only ever beside the rest of its own set: renamed one by one
+    over the earlier files, a stop between renames left a new report.md beside the report.json
+    of the run before."""
     written: list[tuple[Path, Path]] = []
     try:
         for name, content in contents.items():
@@ -338,15 +349,14 @@ def atomic_files(directory: Path, contents: dict[str, bytes | None]) -> None:
                 written.append((Path(tmp), directory / name))
                 with os.fdopen(fd, "wb") as f:
                     f.write(content)
+        for name in reversed(contents):
+            (directory / name).unlink(missing_ok=True)
         for tmp, path in written:
             os.replace(tmp, path)
     except BaseException:
         for tmp, _ in written:
             tmp.unlink(missing_ok=True)
         raise
-    for name, content in contents.items():
-        if content is None:
-            (directory / name).unlink(missing_ok=True)
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:

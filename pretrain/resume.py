@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pretrain import distributed
-from pretrain.atomic import write_json
+from pretrain.atomic import claimed_output, write_json
 from pretrain.errors import UserError
 from pretrain.train import CHECKPOINT_FILE
 
@@ -31,35 +31,37 @@ def checkpoint_dir(out: Path) -> Path:
 
 
 @contextlib.contextmanager
-def claimed_checkpoint(ckpt: Path, settings: dict, resume: bool, settings_file: str) -> Iterator[None]:
-    """Claim `ckpt` for this command until it ends: `check_resume`, then the settings written
-    there, under a lock on the parent dir (claims there go one at a time), then a lock on the
-    checkpoint dir itself, held to the end. Two commands writing one output, started together,
-    both passed `check_resume` before either had written its settings, trained into one
-    checkpoint, and the last to finish replaced the other's output: now the second is refused.
-    Locks go with the process. Under torchrun the main process claims, and every process
-    stops on its refusal (the others checking on their own raced its settings file)."""
+def claimed_checkpoint(out: Path, settings: dict, resume: bool, settings_file: str) -> Iterator[None]:
+    """Claim `out` and its checkpoint dir for this command until it ends.
+
+    `out` first, with the claim every command writing an --out takes (`claimed_output`): a
+    finetune held only its checkpoint dir, so an export or a run into the same --out went on
+    beside it, and the last to write replaced the other's output. Then the checkpoint:
+    `check_resume`, the settings written there under a lock on the parent dir (claims there go
+    one at a time), then a lock on the checkpoint dir itself, held to the end. Locks go with the
+    process. Under torchrun the main process claims, and every process stops on its refusal
+    (the others checking on their own raced its settings file)."""
+    ckpt = checkpoint_dir(out)
     main = distributed.world().is_main
-    held, refusal = None, None
-    if main:
+    with contextlib.ExitStack() as claims:
+        refusal = None
+        if main:
+            try:
+                claims.enter_context(claimed_output(out))
+                claims.callback(os.close, claim(ckpt, settings, resume, settings_file))
+            except UserError as err:
+                refusal = str(err)
+        refusal = distributed.from_main(refusal)
+        if refusal is not None:
+            raise UserError(refusal)
         try:
-            held = claim(ckpt, settings, resume, settings_file)
-        except UserError as err:
-            refusal = str(err)
-    refusal = distributed.from_main(refusal)
-    if refusal is not None:
-        raise UserError(refusal)
-    try:
-        yield
-    except BaseException:
-        # Stopped before its first checkpoint (bad input found late, an early Ctrl-C):
-        # nothing to resume, so nothing left behind.
-        if main and nothing_to_resume(ckpt, settings_file):
-            shutil.rmtree(ckpt, ignore_errors=True)
-        raise
-    finally:
-        if held is not None:
-            os.close(held)
+            yield
+        except BaseException:
+            # Stopped before its first checkpoint (bad input found late, an early Ctrl-C):
+            # nothing to resume, so nothing left behind.
+            if main and nothing_to_resume(ckpt, settings_file):
+                shutil.rmtree(ckpt, ignore_errors=True)
+            raise
 
 
 def claim(ckpt: Path, settings: dict, resume: bool, settings_file: str) -> int:

@@ -61,7 +61,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     settings = {"model": str(model_path.resolve()), "task": task.spec, "config": cfg.model_dump(mode="json"),
                 "inputs": inputs_fingerprint(inputs)}
     place = distributed.world()
-    with claimed_checkpoint(ckpt, settings, resume, SETTINGS_FILE):
+    with claimed_checkpoint(out, settings, resume, SETTINGS_FILE):
         # Under torchrun this machine's processes share its cores: split them, not oversubscribe.
         shared = max(1, (os.cpu_count() or 1) // distributed.local_size()) if place.distributed else None
         set_threads(threads or shared)

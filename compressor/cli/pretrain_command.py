@@ -56,7 +56,7 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
     # The inputs' contents too: a corpus or init model replaced since the stop is another run.
     settings = {**cfg.model_dump(mode="json"), "inputs": inputs_fingerprint([cfg.corpus, cfg.tokenizer, cfg.init])}
     place = distributed.world()
-    with claimed_checkpoint(ckpt, settings, resume, SETTINGS_FILE):
+    with claimed_checkpoint(out, settings, resume, SETTINGS_FILE):
         objective, tokenizer, model = prepare(cfg)
         set_threads(threads)
         model, metrics = run_pretraining(cfg, objective, tokenizer, model, ckpt, show_progress=show_progress,

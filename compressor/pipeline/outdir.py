@@ -13,7 +13,7 @@ from typing import Iterator
 
 from compressor import __version__
 from compressor.pipeline.recipe import RESERVED_NAMES, RUN_FILE, STAGE_FILE, WORK_DIR, Recipe, located
-from pretrain.atomic import remove_dir, write_failure, write_json
+from pretrain.atomic import claimed_output, remove_dir, write_failure, write_json
 from pretrain.errors import UserError
 
 
@@ -29,11 +29,17 @@ def exclusive_use(out_dir: Path) -> Iterator[bool]:
     """Hold out_dir for this process (a lock on DIR/.lock, created with the dir if need be);
     yields whether the dir is new. A second run into a dir in use is refused in one line: its
     claim would delete this run's temporaries. The lock goes with the process, so a killed
-    run never leaves the dir locked."""
+    run never leaves the dir locked.
+
+    The dir is also claimed as every command claims its --out (`claimed_output`): an export or
+    a finetune into it, started beside the run, went on, and its last rename replaced the
+    run's dir, finished stages and all. The lock comes first, so a second run still names the
+    first one's pid; a run refused by another command's claim leaves neither its lock file nor
+    a dir it made."""
     created = make_out_dir(out_dir)
     with disk_errors(out_dir):
         lock = open(out_dir / LOCK_FILE, "a+")
-    with lock:
+    with lock, contextlib.ExitStack() as claim:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -41,11 +47,29 @@ def exclusive_use(out_dir: Path) -> Iterator[bool]:
             holder = lock.read().strip() or "another process"
             raise UserError(f"{out_dir} is in use by another run ({holder}); wait for it to finish, "
                             "or choose another --out") from None
+        try:
+            claim.enter_context(output_claim(out_dir))
+        except UserError:
+            (out_dir / LOCK_FILE).unlink(missing_ok=True)
+            if created:
+                with contextlib.suppress(OSError):
+                    out_dir.rmdir()
+            raise
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         lock.flush()
         yield created
+
+
+def output_claim(out_dir: Path) -> contextlib.AbstractContextManager:
+    """`claimed_output` on out_dir, where its parent can hold the claim. A run writes only
+    inside its dir, so one whose parent is read-only runs unclaimed, as it always could: no
+    other command can write that dir then (each renames its output into the parent)."""
+    parent = Path(os.path.abspath(out_dir)).parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return contextlib.nullcontext()
+    return claimed_output(out_dir)
 
 
 @contextlib.contextmanager

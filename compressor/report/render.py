@@ -384,8 +384,10 @@ def render_report_html(report: dict, chart: bytes | None) -> str:
 
 def write_reports(report: dict, out_dir: Path) -> None:
     """report.json, report.md, report.html and pareto.png (when there are measurements; an
-    earlier one goes), replaced together: a stop while the chart renders (seconds) or the files
-    are written leaves the earlier set, never a report.json beside the renderings of another."""
+    earlier one goes), replaced together (`atomic_files`, report.json last): a stop while the
+    chart renders (seconds) or the files are written leaves the earlier set; one while they
+    replace it leaves no report.json, until the rerun writes the set again. Never a
+    report.json beside the renderings of another."""
     chart = pareto_png(report)
     atomic_files(out_dir, {"pareto.png": chart,
                            "report.md": render_report_md(report, "pareto.png" if chart else None).encode(),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.atomic import atomic_dir, check_output, claimed_output
+from pretrain.atomic import atomic_dir, atomic_files, check_output, claimed_output
 from pretrain.errors import UserError
 
 OWNER = ("metrics.json",)
@@ -233,3 +233,31 @@ def test_a_second_writer_of_a_claimed_output_is_refused(tmp_path):
             with claimed_output(tmp_path / "new" / "dirs" / "x"):
                 pass
     assert not (tmp_path / "new").exists()
+
+
+REPORT_SET = ["pareto.png", "report.md", "report.html", "report.json"]      # as write_reports gives them
+
+
+@pytest.mark.parametrize("renamed", range(len(REPORT_SET)))
+def test_a_set_of_files_stopped_while_replaced_never_mixes_two_sets(renamed, tmp_path, monkeypatch):
+    """Renamed one by one over the earlier files, report.json last, a stop between renames left
+    a new report.md beside the report.json of the run before: a set that looked complete. The
+    earlier set goes first now, report.json first of all: a report.json is only ever beside
+    its own set, and writing the set again completes it."""
+    atomic_files(tmp_path, {name: b"earlier" for name in REPORT_SET})
+    real_replace, replaced = os.replace, []
+
+    def stop_after_some(src, dst):
+        if len(replaced) == renamed:
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+        replaced.append(dst)
+    monkeypatch.setattr(os, "replace", stop_after_some)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_files(tmp_path, {name: b"new" for name in REPORT_SET})
+    monkeypatch.undo()
+    left = {path.name: path.read_bytes() for path in tmp_path.iterdir()}     # no temporaries either
+    assert set(left) <= set(REPORT_SET) and len(set(left.values())) <= 1, left   # files of one set
+    assert "report.json" not in left or sorted(left) == sorted(REPORT_SET), left  # ... complete with it
+    atomic_files(tmp_path, {name: b"rerun" for name in REPORT_SET})
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == {name: b"rerun" for name in REPORT_SET}

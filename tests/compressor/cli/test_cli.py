@@ -8,6 +8,7 @@ with "error:", no traceback, and no output dir.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -585,6 +586,69 @@ def test_a_second_command_writing_the_same_output_is_refused(command, tiny_bert_
     assert capsys.readouterr().err == (f"error: --out {out} is in use by another command writing the same output; "
                                        "wait for it to finish, or choose another --out\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["corpus.txt", writing.name])
+
+
+def running(command: str, out: Path) -> contextlib.AbstractContextManager:
+    """What a running `command` holds on its --out, from its start to its end."""
+    from compressor.pipeline.outdir import exclusive_use
+    from pretrain.atomic import claimed_output
+    from pretrain.resume import claimed_checkpoint
+    return {"export": lambda: claimed_output(out),
+            "finetune": lambda: claimed_checkpoint(out, {"model": "m"}, False, "finetune_settings.json"),
+            "run": lambda: exclusive_use(out)}[command]()
+
+
+# What the first command leaves in the parent of --out (`out` there) once it ends, without
+# ever writing its output (the refused one adds nothing).
+LEFT_BY = {"export": [], "finetune": ["out.checkpoint", "out.checkpoint/finetune_settings.json"],
+           "run": ["out", "out/.lock"]}
+
+
+@pytest.mark.parametrize("first, second", [("export", "finetune"), ("finetune", "export"), ("run", "export"),
+                                           ("export", "run"), ("finetune", "run"), ("run", "finetune"),
+                                           ("run", "pretrain"), ("finetune", "tokenizer"), ("export", "search")])
+def test_a_command_writing_the_output_another_command_writes_is_refused(first, second, tiny_bert_dir, tiny_csv,
+                                                                        tmp_path, monkeypatch, capsys):
+    """An export and a finetune into one --out, started together, both ran: finetune held its
+    checkpoint dir, export a claim beside the output, and neither looked for the other's (nor
+    did a run, holding its dir's .lock). Every command writing an --out now takes the same
+    claim, so the second one stops in one line, whichever commands they are. The first starts
+    just after the second has checked its output (both found it free), or before a `run` or
+    `search`, which check nothing there."""
+    from compressor.cli import export_command, pretrain_command
+    inputs, out = tmp_path / "inputs", tmp_path / "work" / "out"
+    inputs.mkdir()
+    corpus = inputs / "corpus.txt"
+    corpus.write_text("a few words of text\n\nand a second document\n")
+    recipe = inputs / "recipe.yaml"
+    recipe.write_text(json.dumps({"name": "tiny", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
+                                  "data": {"max_train_samples": 16, "max_eval_samples": 16}, "variants": {"same": []}}))
+    argv = {"finetune": ["finetune", "--model", str(tiny_bert_dir), "--task", str(tiny_csv), "--epochs", "1",
+                         "--max-train-samples", "16", "--max-eval-samples", "16", "--quiet"],
+            "export": ["export", "--model", str(tiny_bert_dir), "--task", str(tiny_csv), "--max-eval-samples", "16"],
+            "run": ["run", str(recipe), "--quiet"],
+            "pretrain": ["pretrain", "--objective", "mlm", "--corpus", str(corpus), "--size", "tiny", "--steps", "1",
+                         "--tokenizer", str(tiny_bert_dir), "--quiet"],
+            "tokenizer": ["tokenizer", "--corpus", str(corpus), "--vocab-size", "100"],
+            "search": ["search", "--teacher", str(tiny_bert_dir), "--task", str(tiny_csv), "--profile", "cpu",
+                       "--latency-budget-ms", "1000", "--precisions", "fp32", "--max-trials", "1", "--quiet"]}[second]
+    with contextlib.ExitStack() as first_command:
+        checks = {"finetune": finetune_module, "export": export_command, "pretrain": pretrain_command,
+                  "tokenizer": pretrain_command}.get(second)
+        if checks is None:
+            first_command.enter_context(running(first, out))
+        else:
+            checked = checks.check_output
+
+            def then_the_first_starts(*args, **kwargs):
+                checked(*args, **kwargs)
+                first_command.enter_context(running(first, out))
+            monkeypatch.setattr(checks, "check_output", then_the_first_starts)
+        assert main([*argv, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {out} is in use by another command writing the same output; "
+                                       "wait for it to finish, or choose another --out\n")
+    left = sorted(str(path.relative_to(out.parent)) for path in out.parent.rglob("*")) if out.parent.exists() else []
+    assert left == LEFT_BY[first]
 
 
 @pytest.mark.parametrize("failure, said", [

@@ -61,3 +61,28 @@ def test_an_out_dir_no_dir_can_be_made_at_is_one_line_not_a_traceback(tmp_path, 
     with pytest.raises(UserError, match=r"^--out .*/out: cannot make the directory there \(No such file or "
                                         r"directory\); expected a path where a directory can be made$"):
         outdir.make_out_dir(tmp_path / "out")
+
+
+def test_a_run_and_another_command_writing_its_dir_refuse_each_other(tmp_path, monkeypatch):
+    """A run held only DIR/.lock, which an export or a finetune into the same --out never
+    looked at: started beside the run, it went on, and its last rename replaced the run's dir,
+    finished stages and all. The run now claims its dir as every command claims its --out."""
+    from pretrain.atomic import claimed_output
+    out = tmp_path / "out"
+    refused = rf"^--out {out} is in use by another command writing the same output; wait for it to finish"
+    with claimed_output(out):                     # an export into `out`, running
+        with pytest.raises(UserError, match=refused):
+            with outdir.exclusive_use(out):
+                pass
+        assert not out.exists()                   # neither the dir it made nor its lock file
+    out.mkdir()
+    (out / "run.json").write_text("{}")
+    with outdir.exclusive_use(out):               # a run in `out`, running
+        with pytest.raises(UserError, match=refused):
+            with claimed_output(out):
+                pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]     # the claims go with their commands
+    monkeypatch.chdir(out)                        # --out .: the claim is beside the dir, not in it
+    with outdir.exclusive_use(Path(".")):
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "run.json"]

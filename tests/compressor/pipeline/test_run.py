@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,6 +174,33 @@ def test_a_rerun_that_rescores_then_stops_leaves_no_report_of_the_old_scores(don
     with pytest.raises(KeyboardInterrupt):
         run({**raw, "data": {**raw["data"], "max_eval_samples": 10}}, rerun_dir)
     assert not [f for f in stages.REPORT_FILES if (rerun_dir / f).exists()]
+
+
+def test_a_rerun_stopped_while_its_report_replaces_the_old_one_leaves_no_report_json_of_another_set(
+        done, rerun_dir, monkeypatch):
+    """The report files were renamed over the earlier ones one by one, report.json last: a stop
+    after the first rename left the new report.md beside the report.json of the run before, a
+    set that looked complete. Now no report.json is left until the next run writes the set."""
+    raw = done[0]
+    forbid_building(monkeypatch)
+    real_replace, renamed = os.replace, []
+
+    def stop_after_the_first_report_file(src, dst):
+        if Path(dst).name in stages.REPORT_FILES:
+            if renamed:
+                raise KeyboardInterrupt
+            renamed.append(Path(dst).name)
+        real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", stop_after_the_first_report_file)
+    with pytest.raises(KeyboardInterrupt):
+        run(raw, rerun_dir)
+    assert renamed and not (rerun_dir / "report.json").exists()
+    assert not [p.name for p in rerun_dir.iterdir() if ".tmp-" in p.name]
+    monkeypatch.setattr(os, "replace", real_replace)
+    report = run(raw, rerun_dir)                               # the next run writes the whole set
+    assert sorted(f for f in stages.REPORT_FILES if (rerun_dir / f).exists()) == ["report.html", "report.json",
+                                                                                 "report.md"]
+    assert json.loads((rerun_dir / "report.json").read_text()) == json.loads(json.dumps(report, default=str))
 
 
 def test_changing_one_variant_rebuilds_only_it(done, rerun_dir, monkeypatch):
