@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -29,15 +30,17 @@ import numpy as np
 
 from compressor.bench.baselines import (optimum_o2, optimum_quantize, preset_for_this_cpu, preset_settings,
                                         quantization_config)
+from compressor.bench.contention import rounded, summary
 from compressor.bench.environment import environment
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable, input_batches, load_runner
-from compressor.bench.timing import ranking_with_ties, summarize, time_interleaved
+from compressor.bench.timing import Timings, ranking_with_ties, summarize, time_interleaved
 from compressor.evaluate import load_predictor, predict_classes
 from compressor.export.onnx import ONNX_FILE
 from compressor.export.optimize import fuse
 from compressor.export.quantize import TRANSFORMER_INT8_OPS
 from compressor.export.trace import write_onnx
+from compressor.report.analysis import contention_warnings
 from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.metrics import agreement, classification_metrics
@@ -104,6 +107,18 @@ def score(graph: Path, teacher: Path, task, n: int) -> np.ndarray:
         return predict_classes(load_predictor(Path(tmp)), task.split("test").head(n), task)
 
 
+def contention_record(timings: Timings, stats: dict[str, dict], profile: str, batch_size: int) -> dict:
+    """`contention`, other processes' share of the CPUs while the graphs were timed (median and
+    worst over them, as a search's latency model records it), and `warnings`: the report's line
+    when that share, pooled over the graphs' timed seconds, is over CONTENTION_WARNING (printed
+    too: these latencies then run high and may rank the graphs wrongly)."""
+    key = {"profile": profile, "batch_size": batch_size, "sequence_length": "real"}
+    warnings = contention_warnings([{"name": name, "latency": [{**key, **s}]} for name, s in stats.items()])
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    return {"contention": summary(list(timings.contention.values())), "warnings": warnings}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, default=Path("runs/demo"),
@@ -133,18 +148,21 @@ def main() -> None:
         for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
             batches = input_batches(tokenizer, task.split("test"), batch_size, "real")
             timings = time_interleaved(runners, batches, profile)
-            stats = {name: summarize(list(t), timings.samples[name]) for name, t in timings.times.items()}
+            stats = {name: {**summarize(list(t), timings.samples[name]),
+                            "contention": rounded(timings.contention.get(name))} for name, t in timings.times.items()}
             base = stats[f"Optimum {preset_for_this_cpu()} preset (the baseline)"]["p50_ms"]
             latency[str(batch_size)] = {
                 "stats": stats, "p50_vs_optimum_preset": {n: s["p50_ms"] / base for n, s in stats.items()},
-                "ranking": [g["models"] for g in ranking_with_ties(timings)]}
+                "ranking": [g["models"] for g in ranking_with_ties(timings)],
+                **contention_record(timings, stats, profile.name, batch_size)}
             for name in sorted(stats, key=lambda n: stats[n]["p50_ms"]):
                 print(f"batch {batch_size}  {stats[name]['p50_ms']:7.2f} ms  "
                       f"{stats[name]['p50_ms'] / base:5.2f}x  {name}")
     result = {"command": "python benchmarks/int8_side_by_side.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
               "environment": environment(), "profile": profile.model_dump(mode="json"),
-              "optimum_preset": preset_settings(preset_for_this_cpu()), "graphs": rows, "latency": latency}
+              "optimum_preset": preset_settings(preset_for_this_cpu()), "graphs": rows, "latency": latency,
+              "warnings": [line for measured in latency.values() for line in measured["warnings"]]}
     if args.out:
         write_json(args.out, result)
 

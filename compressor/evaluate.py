@@ -16,6 +16,7 @@ from compressor.export.torch_int8 import is_int8_dir, load_int8_model
 from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, model_positions, usable_length
 from pretrain.data import WHOLE, TaskData, absolute_paths, load_task, whole_task
 from pretrain.data.files import file_spec, spec_key
+from pretrain.data.overlap import scored_overlap
 from pretrain.errors import UserError
 from pretrain.finetune import predict_logits
 from pretrain.metrics import agreement, classification_metrics
@@ -219,6 +220,9 @@ def label_permutation(model_labels: tuple[str, ...], task: TaskData) -> np.ndarr
     return np.array([index[name] for name in model_labels])
 
 
+HELD_OUT = ("validation", "test")     # the splits drawn apart from train (split all has no train)
+
+
 def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
                   max_samples: int | None = None, reference: str | None = None, seed: int | None = None,
                   max_length: int | None = None) -> dict:
@@ -237,6 +241,8 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
     result = {"model": str(model), "kind": predictor.kind, "precision": predictor.precision,
               "task": task.name, "split": split, "max_length": predictor.max_length,
               **classification_metrics(np.asarray(data_split.labels), predictions)}
+    if split in HELD_OUT:
+        result.update(scored_overlap(task, split, max_samples))
     if reference is not None:
         predicted = np.asarray(task.label_names)[predictions]
         result.update(reference_agreement(reference, loaded, split, max_samples, max_length, predicted))

@@ -429,7 +429,15 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every, threads=args.threads)
     if metrics:       # empty on the other ranks of a torchrun
         print(json.dumps(metrics, indent=2))
+    print_warnings(metrics)
     return 0
+
+
+def print_warnings(result: dict) -> None:
+    """A command's `warnings` (held-out texts that train also holds), on stderr: stdout is
+    the JSON alone, and the exit code stays 0."""
+    for line in result.get("warnings", []):
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -440,6 +448,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     result = evaluate_path(args.model, task, args.split, args.max_samples, args.reference, args.seed,
                            args.max_length)
     print(json.dumps(result, indent=2))
+    print_warnings(result)
     return 0
 
 

@@ -19,6 +19,7 @@ from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
 from pretrain.atomic import atomic_dir, check_output, write_json
 from pretrain.data import load_task, task_files
+from pretrain.data.overlap import scored_overlap
 from pretrain.errors import UserError
 from pretrain.finetune import FinetuneConfig, evaluate, finetune
 from pretrain.models import check_model_ref, load_classifier, set_threads
@@ -82,7 +83,8 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
                    "final_loss": train.final_loss, "stages": result.stages, "domain_mlm": result.domain,
                    "last_layer_skipped": result.last_layer_skipped,
                    "processes": place.size,
-                   "model": model_ref, "config": cfg.model_dump(mode="json"), "environment": environment()}
+                   "model": model_ref, "config": cfg.model_dump(mode="json"), "environment": environment(),
+                   **scored_overlap(task, "test", max_eval_samples)}
         bundle = ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=cfg.seed,
                              max_length=cfg.max_length,
                              history=({"pass": "finetune", "config": cfg.model_dump(mode="json")},))

@@ -17,9 +17,10 @@ from compressor.export.onnx import ONNX_FILE
 from compressor.modeling.cost import SPARSE_THRESHOLD, compressed_size, encoder_sparsity, multiply_adds
 from compressor.pipeline.recipe import Recipe
 from compressor.pipeline.stages import Stage
-from compressor.report.analysis import pareto_fronts, recipe_warnings, runtime_warnings
+from compressor.report.analysis import data_warnings, pareto_fronts, recipe_warnings, runtime_warnings
 from pretrain.batching import encode
 from pretrain.data import TaskData
+from pretrain.data.overlap import texts_in_train
 from pretrain.metrics import agreement
 
 
@@ -60,6 +61,7 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
                     "params": teacher.params, "flops": teacher_cost["flops"],
                     "size_bytes": weights_size(teacher.path), **onnx_entry(exports, "teacher")},
         "flops_sequence_length": length,
+        **({"data": data_entry(task, recipe.data.max_eval_samples)} if task is not None else {}),
         "models": models,
     }
     if benchmark is not None:
@@ -72,8 +74,20 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
             built = {b["name"] for b in baselines}
             report["benchmark"]["baselines_not_built"] = [n for n in recipe.benchmark.baselines if n not in built]
         report["pareto"] = pareto_fronts(models)
-    report["warnings"] = recipe_warnings(models) + (runtime_warnings(report) if benchmark is not None else [])
+    report["warnings"] = data_warnings(report) + recipe_warnings(models) + \
+        (runtime_warnings(report) if benchmark is not None else [])
     return report
+
+
+def data_entry(task: TaskData, max_eval_samples: int | None) -> dict:
+    """The task's split sizes, and how many held-out examples have a text (text pair) that
+    the train split also holds (pretrain/data/overlap.py): test's as scored (its first
+    `max_eval_samples`), validation's whole."""
+    overlap = {"test": texts_in_train(task, "test", max_eval_samples).as_dict()}
+    if "validation" in task.splits:
+        overlap["validation"] = texts_in_train(task, "validation").as_dict()
+    return {"task": task.name, "pair_task": task.is_pair_task,
+            "examples": {name: len(split) for name, split in task.splits.items()}, "texts_in_train": overlap}
 
 
 def variant_entry(stage: Stage, export: dict | None) -> dict:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from compressor.bench.contention import CONTENTION_WARNING, contended
 from compressor.bench.profiles import precision_family
+from pretrain.data.overlap import overlap_warning
 
 
 def measurement_keys(models: list[dict]) -> list[tuple]:
@@ -97,6 +98,16 @@ def recipe_warnings(models: list[dict]) -> list[str]:
                                 f"({later[-1]}) does not use them; expected quantize mode static-int8 after "
                                 "qat, or no quantize step (qat exports static int8 itself)")
     return warnings
+
+
+def data_warnings(report: dict) -> list[str]:
+    """The scored test examples whose text the train split also holds (`data`; a report from
+    before it was recorded has none, and gets no line)."""
+    data = report.get("data")
+    if data is None:
+        return []
+    line = overlap_warning("test", data["texts_in_train"]["test"], data["pair_task"])
+    return [line] if line is not None else []
 
 
 def runtime_warnings(report: dict) -> list[str]:

@@ -240,7 +240,14 @@ def threads_line(env: dict) -> str:
 def models_title(report: dict) -> str:
     """The models table's title, with the test examples every accuracy in the report is measured on."""
     samples = report["teacher"].get("eval_samples")
-    return "Models" if samples is None else f"Models (accuracies on the same {samples:,} test examples)"
+    if samples is None:
+        return "Models"
+    data = report.get("data")      # absent in reports from before it was recorded
+    seen = data["texts_in_train"]["test"]["in_train"] if data else 0
+    # Said beside the count it qualifies, not only among the warnings further down.
+    text = "text pair" if data and data["pair_task"] else "text"
+    also = f", {seen:,} of them with a {text} the train split also holds" if seen else ""
+    return f"Models (accuracies on the same {samples:,} test examples{also})"
 
 
 def sections(report: dict) -> list[tuple[str, str, object]]:

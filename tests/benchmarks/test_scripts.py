@@ -241,11 +241,32 @@ def test_deploy_latency(finished_run, tmp_path, monkeypatch):
     assert ratios["int8_file_size_vs_fp32"] < 1
 
 
-def test_int8_side_by_side(finished_run, tmp_path, monkeypatch):
+def test_int8_side_by_side(finished_run, tmp_path, monkeypatch, capsys):
+    """Also: its latencies recorded no CPU contention, as the report's and `compressor bench`'s
+    do, and a busy machine went unsaid. Batch 2 is timed as if quiet, batch 1 as if others
+    took half the CPUs (the real shares on a shared test machine are whatever they are)."""
+    import dataclasses
+
+    from compressor.bench import timing
+    real = timing.time_interleaved
+
+    def timed_with_share(runners, batches, profile, **kwargs):
+        timings = real(runners, batches, profile, **kwargs)
+        share = 0.5 if len(batches[0]["input_ids"]) == 1 else 0.0
+        return dataclasses.replace(timings, contention=dict.fromkeys(timings.times, share))
+    monkeypatch.setattr(timing, "time_interleaved", timed_with_share)
     out = tmp_path / "side.json"
-    run_script("int8_side_by_side.py", ["--run", finished_run[1], "--batch-sizes", 2, "--iterations", 4,
+    run_script("int8_side_by_side.py", ["--run", finished_run[1], "--batch-sizes", "2,1", "--iterations", 4,
                                         "--eval-samples", 16, "--out", out], monkeypatch)
     result = json.loads(out.read_text())
+    quiet, busy = result["latency"]["2"], result["latency"]["1"]
+    count = len(result["graphs"])
+    assert quiet["contention"] == {"median": 0.0, "worst": 0.0, "measurements": count} and quiet["warnings"] == []
+    assert busy["contention"] == {"median": 0.5, "worst": 0.5, "measurements": count}
+    assert {s["contention"] for s in quiet["stats"].values()} == {0.0}
+    (line,) = busy["warnings"]
+    assert line.startswith("other processes used 50% of the CPUs while the models were timed on cpu at batch 1 ")
+    assert result["warnings"] == [line] and f"warning: {line}\n" in capsys.readouterr().err
     graphs = result["graphs"]
     preset = result["optimum_preset"]["preset"]
     assert f"Optimum {preset} preset (the baseline)" in graphs and "ours (s8, per-channel, our ops)" in graphs

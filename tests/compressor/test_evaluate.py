@@ -138,3 +138,30 @@ def test_split_all_takes_a_reference_with_other_labels_that_hold_the_files(tiny_
     with pytest.raises(UserError, match=r"^--reference .*: model labels do not match task 'tiny': its rows hold 1 "
                                         rf"label\(s\) the model lacks \(e.g. \['{tiny_task.label_names[3]}'\]\)"):
         evaluate_path(str(tiny_bert_dir), tiny_task.spec["path"], WHOLE, reference=str(reference))
+
+
+def test_scored_held_out_texts_that_train_holds_are_counted(tiny_bert_dir, tiny_csv, tiny_task, tmp_path):
+    """evaluate scored test rows the model may have trained on without a word."""
+    train, names = tiny_task.split("train"), tiny_task.label_names
+    test = tmp_path / "test.jsonl"         # train's first two texts (the second under another label), one new
+    test.write_text("".join(json.dumps({"text": text, "label": names[label]}) + "\n" for text, label in [
+        (train.texts[0], train.labels[0]), (train.texts[1], (train.labels[1] + 1) % len(names)), ("new", 0)]))
+    validation = tmp_path / "validation.jsonl"
+    validation.write_text("".join(json.dumps({"text": f"v{i}", "label": names[i % 4]}) + "\n" for i in range(5)))
+    spec = {"path": str(tiny_csv), "test": str(test), "validation": str(validation)}
+    result = evaluate_path(str(tiny_bert_dir), spec)
+    assert result["texts_in_train"] == {"test": {"examples": 3, "in_train": 2, "other_label": 1}}
+    (line,) = result["warnings"]
+    assert line.startswith("2 of the 3 test examples scored have a text that the train split also holds, 1 of them "
+                           "under another label there: ")
+    assert evaluate_path(str(tiny_bert_dir), spec, max_samples=1)["texts_in_train"]["test"]["examples"] == 1
+    validation = evaluate_path(str(tiny_bert_dir), spec, "validation")
+    assert validation["texts_in_train"] == {"validation": {"examples": 5, "in_train": 0, "other_label": 0}}
+    assert "warnings" not in validation
+    assert "texts_in_train" not in evaluate_path(str(tiny_bert_dir), spec, "train")   # nothing held out
+
+
+def test_distinct_splits_record_no_shared_text_and_no_warning(tiny_bert_dir, tiny_task):
+    result = evaluate_path(str(tiny_bert_dir), tiny_task.spec)
+    assert result["texts_in_train"] == {"test": {"examples": result["samples"], "in_train": 0, "other_label": 0}}
+    assert "warnings" not in result

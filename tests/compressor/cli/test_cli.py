@@ -26,6 +26,7 @@ from transformers import AutoModelForSequenceClassification
 from compressor.cli import finetune_command as finetune_module
 from compressor.cli import main
 from compressor.evaluate import evaluate_path
+from pretrain.data.overlap import overlap_warning
 from pretrain.errors import UserError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -375,6 +376,28 @@ def test_evaluate_rejects_non_positive_max_samples(cli, capsys, value):
     code = main(["evaluate", "--model", str(root / "ft"), "--max-samples", value])
     captured = capsys.readouterr()
     assert code == 2 and captured.err.startswith("error:")
+
+
+def test_evaluate_and_finetune_warn_of_scored_test_texts_that_train_holds(tiny_bert_dir, tiny_csv, tmp_path,
+                                                                            capsys):
+    """Test rows repeating train rows inflated the accuracy these commands print, unsaid. Now
+    one line each names the count, on stderr (stdout stays the JSON), and the exit code is 0."""
+    header, *rows = tiny_csv.read_text().splitlines()
+    twice = tmp_path / "twice.csv"
+    twice.write_text("\n".join([header, *rows, *rows]) + "\n")       # every row twice: many land in two splits
+    argvs = {"evaluate": ["evaluate", "--model", str(tiny_bert_dir), "--task", str(twice)],
+             "finetune": ["finetune", "--model", str(tiny_bert_dir), "--task", str(twice),
+                          "--out", str(tmp_path / "ft"), "--epochs", "1", "--batch-size", "16",
+                          "--max-train-samples", "16", "--quiet"]}
+    for command, argv in argvs.items():
+        assert main(argv) == 0, command
+        captured = capsys.readouterr()
+        overlap = json.loads(captured.out)["texts_in_train"]["test"]
+        assert overlap["in_train"] > 0, command
+        warned = [line for line in captured.err.splitlines() if "train split also holds" in line]
+        assert warned == [f"warning: {overlap_warning('test', overlap, pair_task=False)}"], command
+    assert main(["evaluate", "--model", str(tiny_bert_dir), "--task", str(tiny_csv)]) == 0
+    assert capsys.readouterr().err == ""                                  # distinct texts: not a word
 
 
 @pytest.mark.parametrize("argv", [["export", "--model", "minilm", "--out", "{tmp}/x"],

@@ -182,3 +182,24 @@ def test_split_seed_keeps_the_recorded_seed_for_the_recorded_task_named_again(tm
     assert split_seed(None, 3, {"path": "other.csv"}, recorded) == 0
     assert split_seed(5, 3, None, recorded) == 5                             # asked for
     assert split_seed(None, None, None, recorded) == 0
+
+
+def test_metrics_count_the_scored_test_texts_that_train_holds(tmp_path, tiny_bert_dir, tiny_csv, tiny_task):
+    """metrics.json gave a test accuracy over rows the model trained on, and said nothing."""
+    train, names = tiny_task.split("train"), tiny_task.label_names      # every row of tiny_csv is train below
+    held_out = {}
+    for split, rows in (("test", [(train.texts[0], names[(train.labels[0] + 1) % len(names)]),   # another label
+                                  ("new one", names[0]), ("new two", names[1])]),
+                        ("validation", [("new three", names[2])])):
+        held_out[split] = tmp_path / f"{split}.jsonl"
+        held_out[split].write_text("".join(json.dumps({"text": text, "label": label}) + "\n" for text, label in rows))
+    spec = {"path": str(tiny_csv), **{split: str(path) for split, path in held_out.items()}}
+    settings = {"epochs": 1, "batch_size": 16, "max_train_samples": 16}
+    metrics = finetune_command(str(tiny_bert_dir), spec, tmp_path / "seen", settings, show_progress=False)
+    assert metrics["texts_in_train"] == {"test": {"examples": 3, "in_train": 1, "other_label": 1}}
+    assert metrics["warnings"][0].startswith("1 of the 3 test examples scored have a text that the train split")
+    assert json.loads((tmp_path / "seen" / "metrics.json").read_text())["texts_in_train"] == metrics["texts_in_train"]
+    distinct = finetune_command(str(tiny_bert_dir), {"path": str(tiny_csv)}, tmp_path / "distinct", settings,
+                                max_eval_samples=16, show_progress=False)
+    assert distinct["texts_in_train"] == {"test": {"examples": 16, "in_train": 0, "other_label": 0}}
+    assert "warnings" not in distinct

@@ -13,6 +13,7 @@ from compressor.pipeline.recipe import parse_recipe
 from compressor.pipeline.report_data import build_report
 from compressor.pipeline.stages import Stage
 from pretrain.batching import encode
+from pretrain.data import Split, TaskData
 
 
 def stage(name: str, path, bundle: ModelBundle, test_size: int) -> Stage:
@@ -92,3 +93,28 @@ def test_every_optimum_build_is_scored_and_each_profile_judged_by_its_own(bert_b
     assert not any("predictions" in b for b in scored.values())
     assert {f["profile"]: f["models"] for f in report["pareto"]} == {
         "a": ["optimum-default-int8"], "b": ["optimum-default-int8", "onnxruntime-fp32"]}
+
+
+def test_the_data_section_counts_no_shared_text_for_distinct_splits(report, tiny_task):
+    n = {name: len(split) for name, split in tiny_task.splits.items()}
+    none = {"in_train": 0, "other_label": 0}
+    assert report["data"] == {"task": "tiny", "pair_task": False, "examples": n,
+                              "texts_in_train": {"test": {"examples": n["test"], **none},
+                                                 "validation": {"examples": n["validation"], **none}}}
+    assert not any("train split also holds" in w for w in report["warnings"])
+
+
+def test_scored_test_texts_that_train_holds_are_counted_and_warned_about_first(bert_bundle, tiny_bert_dir,
+                                                                              tiny_csv, tiny_task):
+    """A run scored test rows its teacher trained on, and report.json said nothing of them."""
+    train, test = tiny_task.split("train"), tiny_task.split("test")
+    # The first two scored test rows become train's first two texts, the second under another label.
+    texts = train.texts[:2] + test.texts[2:]
+    labels = [train.labels[0], (train.labels[1] + 1) % len(tiny_task.label_names)] + test.labels[2:]
+    task = TaskData("tiny", tiny_task.label_names, {**tiny_task.splits, "test": Split(texts, labels)}, tiny_task.spec)
+    recipe, _ = parse_recipe({"name": "r", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
+                              "data": {"max_eval_samples": 20}, "variants": {"as-is": []}})
+    report = build_report(recipe, stage("teacher", tiny_bert_dir, bert_bundle, 20), [], task=task)
+    assert report["data"]["texts_in_train"]["test"] == {"examples": 20, "in_train": 2, "other_label": 1}
+    assert report["warnings"][0].startswith("2 of the 20 test examples scored have a text that the train split "
+                                            "also holds, 1 of them under another label there: ")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from compressor.report.analysis import pareto_fronts, runtime_warnings
+from compressor.report.analysis import data_warnings, pareto_fronts, runtime_warnings
 from compressor.report.render import (baseline_lines, latency_table, markdown_table, ranking_lines,
                                       render_report_md)
 
@@ -289,6 +289,22 @@ def test_the_models_table_says_how_many_test_examples_the_accuracies_come_from()
     report = {"recipe": {"name": "r"}, "models": [entry("a", 0.8, 3.0)], "environment": {},
               "teacher": {"path": "t", "accuracy": 0.81, "params": 1000, "size_bytes": 100, "eval_samples": 1250}}
     assert "## Models (accuracies on the same 1,250 test examples)\n" in render_report_md(report, None)
+
+
+def test_scored_test_texts_that_train_holds_are_told_in_the_title_and_the_warnings():
+    def report(in_train, pair_task=False):
+        data = {"task": "t", "pair_task": pair_task, "examples": {"train": 10, "validation": 2, "test": 2},
+                "texts_in_train": {"test": {"examples": 1250, "in_train": in_train, "other_label": 1}}}
+        return {"recipe": {"name": "r"}, "models": [entry("a", 0.8, 3.0)], "environment": {}, "data": data,
+                "teacher": {"path": "t", "accuracy": 0.81, "params": 1000, "size_bytes": 100, "eval_samples": 1250}}
+    title = "## Models (accuracies on the same 1,250 test examples, 3 of them with a text the train split also holds)"
+    assert title in render_report_md(report(3), None)
+    assert "text pair the train split" in render_report_md(report(3, pair_task=True), None)
+    (line,) = data_warnings(report(3))
+    assert line.startswith("3 of the 1,250 test examples scored have a text that the train split also holds, "
+                           "1 of them under another label there")
+    assert "## Models (accuracies on the same 1,250 test examples)\n" in render_report_md(report(0), None)
+    assert data_warnings(report(0)) == [] and data_warnings({"models": []}) == []     # none; an older report
 
 
 def test_latencies_timed_while_other_processes_used_the_cpus_are_warned_about():
