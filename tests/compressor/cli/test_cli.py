@@ -668,8 +668,9 @@ def test_a_command_writing_the_output_another_command_writes_is_refused(first, s
                 first_command.enter_context(running(first, out))
             monkeypatch.setattr(checks, "check_output", then_the_first_starts)
         assert main([*argv, "--out", str(out)]) == 2
-    assert capsys.readouterr().err == (f"error: --out {out} is in use by another command writing the same output; "
-                                       "wait for it to finish, or choose another --out\n")
+    recipe_first = f"{recipe}: " if second == "run" else ""     # a run's --out refusals name its recipe
+    assert capsys.readouterr().err == (f"error: {recipe_first}--out {out} is in use by another command writing the "
+                                       "same output; wait for it to finish, or choose another --out\n")
     left = sorted(str(path.relative_to(out.parent)) for path in out.parent.rglob("*")) if out.parent.exists() else []
     assert left == LEFT_BY[first]
 
