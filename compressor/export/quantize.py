@@ -97,7 +97,7 @@ class QuantizeConfig(BaseModel):
         if cls is QuantizeConfig and isinstance(obj, dict):
             # The mode first (an unknown one: an error on `mode` listing the known ones), then
             # its type; errors keep plain field paths (no union tag in them).
-            data = {"mode": "dynamic-int8", **obj}
+            data = {"mode": DEFAULT_MODE, **obj}
             mode = MODE_FIELD.validate_python(data)["mode"]
             return MODE_CONFIGS[mode].model_validate(data, *args, **kwargs)
         return super().model_validate(obj, *args, **kwargs)
@@ -172,6 +172,7 @@ class IncConfig(QuantizeConfig):
     max_trials: int = Field(8, ge=1)                   # autotune trials
 
 
+DEFAULT_MODE = "dynamic-int8"       # a quantize step that names no mode
 MODE_CONFIGS: dict[str, type[QuantizeConfig]] = {
     cls.model_fields["mode"].default: cls for cls in (DynamicInt8Config, StaticInt8Config, IncConfig,
                                                       TorchDynamicInt8Config, Fp16Config, Int4WeightOnlyConfig)}
@@ -185,10 +186,17 @@ for _mode, _config in MODE_CONFIGS.items():
             OPTION_MODES[_name] += (_mode,)
 
 
+def mode_config_type(data: dict) -> type[QuantizeConfig] | None:
+    """The type `QuantizeConfig.model_validate(data)` hands `data` to (its mode's), whose fields
+    an error about one of them is looked up on; None for a mode that is no known one."""
+    mode = data.get("mode", DEFAULT_MODE)
+    return MODE_CONFIGS.get(mode) if isinstance(mode, str) else None
+
+
 def quantize_config_from_record(spec: dict) -> QuantizeConfig:
     """A config this tool recorded (compressor.json `deploy.quantize`). Records written before
     each mode had its own type hold every mode's options at their defaults: those are dropped."""
-    mode = spec.get("mode", "dynamic-int8")
+    mode = spec.get("mode", DEFAULT_MODE)
     own = MODE_CONFIGS[mode].model_fields if mode in MODE_CONFIGS else spec
     return QuantizeConfig.model_validate({k: v for k, v in spec.items() if k in own})
 

@@ -19,6 +19,7 @@ from pydantic.fields import FieldInfo
 
 from compressor.bench.baselines import BASELINES, distinct_baselines
 from compressor.export.onnx import ExportSettings
+from compressor.export.quantize import QuantizeConfig, mode_config_type
 from compressor.passes import config_as_written, get_pass
 from compressor.search.settings import SearchSettings
 from compressor.yamlfile import (field_at, field_suggestion, is_type_tag, load_yaml, location,
@@ -248,10 +249,20 @@ def parse_step(item: dict[str, Any] | str, where: str) -> Step:
         validated = spec.config_type.model_validate(config or {})
         refuse_bool_numbers(config or {}, validated, f"{where}.{name}")
     except ValidationError as err:
-        raise UserError(describe_validation_error(err, f"{where}.{name}", spec.config_type)) from None
+        model = validating_type(spec.config_type, config)
+        raise UserError(describe_validation_error(err, f"{where}.{name}", model)) from None
     except ValueError as err:
         raise UserError(str(err)) from None
     return Step(name=name, config=validated)
+
+
+def validating_type(config_type: type[BaseModel], config: Any) -> type[BaseModel]:
+    """The class that validates a step's `config`, whose fields its errors are looked up on (a
+    bounded integer's range, a misspelt name's nearest): a quantize step's is its mode's, to
+    which QuantizeConfig hands the mapping (the base has `mode` alone)."""
+    if issubclass(config_type, QuantizeConfig) and isinstance(config, dict):
+        return mode_config_type(config) or config_type
+    return config_type
 
 
 def describe_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:

@@ -310,6 +310,23 @@ def test_a_bounded_integer_of_the_wrong_type_says_which_integers_it_takes(tmp_pa
     assert error_of(tmp_path, text) == f"{tmp_path / 'recipe.yaml'}: {message}"
 
 
+@pytest.mark.parametrize("step, message", [
+    ("{quantize: {mode: static-int8, calibration_samples: x}}",
+     "quantize.calibration_samples: 'x'; expected a positive integer"),
+    ("{quantize: {mode: int4-weight-only, block_size: 32.5}}", "quantize.block_size: 32.5; expected an integer >= 16"),
+    ("{quantize: {mode: inc, max_trials: many}}", "quantize.max_trials: 'many'; expected a positive integer"),
+    ("{quantize: {mode: static-int8, calibraton_samples: 64}}",
+     "quantize.calibraton_samples: Extra inputs are not permitted (got 64); did you mean 'calibration_samples'?"),
+    ("{quantize: {per_chanel: true}}",          # no mode: dynamic-int8's fields
+     "quantize.per_chanel: Extra inputs are not permitted (got True); did you mean 'per_channel'?"),
+])
+def test_a_setting_of_one_quantize_mode_is_looked_up_on_that_modes_config(tmp_path, step, message):
+    # The base quantize config has `mode` alone: a mode's own field was not found there, so its
+    # errors kept pydantic's "Input should be a valid integer" and misspellings got no hint.
+    text = "name: r\n" + TEACHER + f"variants:\n  q: [{step}]\n"
+    assert error_of(tmp_path, text) == f"{tmp_path / 'recipe.yaml'}: variants.q[0].{message}"
+
+
 @pytest.mark.parametrize("section, message", [
     # A step search.compare copies is parsed inside the recipe's validation (a UserError, not pydantic's).
     ("variants:\n  a: [{nope: {}}]\nsearch: {latency_budget_ms: 5, compare: [a]}\n",
