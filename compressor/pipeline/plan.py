@@ -4,7 +4,8 @@ The plan makes the run's own checks first (so bad input stops here too, in one l
 gives each stage the state a run would find it in: `cached` (DIR holds it under the key
 the run would compute) or `build`, with the passes a variant would run, where it would
 start (the teacher, a kept prefix, or an earlier variant) and the checkpoint it would
-resume from. Keys come from the same functions the run uses (stages.py,
+resume from. A cached model stage whose metrics were measured on another number of test
+examples (data.max_eval_samples changed since) is kept but scored again: the plan says so. Keys come from the same functions the run uses (stages.py,
 benchmark_stages.py). Nothing is written, not even the lock.
 """
 
@@ -24,8 +25,8 @@ from compressor.pipeline.outdir import holder_of, make_out_dir, replaced_by_clai
 from compressor.pipeline.recipe import (BENCHMARK_DIR, PREFIXES_DIR, SEARCH_DIR, WORK_DIR, Recipe, Step,
                                        export_dir_name, located)
 from compressor.pipeline.run import Prepared, prepare
-from compressor.pipeline.stages import (export_key, export_stage, finished_stage, recorded_quantize, teacher_key,
-                                        variant_key)
+from compressor.pipeline.stages import (export_key, export_stage, finished_stage, recorded_quantize,
+                                        scored_on_other_examples, teacher_key, variant_key)
 
 PYTORCH_BASELINE = "pytorch-eager-fp32"   # the teacher itself: no stage of its own
 
@@ -41,6 +42,7 @@ class PlannedStage:
     resumes: str | None = None       # the checkpoint dir (DIR/.work/<key>) a build continues from
     last_build_seconds: float | None = None   # how long its last build took (stage.json), if known
     last_build_partial: bool = False  # that time leaves out a build killed before it could note its own
+    rescored_on: int | None = None   # a cached model stage the run scores again: on this many test examples
 
 
 def plan_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *, base_dir: Path = Path("."),
@@ -87,6 +89,15 @@ class Planner:
         record = self.record(path)
         return ("cached" if record.get("key") == key else "build"), last_build(record)
 
+    def rescored_on(self, path: Path, state: str) -> int | None:
+        """How many test examples the run scores a cached model stage on again, where its
+        metrics are of another test-sample limit (`scored_on_other_examples`, as `model_stage`
+        decides); None where it keeps them, or builds the stage."""
+        limit = self.recipe.data.max_eval_samples
+        if state != "cached" or not scored_on_other_examples(self.record(path), limit):
+            return None
+        return len(self.prepared.task.split("test").head(limit))
+
     def checkpoint(self, key: str) -> str | None:
         work = self.out_dir / WORK_DIR / key
         return None if self.replaced or not work.is_dir() else str(work)
@@ -102,7 +113,8 @@ class Planner:
         tunes = self.recipe.teacher.finetune is not None
         stages = [PlannedStage("teacher", "teacher", state, passes=["finetune"] if tunes and state == "build" else [],
                                trains=tunes and state == "build",
-                               resumes=self.checkpoint(key) if state == "build" else None, **timing)]
+                               resumes=self.checkpoint(key) if state == "build" else None,
+                               rescored_on=self.rescored_on(self.out_dir / "teacher", state), **timing)]
         will_exist: dict[str, str] = {}          # model key -> where the run will find it by then
         for name, variant_steps in self.prepared.steps.items():
             stages.append(self.variant(name, variant_steps, will_exist))
@@ -117,7 +129,8 @@ class Planner:
         state, timing = self.state(self.out_dir / name, key)
         if state == "cached":
             will_exist[key] = name
-            return PlannedStage(name, "variant", state, **timing)
+            return PlannedStage(name, "variant", state, rescored_on=self.rescored_on(self.out_dir / name, state),
+                                **timing)
         done, start = 0, "teacher"
         for n in range(len(steps), 0, -1):
             prefix_key = key_of(steps[:n])
@@ -220,6 +233,8 @@ def plan_lines(plan: dict) -> list[str]:
             work = "the teacher as is" if s["start"] == "teacher" else f"a copy of {s['start']} (the same steps)"
         elif s["start"] and s["start"] != "teacher":
             work += f" (from {s['start']})"
+        if s["rescored_on"] is not None:
+            work = f"re-scored on {s['rescored_on']} test examples (its metrics are of another data.max_eval_samples)"
         if s["resumes"]:
             work += f"; resumes from {s['resumes']}"
         if s["last_build_seconds"] is not None:
@@ -231,7 +246,9 @@ def plan_lines(plan: dict) -> list[str]:
     lines += [f"  {stage:<{width}}  {state:<6}  {work}".rstrip() for stage, state, work in rows]
     to_build = [s for s in plan["stages"] if s["state"] == "build"]
     training = sum(1 for s in to_build if s["trains"])
-    lines.append(f"{len(to_build)} of {len(plan['stages'])} stages to build, {training} of them train (* trains)")
+    rescored = sum(1 for s in plan["stages"] if s["rescored_on"] is not None)
+    lines.append(f"{len(to_build)} of {len(plan['stages'])} stages to build, {training} of them train (* trains)"
+                 + (f"; {rescored} cached to re-score" if rescored else ""))
     return lines
 
 

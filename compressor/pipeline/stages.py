@@ -237,13 +237,20 @@ def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: Tas
     # Rebuilding a teacher or variant resumes a stopped build's checkpoints and prefixes: its
     # build time counts theirs too (noted beside the work dirs, cleared with them).
     record = cached(path, key, write, attempts=out_dir / WORK_DIR / f"{key}{ATTEMPTS_SUFFIX}")
-    if record.get(EVAL_LIMIT, "unrecorded") != limit:
+    if scored_on_other_examples(record, limit):
         log.info("stage %s: cached; evaluating it on the recipe's test examples", name)
         retire_reports(out_dir)      # they show the metrics of the other limit
         record = {**record, **scored(ModelBundle.load(path))}
         with disk_errors(out_dir):
             write_json(path / STAGE_FILE, record)
     return stage_of(name, path, record)
+
+
+def scored_on_other_examples(record: dict, limit: int | None) -> bool:
+    """Whether a model stage's metrics were measured with another test-sample limit than
+    `limit` (or before stage.json recorded one): a run reusing it evaluates it again
+    (`model_stage`), and `compressor run --plan` says so."""
+    return record.get(EVAL_LIMIT, "unrecorded") != limit
 
 
 REPORT_FILES = ("report.json", "report.md", "report.html", "pareto.png")

@@ -104,6 +104,35 @@ def test_the_plan_names_exactly_the_stages_a_changed_recipe_rebuilds(done, tmp_p
     assert set(states(plan(changed, copy_dir)).values()) == {"cached"}
 
 
+def test_a_cached_model_scored_on_another_test_sample_reads_as_re_scored(done, tmp_path, run_raw, caplog):
+    """A changed data.max_eval_samples keeps every model's weights (not in their keys), but the
+    run scores each again on the new test examples: the plan said a plain `cached`."""
+    from compressor.pipeline.plan import plan_lines
+    raw, out, _ = done
+    copy_dir = tmp_path / "run"
+    shutil.copytree(out, copy_dir)
+    changed = copy.deepcopy(raw)
+    changed["data"]["max_eval_samples"] = 20
+    planned = plan(changed, copy_dir)
+    models = {"teacher", *VARIANTS}
+    by_stage = {s["stage"]: s for s in planned["stages"]}
+    assert {name: (by_stage[name]["state"], by_stage[name]["rescored_on"]) for name in models} == \
+        dict.fromkeys(models, ("cached", 20))
+    assert all(s["rescored_on"] is None for s in planned["stages"] if s["stage"] not in models)
+    lines = plan_lines(planned)
+    assert any(re.fullmatch(r"\s+two-layers\s+cached\s+re-scored on 20 test examples \(its metrics are of another "
+                            r"data\.max_eval_samples\); last built in \d+ s", line) for line in lines), lines
+    assert lines[-1].endswith("; 4 cached to re-score")
+    to_build = {name for name, state in states(planned).items() if state == "build"}
+    # What the run then does: builds those, and re-scores exactly the stages the plan named.
+    assert built_by(run_raw, changed, copy_dir, caplog) == to_build
+    rescored = {m.group(1) for r in caplog.records
+                if (m := re.match(r"stage (\S+): cached; evaluating it on the recipe's test examples$", r.getMessage()))}
+    assert rescored == models
+    again = plan(changed, copy_dir)
+    assert set(states(again).values()) == {"cached"} and all(s["rescored_on"] is None for s in again["stages"])
+
+
 def test_a_checkpoint_left_by_an_interrupted_step_is_named_as_resumed(done, tmp_path):
     raw, out, _ = done
     copy_dir = tmp_path / "run"
