@@ -12,6 +12,10 @@ real test batches padded to each batch's longest member):
   (structure only, no training), exported and fused here, against the unsliced fused
   teacher: evidence that structure the pruning passes remove becomes speed.
 
+Each graph's entry records `contention` (other processes' share of the CPUs while it was
+timed); the result, their median and worst (`contention`) and the report's warning when the
+machine was busy (`warnings`, printed on stderr too).
+
     .venv/bin/python benchmarks/deploy_latency.py --run runs/demo --batch-size 8 \
         --out benchmarks/results/deploy_latency.json
 """
@@ -33,6 +37,7 @@ from compressor.bench.runners import Deployable, input_batches, load_runner
 from compressor.bench.timing import measure_interleaved
 from compressor.export.optimize import fuse
 from compressor.export.trace import write_onnx
+from compressor.report.analysis import measurement_contention
 from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.models import encoder_layers, load_saved_classifier, set_threads
@@ -62,6 +67,17 @@ def fused_export(model, work: Path, name: str) -> Path:
     if fusion.path is None:
         sys.exit(f"fusion failed for {name}: {fusion.fallback}")
     return fusion.path
+
+
+def contention_record(stats: dict[str, dict], profile: str, batch_size: int) -> dict:
+    """`contention`, other processes' share of the CPUs while the graphs were timed (median and
+    worst over them; each graph's own share in its entry), and `warnings`: the report's line
+    when that share, pooled over the graphs' timed seconds, is over CONTENTION_WARNING (printed
+    too: the latencies and ratios then run high or skewed)."""
+    record = measurement_contention(stats, profile, batch_size)
+    for line in record["warnings"]:
+        print(f"warning: {line}", file=sys.stderr)
+    return record
 
 
 def main() -> None:
@@ -94,7 +110,7 @@ def main() -> None:
         test = task.split("test").head(report["recipe"]["data"]["max_eval_samples"])
         batches = input_batches(tokenizer, test, args.batch_size, "real")
         runners = {name: load_runner(Deployable(name, "onnx", path, ""), profile) for name, path in models.items()}
-        stats = measure_interleaved(runners, batches, profile)
+        stats = measure_interleaved(runners, batches, profile, with_contention=True)
         sizes = {name: path.stat().st_size for name, path in models.items()}
 
     p50 = {name: s["p50_ms"] for name, s in stats.items()}
@@ -109,10 +125,11 @@ def main() -> None:
                        "ours_int8_vs_optimum_default_int8": p50[ours] / p50["optimum-default-int8"],
                        "int8_file_size_vs_fp32": sizes[ours] / sizes["teacher-fp32-fused"],
                        "ours_minus_optimum_accuracy": accuracy[ours] - accuracy["optimum-default-int8"]})
+    contention = contention_record(stats, profile.name, args.batch_size)
     result = {"command": " ".join(sys.argv), "batch_size": args.batch_size, "profile": profile.model_dump(),
               "models": {name: {**stats[name], "size_bytes": sizes[name], "accuracy": accuracy.get(name)}
                          for name in models},
-              "ratios": ratios, "eval_samples": len(test), "environment": environment()}
+              "ratios": ratios, "eval_samples": len(test), **contention, "environment": environment()}
     write_json(args.out, result)
     print(json.dumps({"p50_ms": p50, "ratios": ratios}, indent=2))
 

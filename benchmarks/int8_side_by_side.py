@@ -30,17 +30,17 @@ import numpy as np
 
 from compressor.bench.baselines import (optimum_o2, optimum_quantize, preset_for_this_cpu, preset_settings,
                                         quantization_config)
-from compressor.bench.contention import rounded, summary
+from compressor.bench.contention import rounded
 from compressor.bench.environment import environment
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable, input_batches, load_runner
-from compressor.bench.timing import Timings, ranking_with_ties, summarize, time_interleaved
+from compressor.bench.timing import ranking_with_ties, summarize, time_interleaved
 from compressor.evaluate import load_predictor, predict_classes
 from compressor.export.onnx import ONNX_FILE
 from compressor.export.optimize import fuse
 from compressor.export.quantize import TRANSFORMER_INT8_OPS
 from compressor.export.trace import write_onnx
-from compressor.report.analysis import contention_warnings
+from compressor.report.analysis import measurement_contention
 from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.metrics import agreement, classification_metrics
@@ -107,16 +107,15 @@ def score(graph: Path, teacher: Path, task, n: int) -> np.ndarray:
         return predict_classes(load_predictor(Path(tmp)), task.split("test").head(n), task)
 
 
-def contention_record(timings: Timings, stats: dict[str, dict], profile: str, batch_size: int) -> dict:
+def contention_record(stats: dict[str, dict], profile: str, batch_size: int) -> dict:
     """`contention`, other processes' share of the CPUs while the graphs were timed (median and
     worst over them, as a search's latency model records it), and `warnings`: the report's line
     when that share, pooled over the graphs' timed seconds, is over CONTENTION_WARNING (printed
     too: these latencies then run high and may rank the graphs wrongly)."""
-    key = {"profile": profile, "batch_size": batch_size, "sequence_length": "real"}
-    warnings = contention_warnings([{"name": name, "latency": [{**key, **s}]} for name, s in stats.items()])
-    for line in warnings:
+    record = measurement_contention(stats, profile, batch_size)
+    for line in record["warnings"]:
         print(f"warning: {line}", file=sys.stderr)
-    return {"contention": summary(list(timings.contention.values())), "warnings": warnings}
+    return record
 
 
 def main() -> None:
@@ -154,7 +153,7 @@ def main() -> None:
             latency[str(batch_size)] = {
                 "stats": stats, "p50_vs_optimum_preset": {n: s["p50_ms"] / base for n, s in stats.items()},
                 "ranking": [g["models"] for g in ranking_with_ties(timings)],
-                **contention_record(timings, stats, profile.name, batch_size)}
+                **contention_record(stats, profile.name, batch_size)}
             for name in sorted(stats, key=lambda n: stats[n]["p50_ms"]):
                 print(f"batch {batch_size}  {stats[name]['p50_ms']:7.2f} ms  "
                       f"{stats[name]['p50_ms'] / base:5.2f}x  {name}")

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from compressor.bench.contention import CpuTime, others_share, our_cpus, read_cpu_time
+from compressor.bench.contention import CpuTime, others_share, our_cpus, read_cpu_time, rounded
 from compressor.bench.profiles import Profile
 from compressor.bench.runners import Feed, Runner
 
@@ -129,10 +129,16 @@ def round_spans(iterations: int, round_calls: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(edges, edges[1:])]
 
 
-def measure_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile) -> dict[str, dict]:
-    """Time every runner on the same batches, in interleaved rounds; stats per runner."""
+def measure_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile, *,
+                        with_contention: bool = False) -> dict[str, dict]:
+    """Time every runner on the same batches, in interleaved rounds; stats per runner. With
+    `with_contention`, each runner's stats also hold `contention`: other processes' share of
+    our CPUs while it was timed, as a latency row records it (None: unknown)."""
     timings = time_interleaved(runners, batches, profile)
-    return {name: summarize(list(t), timings.samples[name]) for name, t in timings.times.items()}
+    stats = {name: summarize(list(t), timings.samples[name]) for name, t in timings.times.items()}
+    if with_contention:
+        stats = {name: {**s, "contention": rounded(timings.contention.get(name))} for name, s in stats.items()}
+    return stats
 
 
 def paired_ratio(timings: Timings, a: str, b: str, seed: int = 0) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from compressor.bench.contention import CONTENTION_WARNING, contended
+from compressor.bench.contention import CONTENTION_WARNING, contended, summary
 from compressor.bench.profiles import precision_family
 from pretrain.data.overlap import overlap_warning
 
@@ -155,6 +155,18 @@ def contention_warnings(models: list[dict]) -> list[str]:
                             f"at batch {key[1]} (sequence {key[2]}; most during {shares}); those latencies run high "
                             "and may rank the models wrongly: rerun on a quiet machine")
     return warnings
+
+
+def measurement_contention(stats: dict[str, dict], profile: str, batch_size: int,
+                           sequence_length: int | str = "real") -> dict:
+    """What a script that times models outside a run records beside one measurement's stats
+    (name -> a latency row's fields, `contention` among them): `contention`, the median and
+    worst of their shares (`summary`, as a search's latency model records it), and `warnings`,
+    the report's line when the share pooled over their timed seconds is over CONTENTION_WARNING."""
+    key = {"profile": profile, "batch_size": batch_size, "sequence_length": sequence_length}
+    models = [{"name": name, "latency": [{**key, **row}]} for name, row in stats.items()]
+    return {"contention": summary([row.get("contention") for row in stats.values()]),
+            "warnings": contention_warnings(models)}
 
 
 def pooled_share(rows: list[dict]) -> float | None:

@@ -19,6 +19,7 @@ The subprocess paths of these three scripts are not run here: their default beha
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import shutil
 import sys
@@ -224,11 +225,33 @@ def finished_run(tiny_bert_dir, tiny_csv, tmp_path_factory):
     return recipe_file, root / "run"
 
 
-def test_deploy_latency(finished_run, tmp_path, monkeypatch):
+def timed_with_shares(monkeypatch, shares: list[float]) -> None:
+    """Time for real, but record the i-th measurement's models as timed while other processes
+    took shares[i] of the CPUs (the real shares on a shared test machine are whatever they are)."""
+    import dataclasses
+
+    from compressor.bench import timing
+    real, calls = timing.time_interleaved, iter(shares)
+
+    def timed_with_share(runners, batches, profile, **kwargs):
+        timings = real(runners, batches, profile, **kwargs)
+        return dataclasses.replace(timings, contention=dict.fromkeys(timings.times, next(calls)))
+    monkeypatch.setattr(timing, "time_interleaved", timed_with_share)
+
+
+def test_deploy_latency(finished_run, tmp_path, monkeypatch, capsys):
+    """Also: its latencies recorded no CPU contention, as the report's and int8_side_by_side's
+    do, and a busy machine went unsaid (here the graphs are timed as if others took half the CPUs)."""
+    timed_with_shares(monkeypatch, [0.5])
     out = tmp_path / "deploy.json"
     run_script("deploy_latency.py", ["--run", finished_run[1], "--batch-size", 1, "--iterations", 4,
                                      "--out", out], monkeypatch)
     result = json.loads(out.read_text())
+    assert {m["contention"] for m in result["models"].values()} == {0.5}
+    assert result["contention"] == {"median": 0.5, "worst": 0.5, "measurements": len(result["models"])}
+    (line,) = result["warnings"]
+    assert line.startswith("other processes used 50% of the CPUs while the models were timed on cpu at batch 1 ")
+    assert f"warning: {line}\n" in capsys.readouterr().err
     assert set(result["models"]) == {"teacher-fp32-fused", "onnxruntime-fp32", "optimum-default-int8",
                                      "int8 (dynamic-int8)", "teacher-half-heads-half-ffn-fp32-fused"}
     for name, m in result["models"].items():
@@ -283,11 +306,20 @@ def test_int8_side_by_side(finished_run, tmp_path, monkeypatch, capsys):
     assert set(stats) == set(graphs) and all(s["p50_ms"] > 0 for s in stats.values())
 
 
-def test_harness_overhead(finished_run, tmp_path, monkeypatch):
+def test_harness_overhead(finished_run, tmp_path, monkeypatch, capsys):
+    """Also: the harness's repeats recorded no CPU contention beside their p50s, and a busy
+    machine went unsaid (here others took 40% of the CPUs in the first repeat, 60% in the second)."""
+    timed_with_shares(monkeypatch, [0.4, 0.6])
     out = tmp_path / "overhead.json"
     run_script("harness_overhead.py", ["--run", finished_run[1], "--batch-size", 1, "--iterations", 4,
                                        "--repeats", 2, "--out", out], monkeypatch)
     result = json.loads(out.read_text())
+    assert result["harness_contention"] == [0.4, 0.6]
+    assert result["contention"] == {"median": 0.5, "worst": 0.6, "measurements": 2}
+    (line,) = result["warnings"]
+    assert re.match(r"other processes used (4\d|5\d|60)% of the CPUs while the models were timed on cpu at batch 1 "
+                    rf"\(sequence real; most during {re.escape(result['model'])} \(harness, repeat 2\) 60%, ", line), line
+    assert f"warning: {line}\n" in capsys.readouterr().err
     assert result["model"] in ("int8", "onnxruntime-fp32", "optimum-default-int8")
     assert len(result["harness_p50_ms"]) == len(result["bare_p50_ms"]) == 2
     assert all(v > 0 for v in result["harness_p50_ms"] + result["bare_p50_ms"])

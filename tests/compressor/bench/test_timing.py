@@ -111,6 +111,20 @@ def test_a_short_measurement_still_has_rounds_to_resample():
     assert len(set(paired_ratio(timings, "a", "b")["ci95"])) == 2
 
 
+def test_measure_interleaved_keeps_the_contention_for_callers_that_ask(monkeypatch):
+    """Its stats dropped the share of the CPUs other processes took while each runner was timed
+    (benchmark scripts could not record it); a caller that does not ask gets what it got."""
+    from compressor.bench import timing
+    monkeypatch.setattr(timing, "others_share", lambda spent: 0.12345)
+    profile = load_profile("cpu").model_copy(update={"warmup": 0, "iterations": 6})
+    runners = {"a": Runner(prepare=lambda feed: feed, run=lambda feed: None)}
+    plain = timing.measure_interleaved(runners, [{"id": np.array([0])}], profile)
+    asked = timing.measure_interleaved(runners, [{"id": np.array([0])}], profile, with_contention=True)
+    assert set(plain["a"]) == {"p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "iterations"}
+    assert set(asked["a"]) == set(plain["a"]) | {"contention"}
+    assert asked["a"]["contention"] == 0.123          # rounded as a latency row records it
+
+
 def test_rounds_are_as_many_as_the_calls_allow_up_to_three():
     from compressor.bench.timing import round_spans
     spans = {n: [(s.start, s.stop) for s in round_spans(n, 10)] for n in (1, 2, 4, 30, 31)}

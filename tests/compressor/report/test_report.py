@@ -326,6 +326,23 @@ def test_latencies_timed_while_other_processes_used_the_cpus_are_warned_about():
          "wrongly: rerun on a quiet machine")]
 
 
+def test_a_scripts_measurement_records_its_contention_and_the_reports_line():
+    """What a benchmark script records beside one measurement's stats: the median and worst
+    share of its models (those known), and the report's line when the pooled share is high."""
+    from compressor.report.analysis import measurement_contention
+    row = {"p50_ms": 5.0, "mean_ms": 5.0, "iterations": 300}
+    busy = measurement_contention({"a": {**row, "contention": 0.3}, "b": {**row, "contention": 0.5},
+                                   "c": {**row, "contention": None}}, "cpu", 8)
+    assert busy["contention"] == {"median": 0.4, "worst": 0.5, "measurements": 2}
+    (line,) = busy["warnings"]
+    assert line.startswith("other processes used 40% of the CPUs while the models were timed on cpu at batch 8 "
+                           "(sequence real; most during b 50%, a 30%)")
+    quiet = measurement_contention({"a": {**row, "contention": 0.02}}, "cpu", 1, 128)
+    assert quiet == {"contention": {"median": 0.02, "worst": 0.02, "measurements": 1}, "warnings": []}
+    assert measurement_contention({"a": {**row, "contention": None}}, "cpu", 1) == {"contention": None,
+                                                                                   "warnings": []}
+
+
 def test_a_benchmark_that_measured_nothing_has_no_where_and_when_section():
     env = {"cpu": {"model": "X", "cores": 2, "flags": []}, "packages": {}, "date": "2026-01-01T00:00:00+00:00"}
     report = {"recipe": {"name": "r"}, "models": [], "environment": env,
