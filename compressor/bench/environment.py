@@ -13,6 +13,9 @@ from compressor import __version__
 
 PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime",
             "neural-compressor-pt", "numpy", "tokenizers", "safetensors")
+# Variables that hold a library below the CPU's own instruction set (a CPU emulated on a
+# bigger one): a figure measured under one is not the CPU's, so it is recorded beside it.
+ISA_LIMIT_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 INTERESTING_CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
                          "amx_int8", "amx_bf16", "neon", "asimddp")
 
@@ -54,8 +57,16 @@ def cpu_info() -> dict:
             "flags": sorted(f for f in INTERESTING_CPU_FLAGS if f in flags)}
 
 
+def isa_limits() -> dict[str, str]:
+    """The ISA_LIMIT_VARIABLES set in this process's environment."""
+    return {name: os.environ[name] for name in ISA_LIMIT_VARIABLES if os.environ.get(name)}
+
+
 def environment() -> dict:
-    return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "tool_version": __version__, "python": platform.python_version(), "platform": platform.platform(),
-            "cpu": cpu_info(), "torch_threads": torch.get_num_threads(),
-            "packages": package_versions()}
+    env = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "tool_version": __version__, "python": platform.python_version(), "platform": platform.platform(),
+           "cpu": cpu_info(), "torch_threads": torch.get_num_threads(),
+           "packages": package_versions()}
+    if limits := isa_limits():      # only where set: the CPU's flags alone then misdescribe the run
+        env["isa_limits"] = limits
+    return env

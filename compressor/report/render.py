@@ -227,7 +227,13 @@ def environment_lines(env: dict) -> list[str]:
             f"CPU: {cpu.get('model')} ({cpu.get('cores')} cores, {cpu.get('machine')}; "
             f"flags: {', '.join(cpu.get('flags', [])) or 'none of interest'})",
             f"threads: {threads_line(env)}; Python {env.get('python')}; {env.get('platform')}",
-            f"packages: {packages}"]
+            f"packages: {packages}"] + isa_limits_line(env)
+
+
+def isa_limits_line(env: dict) -> list[str]:
+    """The instruction-set limits a run was measured under, when any (its CPU flags say more)."""
+    limits = env.get("isa_limits")
+    return [f"instruction sets limited by: {', '.join(f'{k}={v}' for k, v in limits.items())}"] if limits else []
 
 
 def threads_line(env: dict) -> str:
