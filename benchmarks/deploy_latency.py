@@ -37,7 +37,7 @@ from compressor.bench.runners import Deployable, input_batches, load_runner
 from compressor.bench.timing import measure_interleaved
 from compressor.export.optimize import fuse
 from compressor.export.trace import write_onnx
-from compressor.report.analysis import measurement_contention
+from compressor.report.analysis import announced_contention
 from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.models import encoder_layers, load_saved_classifier, set_threads
@@ -68,16 +68,6 @@ def fused_export(model, work: Path, name: str) -> Path:
         sys.exit(f"fusion failed for {name}: {fusion.fallback}")
     return fusion.path
 
-
-def contention_record(stats: dict[str, dict], profile: str, batch_size: int) -> dict:
-    """`contention`, other processes' share of the CPUs while the graphs were timed (median and
-    worst over them; each graph's own share in its entry), and `warnings`: the report's line
-    when that share, pooled over the graphs' timed seconds, is over CONTENTION_WARNING (printed
-    too: the latencies and ratios then run high or skewed)."""
-    record = measurement_contention(stats, profile, batch_size)
-    for line in record["warnings"]:
-        print(f"warning: {line}", file=sys.stderr)
-    return record
 
 
 def main() -> None:
@@ -125,7 +115,7 @@ def main() -> None:
                        "ours_int8_vs_optimum_default_int8": p50[ours] / p50["optimum-default-int8"],
                        "int8_file_size_vs_fp32": sizes[ours] / sizes["teacher-fp32-fused"],
                        "ours_minus_optimum_accuracy": accuracy[ours] - accuracy["optimum-default-int8"]})
-    contention = contention_record(stats, profile.name, args.batch_size)
+    contention = announced_contention(stats, profile.name, args.batch_size)
     result = {"command": " ".join(sys.argv), "batch_size": args.batch_size, "profile": profile.model_dump(),
               "models": {name: {**stats[name], "size_bytes": sizes[name], "accuracy": accuracy.get(name)}
                          for name in models},

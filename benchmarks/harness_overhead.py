@@ -25,7 +25,7 @@ from compressor.bench.environment import environment
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable, input_batches, load_runner
 from compressor.bench.timing import measure_interleaved
-from compressor.report.analysis import measurement_contention
+from compressor.report.analysis import announced_contention
 from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.models import load_tokenizer, set_threads
@@ -39,16 +39,6 @@ def bare_p50(session, feeds: list, iterations: int) -> float:
         times.append((time.perf_counter() - t0) * 1e3)
     return float(np.percentile(times, 50))
 
-
-def contention_record(stats: dict[str, dict], profile: str, batch_size: int) -> dict:
-    """`contention`, other processes' share of the CPUs while the harness timed (median and
-    worst over the repeats), and `warnings`: the report's line when that share, pooled over the
-    repeats' timed seconds, is over CONTENTION_WARNING (printed too: the harness's p50s then run
-    high, and so may the overhead)."""
-    record = measurement_contention(stats, profile, batch_size)
-    for line in record["warnings"]:
-        print(f"warning: {line}", file=sys.stderr)
-    return record
 
 
 def main() -> None:
@@ -89,7 +79,7 @@ def main() -> None:
               "harness_p50_ms": harness, "bare_p50_ms": bare, "overhead": overhead,
               "under_2_percent": overhead < 0.02,
               "harness_contention": [stats["contention"] for stats in measured.values()],
-              **contention_record(measured, profile.name, args.batch_size), "environment": environment()}
+              **announced_contention(measured, profile.name, args.batch_size), "environment": environment()}
     write_json(args.out, result)
     print(json.dumps({k: result[k] for k in ("model", "harness_p50_ms", "bare_p50_ms", "overhead")}, indent=2))
 

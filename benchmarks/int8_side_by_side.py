@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from compressor.export.onnx import ONNX_FILE
 from compressor.export.optimize import fuse
 from compressor.export.quantize import TRANSFORMER_INT8_OPS
 from compressor.export.trace import write_onnx
-from compressor.report.analysis import measurement_contention
+from compressor.report.analysis import announced_contention
 from pretrain.atomic import write_json
 from pretrain.data import load_task
 from pretrain.metrics import agreement, classification_metrics
@@ -107,16 +106,6 @@ def score(graph: Path, teacher: Path, task, n: int) -> np.ndarray:
         return predict_classes(load_predictor(Path(tmp)), task.split("test").head(n), task)
 
 
-def contention_record(stats: dict[str, dict], profile: str, batch_size: int) -> dict:
-    """`contention`, other processes' share of the CPUs while the graphs were timed (median and
-    worst over them, as a search's latency model records it), and `warnings`: the report's line
-    when that share, pooled over the graphs' timed seconds, is over CONTENTION_WARNING (printed
-    too: these latencies then run high and may rank the graphs wrongly)."""
-    record = measurement_contention(stats, profile, batch_size)
-    for line in record["warnings"]:
-        print(f"warning: {line}", file=sys.stderr)
-    return record
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -153,7 +142,7 @@ def main() -> None:
             latency[str(batch_size)] = {
                 "stats": stats, "p50_vs_optimum_preset": {n: s["p50_ms"] / base for n, s in stats.items()},
                 "ranking": [g["models"] for g in ranking_with_ties(timings)],
-                **contention_record(stats, profile.name, batch_size)}
+                **announced_contention(stats, profile.name, batch_size)}
             for name in sorted(stats, key=lambda n: stats[n]["p50_ms"]):
                 print(f"batch {batch_size}  {stats[name]['p50_ms']:7.2f} ms  "
                       f"{stats[name]['p50_ms'] / base:5.2f}x  {name}")

@@ -7,6 +7,7 @@ models can rank and filter candidates with the same rules the report uses.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from compressor.bench.contention import CONTENTION_WARNING, contended, summary
@@ -167,6 +168,15 @@ def measurement_contention(stats: dict[str, dict], profile: str, batch_size: int
     models = [{"name": name, "latency": [{**key, **row}]} for name, row in stats.items()]
     return {"contention": summary([row.get("contention") for row in stats.values()]),
             "warnings": contention_warnings(models)}
+
+
+def announced_contention(stats: dict[str, dict], profile: str, batch_size: int) -> dict:
+    """`measurement_contention`, its warnings also printed on stderr: for the benchmarks/
+    scripts, whose latencies and ratios run high or skewed on a busy machine."""
+    record = measurement_contention(stats, profile, batch_size)
+    for line in record["warnings"]:
+        print(f"warning: {line}", file=sys.stderr)
+    return record
 
 
 def pooled_share(rows: list[dict]) -> float | None:
