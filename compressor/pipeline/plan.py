@@ -5,8 +5,9 @@ gives each stage the state a run would find it in: `cached` (DIR holds it under 
 the run would compute) or `build`, with the passes a variant would run, where it would
 start (the teacher, a kept prefix, or an earlier variant) and the checkpoint it would
 resume from. A cached model stage whose metrics were measured on another number of test
-examples (data.max_eval_samples changed since) is kept but scored again: the plan says so. Keys come from the same functions the run uses (stages.py,
-benchmark_stages.py). Nothing is written, not even the lock.
+examples (data.max_eval_samples changed since) is kept but scored again: the plan says so.
+Keys come from the same functions the run uses (stages.py, benchmark_stages.py). Nothing is
+written, not even the lock.
 """
 
 from __future__ import annotations
