@@ -73,7 +73,7 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
         if not benchmark["profiles"]:     # every profile skipped: the baselines were not built
             built = {b["name"] for b in baselines}
             report["benchmark"]["baselines_not_built"] = [n for n in recipe.benchmark.baselines if n not in built]
-        report["pareto"] = pareto_fronts(models)
+        report["pareto"] = pareto_fronts(models, report["benchmark"]["rankings"])
     report["warnings"] = data_warnings(report) + recipe_warnings(models) + \
         (runtime_warnings(report) if benchmark is not None else [])
     return report

@@ -49,14 +49,36 @@ def as_timed_on(model: dict, profile: str) -> dict:
     return {**model, **{k: build.get(k) for k in BUILD_FIELDS}}
 
 
-def pareto_fronts(models: list[dict]) -> list[dict]:
-    """Per measurement, the models no other model beats on both accuracy and p50 latency."""
+def undominated(points: list[tuple[str, float, float]], ties=()) -> list[str]:
+    """Names of the (name, accuracy, p50 ms) points no other point beats: at least as accurate
+    and at least as fast, and better on one. Two models whose timings tie (`ties`: the pairs
+    the paired statistics cannot tell apart) are equally fast, so a p50 within noise decides
+    nothing: of two tied models the more accurate one wins, and at equal accuracy both stay."""
+    tied = {frozenset(pair) for pair in ties}
+
+    def beats(other, point) -> bool:
+        (o_name, o_acc, o_lat), (name, acc, lat) = other, point
+        same_speed = frozenset((o_name, name)) in tied
+        faster = o_lat < lat and not same_speed
+        return o_acc >= acc and (same_speed or o_lat <= lat) and (o_acc > acc or faster)
+
+    return [p[0] for p in points if not any(beats(o, p) for o in points if o[0] != p[0])]
+
+
+def ties_by_measurement(rankings: list[dict]) -> dict[tuple, list]:
+    """The benchmark's tied pairs per (profile, batch_size, sequence_length)."""
+    return {(r["profile"], r["batch_size"], r["sequence_length"]): r.get("ties", []) for r in rankings}
+
+
+def pareto_fronts(models: list[dict], rankings: list[dict] = ()) -> list[dict]:
+    """Per measurement, the models no other model beats on both accuracy and p50 latency,
+    models the benchmark's `rankings` tie counting as equally fast (`undominated`)."""
+    ties = ties_by_measurement(list(rankings))
     fronts = []
     for key in measurement_keys(models):
         points = [(m["name"], as_timed_on(m, key[0])["accuracy"], row["p50_ms"]) for m in models
                   if (row := latency_row(m, key)) is not None]
-        front = [name for name, acc, lat in points
-                 if not any(a >= acc and t <= lat and (a > acc or t < lat) for _, a, t in points)]
+        front = undominated(points, ties.get(key, ()))
         fronts.append({"profile": key[0], "batch_size": key[1], "sequence_length": key[2],
                        "models": sorted(front, key=lambda n: next(t for m, _, t in points if m == n))})
     return fronts

@@ -37,7 +37,7 @@ from compressor.passes.registry import shape_of
 from compressor.pipeline.cache import fingerprint, log as progress
 from compressor.pipeline.outdir import claimed_out_dir, disk_errors
 from compressor.pipeline.recipe import RESERVED_NAMES, VARIANT_NAME, parse_recipe, parse_step
-from compressor.report.analysis import latency_model_warning, latency_row
+from compressor.report.analysis import latency_model_warning, latency_row, ties_by_measurement, undominated
 from compressor.report.render import write_reports
 from compressor.search.latency import LatencyModel
 from compressor.search.plans import (Plan, largest_plans, plan_params, plan_steps, smallest_plans, theseus_depths,
@@ -366,10 +366,11 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
     """What the search did and found: budget, latency model, trials, every finalist measured,
     the measured front, the choice (or which constraint failed and by how much)."""
     by_name = {m["name"]: m for m in report["models"]}
+    profile = report["benchmark"]["profiles"][0]["name"]
     rows = []
     for trial, plan in zip(picks, plans):
         entry = by_name[plan.name]
-        p50 = measured_p50(entry, report["benchmark"]["profiles"][0]["name"], settings.batch_size)
+        p50 = measured_p50(entry, profile, settings.batch_size)
         rows.append({"name": plan.name, "trial": trial.number, "plan": plan.model_dump(),
                      "proxy_accuracy": trial.user_attrs["proxy_accuracy"],
                      "proxy_retention": trial.user_attrs["proxy_retention"],
@@ -395,7 +396,8 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
                    "validation_samples": settings.validation_samples,
                    "proxy_train_samples": settings.proxy_train_samples, "proxy_lr": settings.proxy_lr},
         "finalists": rows,
-        "front": measured_front(rows),
+        "front": measured_front(rows, ties_by_measurement(report["benchmark"]["rankings"]).get(
+            (profile, settings.batch_size, "real"), ())),
         "compared": compared,
         "predicted_p50_ms": {r["name"]: r["predicted_p50_ms"] for r in rows},
         "chosen": chosen["name"] if chosen else None,
@@ -450,10 +452,8 @@ def outcome(chosen: dict | None, best_effort: dict | None, settings: SearchSetti
     return f"not met: best effort {best_effort['name']}: {'; '.join(failed)}"
 
 
-def measured_front(rows: list[dict]) -> list[str]:
-    """Finalists no other beats on both measured accuracy and measured latency."""
-    measured = [r for r in rows if r["measured_p50_ms"] is not None]
-    return [r["name"] for r in measured
-            if not any(o["accuracy"] >= r["accuracy"] and o["measured_p50_ms"] <= r["measured_p50_ms"]
-                       and (o["accuracy"], o["measured_p50_ms"]) != (r["accuracy"], r["measured_p50_ms"])
-                       for o in measured)]
+def measured_front(rows: list[dict], ties=()) -> list[str]:
+    """Finalists no other beats on both measured accuracy and measured latency, finalists whose
+    timings tie (`ties`, the benchmark's pairs) counting as equally fast."""
+    return undominated([(r["name"], r["accuracy"], r["measured_p50_ms"]) for r in rows
+                        if r["measured_p50_ms"] is not None], ties)

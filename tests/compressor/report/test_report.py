@@ -27,6 +27,20 @@ def test_pareto_front_keeps_only_undominated_models():
     assert front["models"] == ["fast-bad", "middle", "tie", "slow-good"]   # sorted by latency
 
 
+def test_pareto_front_treats_tied_timings_as_equally_fast():
+    # "noisy" is 0.1 ms faster than "accurate" at p50, but the paired statistics tie them: the
+    # p50 decides nothing, so the less accurate one is beaten; untied, the p50 still counts.
+    models = [entry("accurate", 0.8, 4.1), entry("noisy", 0.7, 4.0), entry("fast", 0.6, 2), entry("same", 0.8, 4.2)]
+    rankings = [{"profile": "cpu", "batch_size": 8, "sequence_length": "real",
+                 "ties": [["noisy", "accurate"], ["accurate", "same"]]}]
+    (front,) = pareto_fronts(models, rankings)
+    assert front["models"] == ["fast", "accurate", "same"]     # tied at equal accuracy: both stay
+    (untied,) = pareto_fronts(models)
+    assert untied["models"] == ["fast", "noisy", "accurate"]
+    other = [{**rankings[0], "batch_size": 1}]                  # another measurement's ties do not apply
+    assert pareto_fronts(models, other) == [untied]
+
+
 def config_dir(tmp_path, name, layers_params):
     path = tmp_path / name
     path.mkdir()
