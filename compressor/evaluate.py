@@ -233,7 +233,8 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
     task_spec = task_spec if task_spec is not None else predictor.task
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")
-    loaded = whole_task(task_spec) if split == WHOLE else load_task(task_spec, seed=seed)
+    loaded = whole_task(task_spec) if split == WHOLE else \
+        load_task(task_spec, seed=seed, scored=split if split in HELD_OUT else None)    # its `warnings` say split's
     task = on_labels(loaded, split, predictor.label_names)
     check_holds_text(max_length, predictor.tokenizer, task, model)
     data_split = task.split(split).head(max_samples)

@@ -10,8 +10,15 @@ what those CPUs could give is
 
     contention = (B - O) / (cpus x wall seconds)
 
-Only our CPUs count: work on CPUs we cannot run on takes no time from us. Without
-/proc/stat or an affinity (not Linux) the share is unknown (None).
+Only our CPUs count: work on CPUs we cannot run on takes no time from us. A cgroup CPU quota
+(a container's `--cpus`) can hold us to fewer CPUs' worth of time, Q, than the affinity's N:
+then we can use Q, and others take from us only what they use beyond the N - Q that our
+quota leaves idle anyway, so
+
+    contention = (B - O - (N - Q) x wall seconds) / (Q x wall seconds)
+
+which is the formula above where no quota limits us (Q = N). Without /proc/stat or an
+affinity (not Linux) the share is unknown (None).
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from pathlib import Path
 from typing import Sequence
 
 PROC_STAT = Path("/proc/stat")
+PROC_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+V1_CPU_MOUNTS = ("cpu", "cpu,cpuacct")     # where cgroup v1 mounts the cpu controller
 # Above this share of our CPUs taken by others, latencies are flagged. Idle daemons and the
 # jiffy counters' own rounding stay a few percent; a tenth of the CPUs' time gone to other
 # processes is a machine that is not quiet, and its latencies (multi-threaded ones first)
@@ -38,20 +48,28 @@ NOT_BUSY = ("idle", "iowait")
 @dataclass(frozen=True)
 class CpuTime:
     """Seconds of wall clock, of busy time on `cpus` CPUs (every process's) and of this
-    process's own CPU time: a reading, or the difference of two (a window), or a sum of windows."""
+    process's own CPU time: a reading, or the difference of two (a window), or a sum of windows.
+    `quota`: the CPUs' worth of time a cgroup quota lets us use (`cpu_quota`; None: no quota)."""
 
     wall_s: float
     busy_s: float
     own_s: float
     cpus: int
+    quota: float | None = None
+
+    @property
+    def usable(self) -> float:
+        """The CPUs' worth of time we could use: min(affinity, quota)."""
+        return self.cpus if self.quota is None else min(self.cpus, self.quota)
 
     def __sub__(self, earlier: CpuTime) -> CpuTime:
         return CpuTime(self.wall_s - earlier.wall_s, self.busy_s - earlier.busy_s, self.own_s - earlier.own_s,
-                       self.cpus)
+                       self.cpus, self.quota)
 
     def __add__(self, other: CpuTime) -> CpuTime:
+        # One measurement's windows share their CPUs and quota; a sum keeps the later window's.
         return CpuTime(self.wall_s + other.wall_s, self.busy_s + other.busy_s, self.own_s + other.own_s,
-                       self.cpus)
+                       other.cpus, other.quota)
 
 
 def busy_jiffies(stat: str, cpus: set[int]) -> int | None:
@@ -73,8 +91,62 @@ def our_cpus() -> set[int] | None:
     return set(getaffinity(0)) if getaffinity else None
 
 
-def read_cpu_time(cpus: set[int] | None, stat_file: Path = PROC_STAT) -> CpuTime | None:
-    """A reading now, or None where /proc/stat or the affinity is unavailable."""
+def cpu_quota(root: Path = CGROUP_ROOT, membership: str | None = None) -> float | None:
+    """The CPUs' worth of time a cgroup quota lets this process use: cgroup v2 `cpu.max`
+    ("150000 100000" is 1.5; "max 100000" no quota) or v1 `cpu.cfs_quota_us` over
+    `cpu.cfs_period_us` (-1: none), the tightest of its cgroup's and their ancestors' under
+    `root`; None where no quota limits it or none can be read (not Linux). `membership`:
+    /proc/self/cgroup's text, which names its cgroups (read when not given)."""
+    if membership is None:
+        try:
+            membership = PROC_CGROUP.read_text()
+        except OSError:
+            membership = ""
+    v2, v1 = cgroup_paths(membership)
+    quotas = [v2_quota(d) for d in with_ancestors(root, v2)]
+    quotas += [v1_quota(d) for mount in V1_CPU_MOUNTS for d in with_ancestors(root / mount, v1)]
+    return min((q for q in quotas if q is not None), default=None)
+
+
+def cgroup_paths(membership: str) -> tuple[str, str]:
+    """This process's cgroup v2 path and its v1 cpu controller's, from /proc/self/cgroup's
+    lines (`ID:controllers:path`); "/" (the mount's root, as inside a container) for one unnamed."""
+    v2 = v1 = "/"
+    for line in membership.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            v2 = path or "/"
+        elif "cpu" in controllers.split(","):
+            v1 = path or "/"
+    return v2, v1
+
+
+def with_ancestors(base: Path, path: str) -> list[Path]:
+    """`base`/`path` and each folder above it up to `base`: a parent cgroup's quota binds too."""
+    parts = [p for p in path.split("/") if p and p != ".."]
+    return [base.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def v2_quota(folder: Path) -> float | None:
+    try:
+        quota, period = (folder / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def v1_quota(folder: Path) -> float | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        return None if quota <= 0 else quota / int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def read_cpu_time(cpus: set[int] | None, stat_file: Path = PROC_STAT,
+                  cgroup_root: Path = CGROUP_ROOT) -> CpuTime | None:
+    """A reading now, with the cgroup quota in force (it can change while we run), or None
+    where /proc/stat or the affinity is unavailable."""
     if not cpus:
         return None
     try:
@@ -84,16 +156,18 @@ def read_cpu_time(cpus: set[int] | None, stat_file: Path = PROC_STAT) -> CpuTime
     if jiffies is None:
         return None
     # process_time: every thread of this process, ONNX Runtime's and torch's pools included.
-    return CpuTime(time.monotonic(), jiffies / os.sysconf("SC_CLK_TCK"), time.process_time(), len(cpus))
+    return CpuTime(time.monotonic(), jiffies / os.sysconf("SC_CLK_TCK"), time.process_time(), len(cpus),
+                   cpu_quota(cgroup_root))
 
 
 def others_share(spent: CpuTime | None) -> float | None:
     """Other processes' share of our CPUs' capacity over `spent` (a window or a sum of
     windows), clamped to [0, 1]: the counters tick at different granularities, so a quiet
     window can come out a hair below 0. None when unknown."""
-    if spent is None or spent.wall_s <= 0:
+    if spent is None or spent.wall_s <= 0 or spent.usable <= 0:
         return None
-    share = (spent.busy_s - spent.own_s) / (spent.cpus * spent.wall_s)
+    beyond_quota = (spent.cpus - spent.usable) * spent.wall_s     # others' to use: we could not
+    share = (spent.busy_s - spent.own_s - beyond_quota) / (spent.usable * spent.wall_s)
     return min(1.0, max(0.0, share))
 
 

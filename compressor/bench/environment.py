@@ -10,6 +10,7 @@ from importlib import metadata
 import torch
 
 from compressor import __version__
+from compressor.bench.contention import cpu_quota
 
 PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime",
             "neural-compressor-pt", "numpy", "tokenizers", "safetensors")
@@ -69,4 +70,12 @@ def environment() -> dict:
            "packages": package_versions()}
     if limits := isa_limits():      # only where set: the CPU's flags alone then misdescribe the run
         env["isa_limits"] = limits
+    env.update(quota_entry())
     return env
+
+
+def quota_entry() -> dict:
+    """`cpu_quota`: the CPUs' worth of time a cgroup quota (a container's `--cpus`) lets this
+    process use, where one is set: `cores` and the affinity then overstate what it ran on."""
+    quota = cpu_quota()
+    return {} if quota is None else {"cpu_quota": round(quota, 3)}

@@ -51,7 +51,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     if processes > cfg.batch_size:
         raise UserError(f"--nproc_per_node={processes} is larger than the batch size {cfg.batch_size}: "
                         f"every process needs examples of each batch; expected at most {cfg.batch_size}")
-    task = load_task(task_spec, seed=cfg.seed)
+    task = load_task(task_spec, seed=cfg.seed, scored="test")     # metrics' `warnings` say test's
     train_examples = len(task.split("train").head(cfg.max_train_samples))
     if processes > train_examples:
         raise UserError(f"--nproc_per_node={processes} is larger than the {train_examples} training examples; "

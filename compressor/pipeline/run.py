@@ -44,13 +44,14 @@ class Prepared:
     notes: tuple[str, ...] = ()      # what the run does that the recipe does not say (--plan prints them)
 
 
-def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_dir: Path, source: str = "") -> Prepared:
+def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_dir: Path, source: str = "", *,
+            scored: str | None = None) -> Prepared:
     """Every check that needs no stage: the teacher, baselines and presets, each pass against
     the teacher's family and tokenizer, the task's data, and --out against the inputs. Bad
     input stops here, before anything is written; an error of the recipe's starts with its
-    `source` (the recipe file), as its validation errors do."""
+    `source` (the recipe file), as its validation errors do. `scored`: as for `load_task`."""
     with located(source):
-        prepared = checked_against_inputs(recipe, steps, base_dir)
+        prepared = checked_against_inputs(recipe, steps, base_dir, scored)
     # Stages replace what they write under out_dir (and --force its whole contents): no
     # input may lie there, or around it.
     recipe, steps = prepared.recipe, prepared.steps
@@ -63,7 +64,8 @@ def prepare(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, base_di
     return prepared
 
 
-def checked_against_inputs(recipe: Recipe, steps: dict[str, list[Step]], base_dir: Path) -> Prepared:
+def checked_against_inputs(recipe: Recipe, steps: dict[str, list[Step]], base_dir: Path,
+                           scored: str | None = None) -> Prepared:
     teacher_ref = resolve_path(recipe.teacher.model, base_dir, keep=BUNDLED_MODELS)
     teacher_path = check_model_ref(teacher_ref)
     family = read_model_type(teacher_path)
@@ -79,7 +81,7 @@ def checked_against_inputs(recipe: Recipe, steps: dict[str, list[Step]], base_di
     task_spec = resolve_task_paths(recipe.teacher.task, base_dir)
     split_seed, notes = task_split_seed(recipe, teacher_path, task_spec)
     with located("teacher.task"):
-        task = load_task(task_spec, seed=split_seed)
+        task = load_task(task_spec, seed=split_seed, scored=scored)
     if recipe.benchmark is not None:
         test = task.split("test")
         scored = len(test.head(recipe.data.max_eval_samples))
@@ -121,7 +123,8 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
     caller holds out_dir's lock, see `claimed_out_dir`; `source`: the recipe file, which the
     errors of its checks name)."""
     set_threads(None)
-    prepared = prepare(recipe, steps, out_dir, base_dir, source)
+    # The report's warnings name the scored test examples whose text train holds (data_warnings).
+    prepared = prepare(recipe, steps, out_dir, base_dir, source, scored="test")
     recipe, steps, task, presets = prepared.recipe, prepared.steps, prepared.task, prepared.presets
     for note in prepared.notes:
         log.info("note: %s", note)

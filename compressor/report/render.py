@@ -224,10 +224,16 @@ def environment_lines(env: dict) -> list[str]:
     cpu = env.get("cpu", {})
     packages = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if v)
     return [f"date: {env.get('date')}",
-            f"CPU: {cpu.get('model')} ({cpu.get('cores')} cores, {cpu.get('machine')}; "
+            f"CPU: {cpu.get('model')} ({cpu.get('cores')} cores{quota_note(env)}, {cpu.get('machine')}; "
             f"flags: {', '.join(cpu.get('flags', [])) or 'none of interest'})",
             f"threads: {threads_line(env)}; Python {env.get('python')}; {env.get('platform')}",
             f"packages: {packages}"] + isa_limits_line(env)
+
+
+def quota_note(env: dict) -> str:
+    """The cgroup quota the figures were measured under, when one was set (`cpu_quota`)."""
+    quota = env.get("cpu_quota")
+    return f", a cgroup quota of {quota:g} CPUs" if quota is not None else ""
 
 
 def isa_limits_line(env: dict) -> list[str]:

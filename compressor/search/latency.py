@@ -202,13 +202,15 @@ def rank_correlation(rows: list[dict]) -> float | None:
 
 def model_key(machine: dict, profile: dict, teacher: TeacherShape, first_token_last: bool = False,
               residual_layernorm: str = "fused") -> str:
-    """Same CPU (model and flags), cores, runtime versions, profile, teacher shape and export
-    graph: same model."""
+    """Same CPU (model and flags), cores, cgroup CPU quota, runtime versions, profile, teacher
+    shape and export graph: same model."""
     cpu = machine.get("cpu", {})
     packages = machine.get("packages", {})
     identity = {"cpu": [cpu.get("model"), sorted(cpu.get("flags", [])), cpu.get("cores")],
                 "onnxruntime": packages.get("onnxruntime"), "profile": profile,
                 "teacher": teacher.model_dump()}
+    if machine.get("cpu_quota") is not None:   # absent without one, so saved models keep their key
+        identity["cpu_quota"] = machine["cpu_quota"]
     if first_token_last:   # absent otherwise, so models saved before it existed keep their key
         identity["last_layer"] = "first-token"
     if residual_layernorm != "fused":   # likewise: Sum + LayerNormalization (export skip_layernorm)

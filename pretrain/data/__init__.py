@@ -70,12 +70,15 @@ BUILTIN_TASKS = ("wordnet-supersense", "wordnet-wsd")
 BUILTIN_CORPORA = ("wordnet",)
 
 
-def load_task(spec: str | dict, *, seed: int = 0, wordnet_dir: str | None = None) -> TaskData:
+def load_task(spec: str | dict, *, seed: int = 0, wordnet_dir: str | None = None,
+              scored: str | None = None) -> TaskData:
     """Load a built-in task by name, or a user file task from a dict spec (or a bare file path).
 
     A dict spec: {path, text, label, text_pair?, validation?, test?, split?} where
     validation/test name explicit split files and split = [train, validation, test]
-    fractions (default [0.8, 0.1, 0.1]) applied with a seeded shuffle.
+    fractions (default [0.8, 0.1, 0.1]) applied with a seeded shuffle. `scored`: the held-out
+    split whose examples with a train text the caller reports itself (overlap.scored_overlap),
+    which a file task's load-time warning of duplicate rows then leaves out (files.py).
     """
     from pretrain.data.files import file_spec, file_task
     spec = file_spec(spec)          # a bare data file, as the CLI's --task takes it
@@ -90,7 +93,7 @@ def load_task(spec: str | dict, *, seed: int = 0, wordnet_dir: str | None = None
             f"unknown task {spec!r}; expected one of {', '.join(BUILTIN_TASKS)} "
             "or a data file (.csv, .tsv, .jsonl, .json) or spec {path, text, label}")
     if isinstance(spec, dict):
-        return file_task(absolute_paths(spec), seed=seed)
+        return file_task(absolute_paths(spec), seed=seed, scored=scored)
     raise UserError(f"task must be a name or a mapping {{path, text, label}}, got {type(spec).__name__}")
 
 

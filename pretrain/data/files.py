@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import difflib
-import functools
 import io
 import json
 import math
@@ -37,8 +36,9 @@ def file_spec(value: str | dict) -> str | dict:
     return value
 
 
-def file_task(spec: dict, seed: int = 0) -> TaskData:
-    """A TaskData from {path, text?, label?, text_pair?, validation?, test?, split?}."""
+def file_task(spec: dict, seed: int = 0, scored: str | None = None) -> TaskData:
+    """A TaskData from {path, text?, label?, text_pair?, validation?, test?, split?}; `scored`:
+    see `shared_rows_warning`."""
     _check_keys(spec)
     fractions = _fractions(spec.get("split"))
     train_path = Path(spec["path"])
@@ -53,33 +53,59 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     index = {label: i for i, label in enumerate(label_names)}
     splits = {name: _to_split(rows[name], index, has_pair, seed + i)
               for i, name in enumerate(SPLITS)}
-    shared, in_splits = shared_texts(rows, has_pair)
-    if shared:
-        # the files the repeated rows are in: a split drawn from the train file is in that one
-        files = list(dict.fromkeys(str(spec.get(name) or train_path) for name in SPLITS if name in in_splits))
-        where = files[0] if len(files) == 1 else f"across {', '.join(files)}"
-        _warn_once(f"warning: {where}: {shared} {'text pair' if has_pair else 'text'}(s) occur in more than one "
-                   "of the train, validation and test splits (duplicate rows), so validation and test accuracy "
-                   "count examples seen in training; expected each once (drop the duplicate rows)")
+    line = shared_rows_warning(spec, rows, has_pair, scored)
+    if line is not None:
+        _warn_once(json.dumps(spec_key(spec), sort_keys=True, default=str), line)
     return TaskData(train_path.stem, label_names, splits, spec=spec)
 
 
-def shared_texts(rows: dict[str, list[Row]], has_pair: bool) -> tuple[int, set[str]]:
+def shared_rows_warning(spec: dict, rows: dict[str, list[Row]], has_pair: bool, scored: str | None) -> str | None:
+    """The load-time line for texts (text pairs) that more than one split holds; None when
+    there are none. `scored` is a held-out split whose examples with a train text the loading
+    command reports itself, with counts (pretrain/data/overlap.py): the texts that only train
+    and it hold are left to that line, so no command says the same overlap twice."""
+    left_to_scored = frozenset(("train", scored)) if scored is not None else frozenset()
+    shared, in_splits = shared_texts(rows, has_pair, left_to_scored)
+    if not shared:
+        return None
+    # the files the repeated rows are in: a split drawn from the train file is in that one
+    files = list(dict.fromkeys(str(spec.get(name) or spec["path"]) for name in SPLITS if name in in_splits))
+    where = files[0] if len(files) == 1 else f"across {', '.join(files)}"
+    text = "text pair" if has_pair else "text"
+    if scored is None:
+        return (f"warning: {where}: {shared} {text}(s) occur in more than one of the train, validation and test "
+                "splits (duplicate rows), so validation and test accuracy count examples seen in training; "
+                "expected each once (drop the duplicate rows)")
+    # What is left holds the other held-out split: a text in two splits, not only train and `scored`.
+    other = next(name for name in ("validation", "test") if name != scored)
+    return (f"warning: {where}: {shared} {other} {text}(s) also occur in the train or {scored} split "
+            "(duplicate rows); expected each once (drop the duplicate rows)")
+
+
+def shared_texts(rows: dict[str, list[Row]], has_pair: bool,
+                 left_out: frozenset[str] = frozenset()) -> tuple[int, set[str]]:
     """How many distinct texts (text pairs for a pair task) more than one split holds, and
-    the splits that hold them."""
+    the splits that hold them; a text that the `left_out` splits alone hold is not counted."""
     seen_in: dict[tuple, set[str]] = {}
     for name, split_rows in rows.items():
         for text, _, pair in split_rows:
             seen_in.setdefault((text, pair) if has_pair else (text,), set()).add(name)
-    shared = [splits for splits in seen_in.values() if len(splits) > 1]
+    shared = [splits for splits in seen_in.values() if len(splits) > 1 and not splits <= left_out]
     return len(shared), set().union(*shared)
 
 
-@functools.cache
-def _warn_once(line: str) -> None:
-    """A task is loaded more than once by one command (a search, then its finals' recipe):
-    the same warning is printed the first time only; under torchrun every process loads it,
-    and rank 0 speaks for them all."""
+# The tasks (spec_key, as JSON) whose load-time line this process has printed.
+_WARNED_TASKS: set[str] = set()
+
+
+def _warn_once(task_key: str, line: str) -> None:
+    """A task is loaded more than once by one command (a run, then its search; a search, then
+    its finals' recipe): the first load's line is printed, and no other for that task, for the
+    first load is the command's own and knows what the command scores (`scored`). Under
+    torchrun every process loads it, and rank 0 speaks for them all."""
+    if task_key in _WARNED_TASKS:
+        return
+    _WARNED_TASKS.add(task_key)
     if os.environ.get("RANK", "0") == "0":
         print(line, file=sys.stderr, flush=True)
 

@@ -307,18 +307,28 @@ def test_int8_side_by_side(finished_run, tmp_path, monkeypatch, capsys):
 
 
 def test_harness_overhead(finished_run, tmp_path, monkeypatch, capsys):
-    """Also: the harness's repeats recorded no CPU contention beside their p50s, and a busy
-    machine went unsaid (here others took 40% of the CPUs in the first repeat, 60% in the second)."""
+    """Also: the harness's repeats recorded no CPU contention beside their p50s, nor did the
+    bare loop beside its own, and a busy machine went unsaid (here others took 40% of the CPUs
+    in the first harness repeat, 60% in the second, 20% and 30% in the bare loops)."""
+    from compressor.bench import contention
     timed_with_shares(monkeypatch, [0.4, 0.6])
+    bare_shares, windows = iter([0.0, 0.2, 0.3]), []      # the first: the untimed warm-up loop's
+
+    def bare_share(spent):             # the bare loops' windows, read for real; their shares as above
+        windows.append(spent)
+        return next(bare_shares)
+    monkeypatch.setattr(contention, "others_share", bare_share)    # the harness's timing keeps its own
     out = tmp_path / "overhead.json"
     run_script("harness_overhead.py", ["--run", finished_run[1], "--batch-size", 1, "--iterations", 4,
                                        "--repeats", 2, "--out", out], monkeypatch)
     result = json.loads(out.read_text())
-    assert result["harness_contention"] == [0.4, 0.6]
-    assert result["contention"] == {"median": 0.5, "worst": 0.6, "measurements": 2}
+    assert result["harness_contention"] == [0.4, 0.6] and result["bare_contention"] == [0.2, 0.3]
+    assert len(windows) == 3 and all(w is not None and w.wall_s > 0 for w in windows)
+    assert result["contention"] == {"median": 0.35, "worst": 0.6, "measurements": 4}
     (line,) = result["warnings"]
-    assert re.match(r"other processes used (4\d|5\d|60)% of the CPUs while the models were timed on cpu at batch 1 "
+    assert re.match(r"other processes used ([2-5]\d|60)% of the CPUs while the models were timed on cpu at batch 1 "
                     rf"\(sequence real; most during {re.escape(result['model'])} \(harness, repeat 2\) 60%, ", line), line
+    assert f"{result['model']} (bare loop, repeat 2) 30%" in line
     assert f"warning: {line}\n" in capsys.readouterr().err
     assert result["model"] in ("int8", "onnxruntime-fp32", "optimum-default-int8")
     assert len(result["harness_p50_ms"]) == len(result["bare_p50_ms"]) == 2

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from compressor.bench.contention import CpuTime, busy_jiffies, contended, others_share, read_cpu_time, summary
+from compressor.bench.contention import (CpuTime, busy_jiffies, contended, cpu_quota, others_share, read_cpu_time,
+                                         summary)
 
 # /proc/stat's layout: the all-CPUs line, one line per CPU (user nice system idle iowait irq
 # softirq steal guest guest_nice), then other counters.
@@ -25,8 +26,8 @@ ctxt 470
 """
 
 
-def reading(stat: str, wall_s: float, own_s: float, cpus: set[int]) -> CpuTime:
-    return CpuTime(wall_s, busy_jiffies(stat, cpus) / 100, own_s, len(cpus))
+def reading(stat: str, wall_s: float, own_s: float, cpus: set[int], quota: float | None = None) -> CpuTime:
+    return CpuTime(wall_s, busy_jiffies(stat, cpus) / 100, own_s, len(cpus), quota)
 
 
 def test_others_share_is_our_cpus_busy_time_less_our_own_over_their_capacity():
@@ -62,3 +63,54 @@ def test_a_latency_models_measurements_are_summarised_and_judged_by_their_median
     assert not contended(recorded)                 # one structure's burst: the fit pooled them all
     assert contended(summary([0.2, 0.3, 0.01]))
     assert summary([None]) is None and not contended(None)
+
+
+def test_a_cgroup_quota_under_the_affinity_is_the_capacity_and_leaves_the_rest_to_others():
+    """In a container held to fewer CPUs' worth than its affinity (`--cpus 1` on 2 CPUs), the
+    share was taken over both CPUs: half the contention there was, or, where others used only
+    the CPU our quota leaves idle, contention that took nothing from us."""
+    # Both CPUs: 1.80 s busy in 1 s, 0.30 s ours, so others 1.50 s; 1.00 s of it the CPU-second
+    # our quota of 1 could never use, 0.50 s taken from the 1 CPU-second we could.
+    both = reading(AFTER, 11.0, 2.3, {0, 1}, quota=1.0) - reading(BEFORE, 10.0, 2.0, {0, 1}, quota=1.0)
+    assert both.usable == 1.0 and others_share(both) == pytest.approx(0.50)
+    assert others_share(CpuTime(1.0, 1.8, 1.0, 2, quota=1.0)) == 0.0         # others on the spare CPU only
+    assert others_share(CpuTime(1.0, 1.8, 0.3, 2, quota=4.0)) == pytest.approx(0.75)   # a quota above the affinity
+    assert (both + CpuTime(1.0, 1.0, 1.0, 2, quota=1.0)).quota == 1.0
+
+
+def cgroup_file(root, relative: str, text: str) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cpu_quota_reads_cgroup_v2_cpu_max(tmp_path):
+    assert cpu_quota(tmp_path, "0::/\n") is None                              # no cgroup files: not limited
+    cgroup_file(tmp_path, "cpu.max", "max 100000\n")
+    assert cpu_quota(tmp_path, "0::/\n") is None                              # unlimited
+    cgroup_file(tmp_path, "cpu.max", "150000 100000\n")
+    assert cpu_quota(tmp_path, "0::/\n") == 1.5
+    cgroup_file(tmp_path, "box/job/cpu.max", "max 100000\n")                 # unlimited itself, bound by its parent's
+    assert cpu_quota(tmp_path, "0::/box/job\n") == 1.5
+    cgroup_file(tmp_path, "box/job/cpu.max", "50000 100000\n")               # the tightest binds
+    assert cpu_quota(tmp_path, "0::/box/job\n") == 0.5
+    cgroup_file(tmp_path, "cpu.max", "garbage\n")
+    assert cpu_quota(tmp_path, "0::/\n") is None
+
+
+@pytest.mark.parametrize("mount", ["cpu", "cpu,cpuacct"])
+def test_cpu_quota_reads_cgroup_v1_cfs_quota_over_period(tmp_path, mount):
+    membership = "4:memory:/x\n3:cpu,cpuacct:/\n0::/\n"
+    cgroup_file(tmp_path, f"{mount}/cpu.cfs_period_us", "100000\n")
+    cgroup_file(tmp_path, f"{mount}/cpu.cfs_quota_us", "-1\n")
+    assert cpu_quota(tmp_path, membership) is None
+    cgroup_file(tmp_path, f"{mount}/cpu.cfs_quota_us", "250000\n")
+    assert cpu_quota(tmp_path, membership) == 2.5
+
+
+def test_a_reading_records_the_quota_in_force(tmp_path):
+    stat, cgroups = tmp_path / "stat", tmp_path / "cgroup"
+    stat.write_text(BEFORE)
+    cgroup_file(cgroups, "cpu.max", "100000 100000\n")      # the real /proc/self/cgroup names no deeper one here
+    assert read_cpu_time({0, 1}, stat, cgroups).usable == 1.0
+    assert read_cpu_time({0, 1}, stat, tmp_path / "no-cgroups").quota is None

@@ -19,3 +19,15 @@ def test_instruction_set_limits_are_recorded_only_where_set(monkeypatch):
     assert limited["isa_limits"] == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     assert environment_lines(limited)[-1] == \
         "instruction sets limited by: ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2"
+
+
+def test_a_cgroup_quota_is_recorded_only_where_set(monkeypatch):
+    """A run in a container held to 1.5 CPUs recorded the host's cores alone: the quota goes
+    beside them, and the report says so."""
+    monkeypatch.setattr(environment, "cpu_quota", lambda: None)
+    plain = environment.environment()
+    assert "cpu_quota" not in plain and "quota" not in environment_lines(plain)[1]
+    monkeypatch.setattr(environment, "cpu_quota", lambda: 1.5)
+    held = environment.environment()
+    assert held["cpu_quota"] == 1.5
+    assert ", a cgroup quota of 1.5 CPUs, " in environment_lines(held)[1]

@@ -26,6 +26,7 @@ from transformers import AutoModelForSequenceClassification
 from compressor.cli import finetune_command as finetune_module
 from compressor.cli import main
 from compressor.evaluate import evaluate_path
+from pretrain.data import files, load_task
 from pretrain.data.overlap import overlap_warning
 from pretrain.errors import UserError
 
@@ -378,24 +379,55 @@ def test_evaluate_rejects_non_positive_max_samples(cli, capsys, value):
     assert code == 2 and captured.err.startswith("error:")
 
 
-def test_evaluate_and_finetune_warn_of_scored_test_texts_that_train_holds(tiny_bert_dir, tiny_csv, tmp_path,
-                                                                            capsys):
-    """Test rows repeating train rows inflated the accuracy these commands print, unsaid. Now
-    one line each names the count, on stderr (stdout stays the JSON), and the exit code is 0."""
+def test_a_file_with_repeated_rows_gets_one_stderr_line_for_each_overlap(tiny_bert_dir, tiny_csv, tmp_path, capsys):
+    """Test rows repeating train rows inflated the accuracy these commands print, unsaid; then
+    they were said twice, by the load-time line (files.py) and the scored split's line
+    (overlap.py). Now the scored split's line alone counts its train texts, the load-time line
+    the other overlaps, on stderr (stdout stays the JSON), and the exit code is 0. Each
+    command runs in a process of its own, which prints the load-time line afresh."""
     header, *rows = tiny_csv.read_text().splitlines()
     twice = tmp_path / "twice.csv"
-    twice.write_text("\n".join([header, *rows, *rows]) + "\n")       # every row twice: many land in two splits
-    argvs = {"evaluate": ["evaluate", "--model", str(tiny_bert_dir), "--task", str(twice)],
-             "finetune": ["finetune", "--model", str(tiny_bert_dir), "--task", str(twice),
-                          "--out", str(tmp_path / "ft"), "--epochs", "1", "--batch-size", "16",
-                          "--max-train-samples", "16", "--quiet"]}
-    for command, argv in argvs.items():
-        assert main(argv) == 0, command
+    twice.write_text("\n".join([header, *rows, *rows[:100]]) + "\n")       # 100 rows twice: in two splits, some
+    files._WARNED_TASKS.clear()
+    task = load_task(str(twice))
+    capsys.readouterr()
+    texts = {name: set(task.split(name).texts) for name in ("train", "validation", "test")}
+
+    def held_out_line(other: str, scored: str) -> str:
+        shared = len(texts[other] & (texts["train"] | texts[scored]))
+        assert shared > 0
+        return (f"warning: {twice}: {shared} {other} text(s) also occur in the train or {scored} split (duplicate "
+                "rows); expected each once (drop the duplicate rows)")
+
+    def scored_line(overlap: dict, split: str) -> str:
+        assert overlap[split]["in_train"] > 0
+        return f"warning: {overlap_warning(split, overlap[split], pair_task=False)}"
+
+    def stderr_of(argv: list[str]) -> tuple[dict, list[str]]:
+        files._WARNED_TASKS.clear()
+        assert main(argv) == 0, argv
         captured = capsys.readouterr()
-        overlap = json.loads(captured.out)["texts_in_train"]["test"]
-        assert overlap["in_train"] > 0, command
-        warned = [line for line in captured.err.splitlines() if "train split also holds" in line]
-        assert warned == [f"warning: {overlap_warning('test', overlap, pair_task=False)}"], command
+        return (json.loads(captured.out) if captured.out.startswith("{") else {}), captured.err.splitlines()
+
+    evaluate = ["evaluate", "--model", str(tiny_bert_dir), "--task", str(twice)]
+    for split, other in (("test", "validation"), ("validation", "test")):
+        result, err = stderr_of([*evaluate, "--split", split])
+        assert err == [held_out_line(other, split), scored_line(result["texts_in_train"], split)], split
+    in_two = len([t for t in set().union(*texts.values()) if sum(t in part for part in texts.values()) > 1])
+    assert stderr_of([*evaluate, "--split", "train"])[1] == [   # scores nothing held out: the load-time line says all
+        f"warning: {twice}: {in_two} text(s) occur in more than one of the train, validation and test splits "
+        "(duplicate rows), so validation and test accuracy count examples seen in training; expected each once "
+        "(drop the duplicate rows)"]
+    metrics, err = stderr_of(["finetune", "--model", str(tiny_bert_dir), "--task", str(twice), "--out",
+                              str(tmp_path / "ft"), "--epochs", "1", "--batch-size", "16", "--max-train-samples", "16",
+                              "--quiet"])
+    assert err == [held_out_line("validation", "test"), scored_line(metrics["texts_in_train"], "test")]
+    (tmp_path / "data.csv").write_text(twice.read_text())
+    recipe = write_recipe(tmp_path / "recipe.yaml", tiny_bert_dir, "  same: []\n")
+    _, err = stderr_of(["run", str(recipe), "--out", str(tmp_path / "run"), "--quiet"])
+    data = json.loads((tmp_path / "run" / "report.json").read_text())["data"]
+    assert err == [held_out_line("validation", "test").replace(str(twice), str(tmp_path / "data.csv")),
+                   scored_line(data["texts_in_train"], "test")]
     assert main(["evaluate", "--model", str(tiny_bert_dir), "--task", str(tiny_csv)]) == 0
     assert capsys.readouterr().err == ""                                  # distinct texts: not a word
 

@@ -314,3 +314,14 @@ def test_baseline_dirs_cached_without_a_description_get_one_without_a_rebuild(do
     assert [m["latency"] for m in again["models"]] == [m["latency"] for m in report["models"]]
     for name, path in baseline_dirs(again).items():
         assert evaluate_path(path, None)["task"] == tiny_task.name, name
+
+
+def test_timings_taken_under_another_cgroup_quota_are_not_reused(monkeypatch):
+    """A run dir rerun in a container held to fewer CPUs reused timings taken without the limit.
+    A machine without a quota keys its timings as before."""
+    from compressor.bench import environment
+    from compressor.pipeline.benchmark_stages import measuring_machine
+    monkeypatch.setattr(environment, "cpu_quota", lambda: None)
+    assert set(measuring_machine()) == {"cpu", "packages"}
+    monkeypatch.setattr(environment, "cpu_quota", lambda: 1.5)
+    assert measuring_machine()["cpu_quota"] == 1.5

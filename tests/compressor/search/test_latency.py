@@ -118,7 +118,8 @@ def test_saved_model_is_reused_only_for_its_key(tmp_path):
     assert load_or_none(tmp_path / "latency.json", key) == model
     other_cpu = {**MACHINE, "cpu": {**MACHINE["cpu"], "flags": ["avx2", "avx512_vnni"]}}
     for other in (model_key(other_cpu, {"threads": 2}, SHAPE), model_key(MACHINE, {"threads": 1}, SHAPE),
-                  model_key(MACHINE, {"threads": 2}, SHAPE.model_copy(update={"hidden": 768}))):
+                  model_key(MACHINE, {"threads": 2}, SHAPE.model_copy(update={"hidden": 768})),
+                  model_key({**MACHINE, "cpu_quota": 1.5}, {"threads": 2}, SHAPE)):     # in a container held to less
         assert other != key and load_or_none(tmp_path / "latency.json", other) is None
     assert load_or_none(tmp_path / "missing.json", key) is None
 

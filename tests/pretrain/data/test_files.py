@@ -128,10 +128,10 @@ def test_a_whole_task_holds_its_validation_and_test_files_and_pairs(tmp_path):
 
 @pytest.fixture
 def warnings_anew():
-    """Each test sees the warnings its own loads print (one process prints each once)."""
-    files._warn_once.cache_clear()
+    """Each test sees the warnings its own loads print (one process prints one a task)."""
+    files._WARNED_TASKS.clear()
     yield
-    files._warn_once.cache_clear()
+    files._WARNED_TASKS.clear()
 
 
 def test_texts_shared_between_splits_are_warned_about_once_in_one_line(tmp_path, capsys, warnings_anew):
@@ -164,6 +164,49 @@ def test_the_warning_names_the_files_that_share_rows(tmp_path, capsys, warnings_
     assert capsys.readouterr().err.startswith(f"warning: across {validation}, {test}: 1 text(s) occur in more than one")
     file_task({"path": str(train), "test": str(_csv(tmp_path / "t2.csv", ["sentence 3,neg"]))})   # validation drawn
     assert capsys.readouterr().err.startswith(f"warning: across {train}, {tmp_path / 't2.csv'}: 1 text(s) occur")
+
+
+def _three_files(tmp_path):
+    """Train rows, one of them repeated in validation, another in test, and a row validation
+    and test both hold."""
+    train = _csv(tmp_path / "train.csv", _many(12))
+    validation = _csv(tmp_path / "v.csv", ["sentence 1,neg", "same,pos", "v,neg"])
+    test = _csv(tmp_path / "t.csv", ["sentence 3,neg", "same,pos", "t,pos"])
+    return {"path": str(train), "validation": str(validation), "test": str(test)}
+
+
+def test_a_command_scoring_a_split_leaves_the_texts_only_train_and_it_hold_to_its_own_line(tmp_path, capsys,
+                                                                                           warnings_anew):
+    """`run`, `finetune` and `evaluate` printed this line and their scored-split line
+    (overlap.py) about the same train texts in test: now the load-time line says the rest."""
+    spec = _three_files(tmp_path)
+    where = f"across {spec['path']}, {spec['validation']}, {spec['test']}"
+    file_task(spec, scored="test")
+    assert capsys.readouterr().err == (f"warning: {where}: 2 validation text(s) also occur in the train or test "
+                                       "split (duplicate rows); expected each once (drop the duplicate rows)\n")
+    files._WARNED_TASKS.clear()
+    file_task(spec, scored="validation")
+    assert capsys.readouterr().err == (f"warning: {where}: 2 test text(s) also occur in the train or validation "
+                                       "split (duplicate rows); expected each once (drop the duplicate rows)\n")
+    files._WARNED_TASKS.clear()
+    file_task(spec)                                                   # a command that scores no split
+    assert capsys.readouterr().err.startswith(f"warning: {where}: 3 text(s) occur in more than one of the train, "
+                                              "validation and test splits (duplicate rows)")
+    only_test = {"path": spec["path"], "test": spec["test"].replace("t.csv", "t2.csv")}
+    _csv(tmp_path / "t2.csv", ["sentence 3,neg", "t,pos"])
+    file_task(only_test, scored="test")                                 # the scored-split line says it all
+    assert capsys.readouterr().err == ""
+
+
+def test_a_task_loaded_again_by_the_same_command_is_not_warned_about_again(tmp_path, capsys, warnings_anew):
+    """A run loads its task, then its search does, which scores no split itself: its line
+    would say again the train texts in test that the run's own line says."""
+    spec = _three_files(tmp_path)
+    file_task(spec, scored="test")
+    assert "2 validation text(s)" in capsys.readouterr().err
+    file_task(spec)
+    load_task(spec, seed=3)                      # another draw of the same file: the same fact
+    assert capsys.readouterr().err == ""
 
 
 def test_a_pair_task_shares_a_row_only_when_both_texts_repeat(tmp_path, capsys, warnings_anew):
