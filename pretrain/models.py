@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from pretrain import families
 from pretrain.batching import usable_length
+from pretrain.cpus import usable_cpus
 from pretrain.errors import UserError
 from pretrain.structured import classifier_class, refresh_record
 from pretrain.objectives import bilm as _bilm  # noqa: F401  registers "bilm" with the Auto classes
@@ -302,11 +303,10 @@ def first_line(err: BaseException) -> str:
 
 
 def set_threads(threads: int | None) -> None:
-    """Use every core this process may run on (its CPU affinity: `taskset -c 0` gives one) for
-    intra-op parallelism unless told otherwise; more threads than cores only contend."""
-    import os
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(threads or usable or 1)
+    """Use every core this process may run on (its CPU affinity: `taskset -c 0` gives one; a
+    container's CPU quota, fewer) for intra-op parallelism unless told otherwise; more threads
+    than cores only contend."""
+    torch.set_num_threads(threads or usable_cpus())
 
 
 def keep_encoder_layers(model: PreTrainedModel, keep: list[int]) -> None:

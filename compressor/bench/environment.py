@@ -10,7 +10,7 @@ from importlib import metadata
 import torch
 
 from compressor import __version__
-from compressor.bench.contention import cpu_quota
+from pretrain.cpus import cpu_quota
 
 PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime",
             "neural-compressor-pt", "numpy", "tokenizers", "safetensors")

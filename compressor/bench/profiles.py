@@ -10,7 +10,6 @@ laptop and on a GPU server alike.
 
 from __future__ import annotations
 
-import os
 import platform
 from pathlib import Path
 from types import UnionType
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from compressor.yamlfile import (field_suggestion, is_type_tag, load_yaml, location, refuse_bool_items,
                                  refuse_bool_numbers, yaml_problem)
+from pretrain.cpus import usable_cpus
 from pretrain.errors import UserError, validation_message
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
@@ -96,8 +96,8 @@ class Profile(BaseModel):
         return provider
 
     def thread_count(self) -> int:
-        if self.threads == "cores":
-            return os.cpu_count() or 1
+        if self.threads == "cores":        # the cores this process may use, not the machine's
+            return usable_cpus()
         return int(self.threads)
 
     def suits(self, precision: str) -> bool:

@@ -19,9 +19,10 @@ from typing import Callable
 
 import numpy as np
 
-from compressor.bench.contention import CpuTime, others_share, our_cpus, read_cpu_time, rounded
+from compressor.bench.contention import CpuTime, others_share, read_cpu_time, rounded
 from compressor.bench.profiles import Profile
 from compressor.bench.runners import Feed, Runner
+from pretrain.cpus import our_cpus
 
 ROUND_CALLS = 10              # timed calls per model per interleaved round
 ROUND_WARMUP = 2              # untimed calls per model at the start of every round

@@ -6,7 +6,6 @@ trains its share of each batch (pretrain/train.py), and only rank 0 evaluates an
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from compressor.pipeline.cache import inputs_fingerprint
 from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
 from pretrain.atomic import atomic_dir, check_output, write_json
+from pretrain.cpus import usable_cpus
 from pretrain.data import load_task, task_files
 from pretrain.data.overlap import scored_overlap
 from pretrain.errors import UserError
@@ -64,7 +64,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     place = distributed.world()
     with claimed_checkpoint(out, settings, resume, SETTINGS_FILE):
         # Under torchrun this machine's processes share its cores: split them, not oversubscribe.
-        shared = max(1, (os.cpu_count() or 1) // distributed.local_size()) if place.distributed else None
+        shared = max(1, usable_cpus() // distributed.local_size()) if place.distributed else None
         set_threads(threads or shared)
         model, tokenizer = load_classifier(model_ref, task.label_names, seed=cfg.seed)
         result = finetune(model, tokenizer, task, cfg, show_progress=show_progress and place.is_main,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compressor.bench.contention import (CpuTime, busy_jiffies, contended, cpu_quota, others_share, read_cpu_time,
-                                         summary)
+from compressor.bench.contention import CpuTime, busy_jiffies, contended, others_share, read_cpu_time, summary
 
 # /proc/stat's layout: the all-CPUs line, one line per CPU (user nice system idle iowait irq
 # softirq steal guest guest_nice), then other counters.
@@ -82,30 +81,6 @@ def cgroup_file(root, relative: str, text: str) -> None:
     path = root / relative
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-
-
-def test_cpu_quota_reads_cgroup_v2_cpu_max(tmp_path):
-    assert cpu_quota(tmp_path, "0::/\n") is None                              # no cgroup files: not limited
-    cgroup_file(tmp_path, "cpu.max", "max 100000\n")
-    assert cpu_quota(tmp_path, "0::/\n") is None                              # unlimited
-    cgroup_file(tmp_path, "cpu.max", "150000 100000\n")
-    assert cpu_quota(tmp_path, "0::/\n") == 1.5
-    cgroup_file(tmp_path, "box/job/cpu.max", "max 100000\n")                 # unlimited itself, bound by its parent's
-    assert cpu_quota(tmp_path, "0::/box/job\n") == 1.5
-    cgroup_file(tmp_path, "box/job/cpu.max", "50000 100000\n")               # the tightest binds
-    assert cpu_quota(tmp_path, "0::/box/job\n") == 0.5
-    cgroup_file(tmp_path, "cpu.max", "garbage\n")
-    assert cpu_quota(tmp_path, "0::/\n") is None
-
-
-@pytest.mark.parametrize("mount", ["cpu", "cpu,cpuacct"])
-def test_cpu_quota_reads_cgroup_v1_cfs_quota_over_period(tmp_path, mount):
-    membership = "4:memory:/x\n3:cpu,cpuacct:/\n0::/\n"
-    cgroup_file(tmp_path, f"{mount}/cpu.cfs_period_us", "100000\n")
-    cgroup_file(tmp_path, f"{mount}/cpu.cfs_quota_us", "-1\n")
-    assert cpu_quota(tmp_path, membership) is None
-    cgroup_file(tmp_path, f"{mount}/cpu.cfs_quota_us", "250000\n")
-    assert cpu_quota(tmp_path, membership) == 2.5
 
 
 def test_a_reading_records_the_quota_in_force(tmp_path):
