@@ -1,8 +1,15 @@
-"""The one exception type for bad user input.
+"""The one exception type for bad user input, and pydantic's errors in the words it uses.
 
 Anything raised as UserError is printed by the CLI as a single line on stderr with exit
 code 2 and no traceback. The message must say what is wrong and what was expected.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, get_args
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
 
 class UserError(Exception):
@@ -17,3 +24,68 @@ def validation_message(error: dict) -> str:
         if message.startswith(prefix):
             return message[len(prefix):]
     return message
+
+
+# Pydantic's errors for a number outside its field's bounds, and for a value that is no number
+# (or no finite one, `allow_inf_nan=False`).
+RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+NUMBER_TYPE_ERRORS = {"int_parsing", "int_type", "int_from_float", "float_parsing", "float_type", "finite_number"}
+
+
+def number_problem(error: dict, field: FieldInfo | None) -> str | None:
+    """A number field's error as what the field takes and what it was given, `expected an integer
+    from 8 to 512 (got 0)`: both bounds, where pydantic names only the one crossed ("greater than
+    or equal to 8") or none ("a valid number"). None for another error or another field."""
+    if error["type"] not in RANGE_ERRORS | NUMBER_TYPE_ERRORS:
+        return None
+    takes = number_range(field)
+    return f"expected {takes} (got {given_text(error.get('input'))})" if takes else None
+
+
+def number_range(field: FieldInfo | None) -> str | None:
+    """What an int or float field takes, in words, from its bounds (ge, gt, le, lt): `an
+    integer from 8 to 512`, `a positive integer`, `a number in [0, 1)`, `a positive number`;
+    None for a field of another type (`int | Literal['all']`: its union's branches say it)."""
+    kind = number_kind(field.annotation) if field is not None else None
+    if kind is None:
+        return None
+    bounds = {key: getattr(m, key) for m in field.metadata for key in ("ge", "gt", "le", "lt")
+              if getattr(m, key, None) is not None}
+    return integer_range(bounds) if kind is int else float_range(bounds)
+
+
+def number_kind(annotation: Any) -> type | None:
+    """int or float for a field annotated `int`, `float` or either `| None`; else None."""
+    kinds = set(get_args(annotation) or (annotation,)) - {type(None)}
+    return kinds.pop() if kinds in ({int}, {float}) else None
+
+
+def integer_range(bounds: dict) -> str:
+    # An integer above 7 is one from 8: the words name the integers themselves.
+    low = bounds["ge"] if "ge" in bounds else bounds["gt"] + 1 if "gt" in bounds else None
+    high = bounds["le"] if "le" in bounds else bounds["lt"] - 1 if "lt" in bounds else None
+    if low is not None and high is not None:
+        return f"an integer from {low} to {high}"
+    if low is not None:
+        return "a positive integer" if low == 1 else f"an integer >= {low}"
+    return f"an integer <= {high}" if high is not None else "an integer"
+
+
+def float_range(bounds: dict) -> str:
+    """`a number in (0, 1]`: an interval, its brackets saying whether each end is taken."""
+    low = ("[", bounds["ge"]) if "ge" in bounds else ("(", bounds["gt"]) if "gt" in bounds else None
+    high = ("]", bounds["le"]) if "le" in bounds else (")", bounds["lt"]) if "lt" in bounds else None
+    if low is not None and high is not None:
+        return f"a number in {low[0]}{low[1]:g}, {high[1]:g}{high[0]}"
+    if low is not None:
+        return "a positive number" if low == ("(", 0) else f"a number {'>=' if low[0] == '[' else '>'} {low[1]:g}"
+    if high is not None:
+        return f"a number {'<=' if high[0] == ']' else '<'} {high[1]:g}"
+    return "a number"
+
+
+def given_text(value: Any) -> str:
+    """The value an error names: as written, but a mapping or a list by its kind (it may be long)."""
+    if isinstance(value, dict):
+        return "a mapping"
+    return "a list" if isinstance(value, (list, tuple)) else repr(value)

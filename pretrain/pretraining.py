@@ -26,7 +26,7 @@ from transformers import AutoConfig, BertForMaskedLM, PreTrainedModel, PreTraine
 
 from pretrain.data import check_utf8
 from pretrain.data.stream import ChunkStream
-from pretrain.errors import UserError, validation_message
+from pretrain.errors import UserError, number_problem, validation_message
 from pretrain.limits import MAX_SEED
 from pretrain.models import check_model_ref, count_params, load_tokenizer, load_weights, resolve_model_path
 from pretrain.objectives import SIZES, Batch, Objective, get_objective
@@ -95,7 +95,9 @@ def make_config(**settings) -> PretrainConfig:
         cfg = PretrainConfig(**{k: v for k, v in settings.items() if v is not None})
     except ValidationError as err:
         first = err.errors()[0]
-        raise UserError(f"pretrain setting {'.'.join(map(str, first['loc']))}: {validation_message(first)}") from None
+        field = PretrainConfig.model_fields.get(str(first["loc"][0])) if len(first["loc"]) == 1 else None
+        problem = number_problem(first, field) or validation_message(first)
+        raise UserError(f"pretrain setting {'.'.join(map(str, first['loc']))}: {problem}") from None
     if cfg.size not in SIZES:
         raise UserError(f"unknown size {cfg.size!r}; expected one of {', '.join(SIZES)}")
     if cfg.max_length > MAX_POSITIONS:

@@ -12,10 +12,12 @@ from compressor.evaluate import check_holds_text, check_max_length, find_onnx, s
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
+from compressor.pipeline.recipe import validating_type
+from compressor.yamlfile import field_at
 from pretrain.atomic import check_output, claimed_output
 from pretrain.batching import model_positions
 from pretrain.data import load_task, task_files
-from pretrain.errors import UserError, validation_message
+from pretrain.errors import UserError, number_problem, validation_message
 from pretrain.models import set_threads
 
 NO_QUANTIZATION = "none"
@@ -96,7 +98,8 @@ def quantize_config(mode: str | None, options: dict, recorded: dict | None = Non
 
 
 def validated(config_type, values: dict, flags: dict | None = None):
-    """The config, or a one-line error naming the flag: `--parity-tolerance: Input should be ...`.
+    """The config, or a one-line error naming the flag: `--parity-tolerance: expected a positive
+    number (got 0.0)`.
     `flags`: fields whose flag is not --<field>, None for a cross-field check (export's: FLAGS)."""
     flags = FLAGS if flags is None else flags
     try:
@@ -105,7 +108,9 @@ def validated(config_type, values: dict, flags: dict | None = None):
         first = err.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else None
         flag = flags.get(field) or (f"--{field.replace('_', '-')}" if field else "settings")
-        raise UserError(f"{flag}: {validation_message(first)} (got {first.get('input')!r})") from None
+        problem = (number_problem(first, field_at(validating_type(config_type, values), first["loc"]))
+                   or f"{validation_message(first)} (got {first.get('input')!r})")
+        raise UserError(f"{flag}: {problem}") from None
 
 
 def check_source(model: Path) -> None:

@@ -42,7 +42,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     try:
         cfg = FinetuneConfig(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as err:
-        raise UserError(describe_validation_error(err)) from None
+        raise UserError(describe_validation_error(err, model=FinetuneConfig)) from None
     model_path = check_model_ref(model_ref)
     inputs = [model_path, cfg.domain_corpus,
               *(f for spec in (task_spec, cfg.intermediate_task, *cfg.tasks) for f in task_files(spec))]

@@ -31,7 +31,7 @@ def tokenizer_command(corpus: str, kind: str, vocab_size: int, out: Path, min_fr
     try:
         cfg = TokenizerConfig(kind=kind, vocab_size=vocab_size, min_frequency=min_frequency)
     except ValidationError as err:
-        raise UserError(describe_validation_error(err)) from None
+        raise UserError(describe_validation_error(err, model=TokenizerConfig)) from None
     check_vocab_size(cfg)
     check_output(out, [corpus], owner_files=(METRICS_FILE,))
     with claimed_output(Path(out)):       # a second command writing `out` meanwhile is refused
@@ -79,7 +79,7 @@ def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bo
     try:
         cfg = EmbeddingConfig(**{k: v for k, v in settings.items() if v is not None})
     except ValidationError as err:
-        raise UserError(describe_validation_error(err)) from None
+        raise UserError(describe_validation_error(err, model=EmbeddingConfig)) from None
     check_output(out, [corpus], owner_files=("embeddings.npy", "metrics.json"))
     with claimed_output(Path(out)):       # a second command writing `out` meanwhile is refused
         return write_embeddings(corpus, Path(out), cfg, show_progress)

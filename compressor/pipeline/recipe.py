@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic.fields import FieldInfo
 
 from compressor.bench.baselines import BASELINES, distinct_baselines
 from compressor.export.onnx import ExportSettings
@@ -24,7 +23,7 @@ from compressor.passes import config_as_written, get_pass
 from compressor.search.settings import SearchSettings
 from compressor.yamlfile import (field_at, field_suggestion, is_type_tag, load_yaml, location,
                                  refuse_bool_numbers, yaml_problem)
-from pretrain.errors import UserError, validation_message
+from pretrain.errors import UserError, given_text, number_problem, validation_message
 from pretrain.finetune import FinetuneConfig
 from pretrain.limits import MAX_SEED
 
@@ -268,8 +267,9 @@ def validating_type(config_type: type[BaseModel], config: Any) -> type[BaseModel
 def describe_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     """The first pydantic error as one line: path, what was expected, what was given; for a
     field `model` (the validated class) does not have, the nearest name it does have; for a
-    value no branch of a union took, what each branch takes (`'foo'; expected a mapping or a
-    string`); for a bounded int field given another type, the integers it takes."""
+    value no branch of a union took, what each branch takes (`expected a mapping or a string
+    (got 42)`); for a number field's value out of its bounds or of another type, what the field
+    takes, both bounds said (`expected an integer from 8 to 512 (got 0)`)."""
     errors = err.errors()
     # An unknown field first: a misspelt required one (`nmae:`) is also reported missing, and
     # the unknown one is where the did-you-mean hint can go.
@@ -279,11 +279,11 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
     more = f" [and {err.error_count() - len(branches)} more]" if err.error_count() > len(branches) else ""
     if len(branches) > 1:
         expected = item_forms(first["loc"]) or " or ".join(dict.fromkeys(branch_expects(e) for e in branches))
-        return f"{full}: {first.get('input')!r}; expected {expected}{more}"
+        return f"{full}: expected {expected} (got {given_text(first.get('input'))}){more}"
+    number = number_problem(first, field_at(model, first["loc"]))
+    if number is not None:      # not pydantic's "greater than or equal to 8": 513 is refused too
+        return f"{full}: {number}{more}"
     given = first.get("input")
-    bounded = int_range(field_at(model, first["loc"])) if first["type"] in INT_TYPE_ERRORS else None
-    if bounded is not None:     # not pydantic's "a valid integer": the field takes only some
-        return f"{full}: {given!r}; expected {bounded}{more}"
     shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
     hint = field_suggestion(model, first["loc"]) if first["type"] == "extra_forbidden" else ""
     return f"{full}: {validation_message(first)}{shown}{hint}{more}"
@@ -294,25 +294,6 @@ BRANCH_EXPECTS = {"int_parsing": "an integer", "int_type": "an integer", "int_fr
                   "float_parsing": "a number", "float_type": "a number", "string_type": "a string",
                   "bool_parsing": "true or false", "bool_type": "true or false", "dict_type": "a mapping",
                   "model_type": "a mapping", "list_type": "a list"}
-
-
-INT_TYPE_ERRORS = {"int_parsing", "int_type", "int_from_float"}
-
-
-def int_range(field: FieldInfo | None) -> str | None:
-    """The integers a bounded int field takes, in words (`an integer from 8 to 512`, `a
-    positive integer`); None for a field with no bounds (pydantic's message says it all)."""
-    if field is None:
-        return None
-    low = max([m.ge for m in field.metadata if hasattr(m, "ge")] + [m.gt + 1 for m in field.metadata
-                                                                    if hasattr(m, "gt")], default=None)
-    high = min([m.le for m in field.metadata if hasattr(m, "le")] + [m.lt - 1 for m in field.metadata
-                                                                     if hasattr(m, "lt")], default=None)
-    if low is not None and high is not None:
-        return f"an integer from {low} to {high}"
-    if low is not None:
-        return "a positive integer" if low == 1 else f"an integer >= {low}"
-    return f"an integer <= {high}" if high is not None else None
 
 
 def union_branches(errors: list[dict], first: dict) -> list[dict]:

@@ -460,6 +460,31 @@ def test_a_max_length_the_model_cannot_run_at_is_one_line_exit_2(command, value,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("step, message", [
+    ("{finetune: {max_length: 4}}", "variants.v[0].finetune.max_length: expected an integer from 8 to 512 (got 4)"),
+    ("{prune-heads: {fraction: 1.5}}", "variants.v[0].prune-heads.fraction: expected a number in [0, 1) (got 1.5)"),
+    ("{quantize: {mode: inc, tolerable_loss: [0.1]}}",
+     "variants.v[0].quantize.tolerable_loss: expected a number in [0, 1] (got a list)"),
+])
+def test_a_recipe_number_out_of_range_or_of_the_wrong_type_is_one_line_exit_2(step, message, tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nteacher: {{model: minilm, task: wordnet-supersense}}\nvariants:\n  v: [{step}]\n")
+    assert main(["run", str(recipe), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == f"error: {recipe}: {message}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.yaml"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tolerable-loss", "5"], "--tolerable-loss: expected a number in [0, 1] (got 5.0)"),
+    (["--parity-tolerance", "0"], "--parity-tolerance: expected a positive number (got 0.0)"),
+])
+def test_an_export_number_flag_out_of_range_says_what_it_takes(flags, message, tiny_bert_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["export", "--model", str(tiny_bert_dir), "--out", str(out), "--quantize", "inc", *flags]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("flag, value, expected", [
     ("--batch-sizes", "1,x", "expected comma-separated positive integers (e.g. 1,8), got '1,x'"),
     ("--batch-sizes", ",", "expected comma-separated positive integers (e.g. 1,8), got ','"),

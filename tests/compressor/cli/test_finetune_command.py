@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from compressor.bundle import ModelBundle
+from compressor.cli.commands import main
 from compressor.cli.finetune_command import finetune_command
 from pretrain.errors import UserError
 from pretrain.resume import checkpoint_dir
@@ -203,3 +204,19 @@ def test_metrics_count_the_scored_test_texts_that_train_holds(tmp_path, tiny_ber
                                 max_eval_samples=16, show_progress=False)
     assert distinct["texts_in_train"] == {"test": {"examples": 16, "in_train": 0, "other_label": 0}}
     assert "warnings" not in distinct
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--epochs", "0"], "epochs: expected a positive number (got 0.0)"),
+    (["--lr", "-1"], "lr: expected a positive number (got -1.0)"),
+    (["--adapter-init-std", "2"], "adapter_init_std: expected a number in (0, 1] (got 2.0)"),
+    (["--batch-size", "0"], "compressor finetune: argument --batch-size: expected a positive integer from 1 to "
+                            "2147483647, got 0"),
+])
+def test_a_number_flag_out_of_range_says_what_it_takes(flags, message, tmp_path, capsys):
+    """As a recipe's finetune settings do: both bounds where there are two, not pydantic's
+    "greater than 0"."""
+    out = tmp_path / "ft"
+    assert main(["finetune", "--task", "wordnet-supersense", "--out", str(out), *flags]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert not out.exists()

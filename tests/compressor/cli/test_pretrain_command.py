@@ -196,8 +196,11 @@ def test_cli_tokenizer_and_pretrain_bad_input(corpus, tmp_path, capsys):
     assert not (tmp_path / "p").exists()
     code, err = cli(capsys, "pretrain", "--objective", "mlm", "--corpus", corpus, "--steps", "2", "--tokenizer",
                     str(tok), "--warmup-ratio", "1.5", "--out", str(tmp_path / "p"))
-    assert code == 2 and "warmup_ratio" in err and len(err.splitlines()) == 1
+    assert code == 2 and err == "error: pretrain setting warmup_ratio: expected a number in [0, 1) (got 1.5)\n"
     assert not (tmp_path / "p").exists()
+    code, err = cli(capsys, "embeddings", "--corpus", corpus, "--lr", "0", "--out", str(tmp_path / "e"))
+    assert code == 2 and err == "error: lr: expected a positive number (got 0.0)\n"
+    assert not (tmp_path / "e").exists()
 
 
 def test_dae_noise_options_reach_the_objective_metrics_and_model(corpus, tmp_path):

@@ -120,7 +120,8 @@ def test_cost_aware_ranking_spares_the_first_token_last_layer(bert_bundle, tiny_
 
 
 @pytest.mark.parametrize("config, why", [
-    ({"fraction": 1.0}, "less than 1"), ({"fraction": -0.1}, "greater than or equal"),
+    ({"fraction": 1.0}, r"expected a number in \[0, 1\) \(got 1.0\)"),
+    ({"fraction": -0.1}, r"expected a number in \[0, 1\) \(got -0.1\)"),
     ({}, "exactly one of"), ({"fraction": 0.5, "count": 3}, "exactly one of"),
     ({"iterative": True, "count": 3}, "at most `fraction`")])
 def test_prune_heads_config_refusals(config, why):
