@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Hashable
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
@@ -60,10 +60,21 @@ def field_suggestion(model: type[BaseModel] | None, loc: tuple) -> str:
 
 
 def field_at(model: type[BaseModel] | None, loc: tuple) -> FieldInfo | None:
-    """The field a pydantic error's `loc` names, found as `field_suggestion` finds it; None
-    where the path leaves the models (a list item, a mapping of variants, a union branch)."""
+    """The field a pydantic error's `loc` names, found as `field_suggestion` finds it, or what a
+    value of a mapping field is (`weights.soft`: a weight, its bounds with it); None where the
+    path leaves the models and their mappings (a list item, a union branch)."""
     parent = model_at(model, loc[:-1]) if loc else None
-    return parent.model_fields.get(loc[-1]) if parent is not None and isinstance(loc[-1], str) else None
+    if parent is not None and isinstance(loc[-1], str):
+        return parent.model_fields.get(loc[-1])
+    return mapping_value(field_at(model, loc[:-1])) if len(loc) > 1 and isinstance(loc[-1], str) else None
+
+
+def mapping_value(field: FieldInfo | None) -> FieldInfo | None:
+    """What each value of a mapping field is (`dict[str, Annotated[float, Field(ge=0)]]`: a float
+    >= 0), as a field of its own; None for a field of another type."""
+    if field is None or get_origin(field.annotation) is not dict:
+        return None
+    return FieldInfo.from_annotation(get_args(field.annotation)[1])
 
 
 def model_at(model: type[BaseModel] | None, path: tuple) -> type[BaseModel] | None:

@@ -49,9 +49,14 @@ def number_range(field: FieldInfo | None) -> str | None:
     kind = number_kind(field.annotation) if field is not None else None
     if kind is None:
         return None
-    bounds = {key: getattr(m, key) for m in field.metadata for key in ("ge", "gt", "le", "lt")
-              if getattr(m, key, None) is not None}
+    bounds = field_bounds(field)
     return integer_range(bounds) if kind is int else float_range(bounds)
+
+
+def field_bounds(field: FieldInfo) -> dict:
+    """A field's bounds by pydantic's names: {"gt": 0, "le": 1} for `Field(gt=0, le=1)`."""
+    return {key: getattr(m, key) for m in field.metadata for key in ("ge", "gt", "le", "lt")
+            if getattr(m, key, None) is not None}
 
 
 def number_kind(annotation: Any) -> type | None:
@@ -61,14 +66,20 @@ def number_kind(annotation: Any) -> type | None:
 
 
 def integer_range(bounds: dict) -> str:
-    # An integer above 7 is one from 8: the words name the integers themselves.
-    low = bounds["ge"] if "ge" in bounds else bounds["gt"] + 1 if "gt" in bounds else None
-    high = bounds["le"] if "le" in bounds else bounds["lt"] - 1 if "lt" in bounds else None
+    low, high = integer_limits(bounds)
     if low is not None and high is not None:
         return f"an integer from {low} to {high}"
     if low is not None:
         return "a positive integer" if low == 1 else f"an integer >= {low}"
     return f"an integer <= {high}" if high is not None else "an integer"
+
+
+def integer_limits(bounds: dict) -> tuple[int | None, int | None]:
+    """The least and the greatest integer `bounds` take (None: unbounded): an integer above 7
+    is one from 8, so the words can name the integers themselves."""
+    low = bounds["ge"] if "ge" in bounds else bounds["gt"] + 1 if "gt" in bounds else None
+    high = bounds["le"] if "le" in bounds else bounds["lt"] - 1 if "lt" in bounds else None
+    return low, high
 
 
 def float_range(bounds: dict) -> str:

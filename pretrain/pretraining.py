@@ -93,11 +93,12 @@ def make_config(**settings) -> PretrainConfig:
             settings[key] = str(Path(settings[key]).resolve())
     try:
         cfg = PretrainConfig(**{k: v for k, v in settings.items() if v is not None})
-    except ValidationError as err:
+    except ValidationError as err:     # named by the flag that set it: settings are `pretrain`'s flags
         first = err.errors()[0]
-        field = PretrainConfig.model_fields.get(str(first["loc"][0])) if len(first["loc"]) == 1 else None
+        name = str(first["loc"][0]) if first["loc"] else None
+        field = PretrainConfig.model_fields.get(name) if len(first["loc"]) == 1 else None
         problem = number_problem(first, field) or validation_message(first)
-        raise UserError(f"pretrain setting {'.'.join(map(str, first['loc']))}: {problem}") from None
+        raise UserError(f"{'--' + name.replace('_', '-') if name else 'pretrain settings'}: {problem}") from None
     if cfg.size not in SIZES:
         raise UserError(f"unknown size {cfg.size!r}; expected one of {', '.join(SIZES)}")
     if cfg.max_length > MAX_POSITIONS:

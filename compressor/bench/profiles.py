@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from compressor.yamlfile import (field_suggestion, is_type_tag, load_yaml, location, refuse_bool_items,
                                  refuse_bool_numbers, yaml_problem)
 from pretrain.cpus import usable_cpus
-from pretrain.errors import UserError, validation_message
+from pretrain.errors import UserError, given_text, number_problem, validation_message
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
 
@@ -30,6 +30,7 @@ MIN_SEQUENCE_LENGTH = 2     # a fixed length holds [CLS] and [SEP] at least
 # What an item of a list field takes, in words, where its type says less than its validator
 # checks: a sequence length is an integer from 2 up, not any integer (profiles' and recipes' errors).
 ITEM_FORMS = {"sequence_lengths": f"an integer >= {MIN_SEQUENCE_LENGTH} or 'real'"}
+THREADS_FORM = "a positive integer or 'cores'"     # what `threads` takes, in its every error
 
 
 class Requirements(BaseModel):
@@ -64,10 +65,9 @@ class Profile(BaseModel):
     @field_validator("threads", mode="before")
     @classmethod
     def _positive_threads(cls, threads: object) -> object:
-        if isinstance(threads, bool):        # YAML's `true` would pass as 1
-            raise ValueError(f"threads must be a count >= 1 or 'cores', not {threads}")
-        if isinstance(threads, int) and threads < 1:
-            raise ValueError("threads must be >= 1 or 'cores'")   # the message adds (got N)
+        # YAML's `true` would pass as 1; the message adds (got N)
+        if isinstance(threads, bool) or (isinstance(threads, int) and threads < 1):
+            raise ValueError(f"expected {THREADS_FORM}")
         return threads
 
     @field_validator("batch_sizes", "sequence_lengths", mode="before")
@@ -201,14 +201,21 @@ def load_profile(ref: str) -> Profile:
 
 
 def describe_profile_error(err: ValidationError) -> str:
-    """`threads: expected int | Literal['cores'] (got 'many')`: the field, its type, the value."""
+    """`warmup: expected an integer >= 0 (got -1)`, `threads: expected a positive integer or 'cores'
+    (got 'many')`: the field, what it takes, the value."""
     first = err.errors()[0]
     # Union branches appear in loc as type tags ("int", "literal['cores']"): not field names.
     parts = [str(p) for p in first["loc"] if not is_type_tag(p)]
     given = first.get("input")
-    shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
+    shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given_text(given)})"
     field = Profile.model_fields.get(parts[0]) if parts else None
-    is_type_error = first["type"].endswith(("_type", "_parsing")) or first["type"] == "literal_error"
+    is_type_error = first["type"].endswith(("_type", "_parsing")) or first["type"] in ("literal_error",
+                                                                                         "int_from_float")
+    number = number_problem(first, field) if len(parts) == 1 else None
+    if number is not None:      # both bounds said, as recipes say them (not "greater than or equal to 1")
+        return f"{parts[0]}: {number}"
+    if parts == ["threads"] and is_type_error:
+        return f"threads: expected {THREADS_FORM}{shown}"
     if field is not None and len(parts) == 1 and is_type_error:
         return f"{parts[0]}: expected {type_name(field.annotation)}{shown}"
     if parts and parts[0] in ITEM_FORMS and is_type_error:

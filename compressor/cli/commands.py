@@ -18,10 +18,10 @@ from typing import Any, Callable, Iterator, Literal, get_args, get_origin
 from pydantic import BaseModel
 
 from compressor import IMPORT_CHATTER
+from compressor.cli.flags import MAX_COUNT, bounded_int, config_number, positive_int, seed_value, thread_count
 from compressor.cli.lifecycle import PrintVersion, Terminated, after_interrupt, first_rank, sigterm_as_interrupt
 from pretrain.atomic import write_failure
-from pretrain.errors import UserError
-from pretrain.limits import MAX_SEED
+from pretrain.errors import UserError, number_kind
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -31,36 +31,17 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message}\n")
 
 
-# torch would try to start that many threads; no CPU this tool runs on has more cores.
-MAX_THREADS = 1024
-MAX_COUNT = 2**31 - 1      # steps, sizes, samples: past this the libraries fail with a traceback
-
-
-def bounded_int(low: int, high: int, what: str):
-    """An argparse type: an integer from `low` to `high`, else a one-line error naming the range."""
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            number = low - 1
-        if not low <= number <= high:
-            raise argparse.ArgumentTypeError(f"expected {what} from {low} to {high}, got {value}")
-        return number
-    return parse
-
-
-positive_int = bounded_int(1, MAX_COUNT, "a positive integer")
-seed_value = bounded_int(0, MAX_SEED, "a seed")
-thread_count = bounded_int(1, MAX_THREADS, "a thread count")
-
-
-def from_config(config: type[BaseModel], name: str, help: str = "", *, default: bool = True) -> dict:
+def from_config(config: type[BaseModel], name: str, help: str = "", *, default: bool = True,
+                parse: Callable[[str], Any] | None = None) -> dict:
     """argparse keywords for a flag that sets field `name` of `config`, read from the field so
-    that the flag and the config never disagree: its choices when the field is a Literal, and
-    its default (`default=False`: the flag stays None, meaning "the config's default", which
-    the help then names)."""
+    that the flag and the config never disagree: its choices when the field is a Literal, its
+    type and bounds when a number (refused in the field's words; `parse`: a type of the same
+    bounds in other words, as --seed's), and its default (`default=False`: the flag stays None,
+    meaning "the config's default", which the help then names)."""
     field = config.model_fields[name]
     keywords: dict = {"default": field.default} if default else {}
+    if parse is not None or number_kind(field.annotation) is not None:
+        keywords["type"] = parse or config_number(config, name)
     choices = literal_values(field.annotation)
     if choices:
         keywords["choices"] = list(choices)
@@ -99,13 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--model", default="minilm", help="'minilm' (bundled) or an HF model dir")
     ft.add_argument("--task", required=True, help="wordnet-supersense, wordnet-wsd, or a CSV/TSV/JSONL file")
     ft.add_argument("--out", required=True, type=Path)
-    ft.add_argument("--epochs", type=float, **from_config(FinetuneConfig, "epochs"))
-    ft.add_argument("--batch-size", type=positive_int, **from_config(FinetuneConfig, "batch_size"))
-    ft.add_argument("--lr", type=float, default=None,
+    ft.add_argument("--epochs", **from_config(FinetuneConfig, "epochs"))
+    ft.add_argument("--batch-size", **from_config(FinetuneConfig, "batch_size"))
+    ft.add_argument("--lr", type=config_number(FinetuneConfig, "lr"), default=None,
                     help=f"learning rate (default: the strategy's; {default_rates()})")
-    ft.add_argument("--max-train-samples", type=positive_int)
+    ft.add_argument("--max-train-samples", type=config_number(FinetuneConfig, "max_train_samples"))
     ft.add_argument("--max-eval-samples", type=positive_int)
-    ft.add_argument("--seed", type=seed_value, **from_config(FinetuneConfig, "seed"))
+    ft.add_argument("--seed", **from_config(FinetuneConfig, "seed", parse=seed_value))
     ft.add_argument("--embedding-updates", **from_config(
         FinetuneConfig, "embedding_updates", "how the word-embedding matrix trains (sparse: only rows in the batch)"))
     ft.add_argument("--precision", **from_config(
@@ -117,9 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--strategy", **from_config(
         FinetuneConfig, "strategy", "full: all weights; frozen: head only; scalar-mix: frozen encoder, learned "
                                     "mix of all layers; adapters: Houlsby bottlenecks + LayerNorms + head"))
-    ft.add_argument("--adapter-size", type=positive_int,
-                    **from_config(FinetuneConfig, "adapter_size", "adapter bottleneck width"))
-    ft.add_argument("--adapter-init-std", type=float, **from_config(
+    ft.add_argument("--adapter-size", **from_config(FinetuneConfig, "adapter_size", "adapter bottleneck width"))
+    ft.add_argument("--adapter-init-std", **from_config(
         FinetuneConfig, "adapter_init_std", "std of the adapters' initial weights (Houlsby's near-identity init)",
         default=False))
     ft.add_argument("--intermediate-task", help="two-stage: fine-tune on this task (name or file) first")
@@ -127,9 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--domain-corpus",
                     help="first continue MLM pretraining on this text: 'wordnet' or a text file "
                          "(blank lines between documents), as `pretrain --corpus`")
-    ft.add_argument("--domain-steps", type=positive_int,
+    ft.add_argument("--domain-steps",
                     **from_config(FinetuneConfig, "domain_steps", "MLM steps on --domain-corpus", default=False))
-    ft.add_argument("--domain-lr", type=float,
+    ft.add_argument("--domain-lr",
                     **from_config(FinetuneConfig, "domain_lr", "MLM learning rate on --domain-corpus", default=False))
     ft.add_argument("--whole-last-layer", action="store_true",
                     help="train the last layer on every token (default: the first token only, the one "
@@ -180,23 +160,23 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--scope", **from_config(
         StaticInt8Config, "scope", "static-int8: every fusable op (ops) or only the Linear layers and embedding "
                                  "(linears)", default=False))
-    ex.add_argument("--calibration-samples", type=positive_int, **from_config(
+    ex.add_argument("--calibration-samples", **from_config(
         StaticInt8Config, "calibration_samples", "static-int8/inc: train examples", default=False))
-    ex.add_argument("--block-size", type=positive_int,
+    ex.add_argument("--block-size",
                     **from_config(Int4WeightOnlyConfig, "block_size", "int4-weight-only: weights per scale", default=False))
-    ex.add_argument("--tolerable-loss", type=float, **from_config(
+    ex.add_argument("--tolerable-loss", **from_config(
         IncConfig, "tolerable_loss", "inc: relative accuracy loss allowed", default=False))
-    ex.add_argument("--max-trials", type=positive_int,
-                    **from_config(IncConfig, "max_trials", "inc: autotune trials", default=False))
-    ex.add_argument("--min-accuracy", type=float, help="absolute test-accuracy floor when quantized")
+    ex.add_argument("--max-trials", **from_config(IncConfig, "max_trials", "inc: autotune trials", default=False))
+    ex.add_argument("--min-accuracy", **from_config(
+        ExportSettings, "min_accuracy", "absolute test-accuracy floor when quantized", default=False))
     ex.add_argument("--task", help="default: the task recorded with the model")
     ex.add_argument("--max-eval-samples", type=positive_int, help="test examples for the accuracy gate")
     ex.add_argument("--max-length", type=positive_int,
                     help="tokens per example for the gate, calibration and shipped tokenizer (default: the length "
                          "the model records)")
-    ex.add_argument("--parity-tolerance", type=float,
+    ex.add_argument("--parity-tolerance",
                     **from_config(ExportSettings, "parity_tolerance", "max |logit diff| vs PyTorch"))
-    ex.add_argument("--accuracy-tolerance", type=float,
+    ex.add_argument("--accuracy-tolerance",
                     **from_config(ExportSettings, "accuracy_tolerance", "max accuracy drop when quantized"))
     ex.add_argument("--seed", type=seed_value, default=None,
                     help="the seed the task's splits were drawn with (default: the one recorded with the model's "
@@ -242,31 +222,32 @@ def add_search_command(sub) -> None:
     se.add_argument("--teacher", required=True, help="the fine-tuned teacher's HF model dir")
     se.add_argument("--task", required=True, help="wordnet-supersense, wordnet-wsd, or a CSV/TSV/JSONL file")
     se.add_argument("--profile", default="cpu", help="where latency is measured: a profile name or file")
-    se.add_argument("--batch-size", type=positive_int, **from_config(SearchSettings, "batch_size"))
-    se.add_argument("--latency-budget-ms", type=float, required=True, help="p50 at --batch-size on the profile")
-    se.add_argument("--min-retention", type=float,
+    se.add_argument("--batch-size", **from_config(SearchSettings, "batch_size"))
+    se.add_argument("--latency-budget-ms", type=config_number(SearchSettings, "latency_budget_ms"), required=True,
+                    help="p50 at --batch-size on the profile")
+    se.add_argument("--min-retention",
                     **from_config(SearchSettings, "min_retention", "least share of the teacher's test accuracy"))
-    se.add_argument("--time-budget-min", type=float,
-                    **from_config(SearchSettings, "time_budget_min", "wall time of this command"))
+    se.add_argument("--time-budget-min", **from_config(SearchSettings, "time_budget_min", "wall time of this command"))
     se.add_argument("--out", required=True, type=Path)
     se.add_argument("--storage", help="Optuna storage URL (default: sqlite:///OUT/study.db)")
     se.add_argument("--study-name", **from_config(SearchSettings, "study_name"))
     se.add_argument("--join", action="store_true",
                     help="run proxy trials of an existing study in --storage until its lead starts the finals")
-    se.add_argument("--finalists", type=positive_int,
-                    **from_config(SearchSettings, "finalists", "plans trained fully and benchmarked"))
-    se.add_argument("--max-trials", type=positive_int, help="proxy trials (all workers) before the finals")
-    se.add_argument("--proxy-train-samples", type=positive_int, **from_config(SearchSettings, "proxy_train_samples"))
-    se.add_argument("--proxy-lr", type=float, help="one learning rate for every proxy (default: the recovery's "
-                    "default scaled by teacher depth / layers kept, at most 10x)")
-    se.add_argument("--validation-samples", type=positive_int, **from_config(SearchSettings, "validation_samples"))
-    se.add_argument("--train-samples", type=positive_int, **from_config(SearchSettings, "train_samples"))
-    se.add_argument("--epochs", type=float, **from_config(SearchSettings, "epochs", "of a finalist's training"))
-    se.add_argument("--scoring-samples", type=positive_int, **from_config(SearchSettings, "scoring_samples"))
-    se.add_argument("--latency-structures", type=positive_int,
+    se.add_argument("--finalists", **from_config(SearchSettings, "finalists", "plans trained fully and benchmarked"))
+    se.add_argument("--max-trials", **from_config(
+        SearchSettings, "max_trials", "proxy trials (all workers) before the finals", default=False))
+    se.add_argument("--proxy-train-samples", **from_config(SearchSettings, "proxy_train_samples"))
+    se.add_argument("--proxy-lr", **from_config(
+        SearchSettings, "proxy_lr", "one learning rate for every proxy (default: the recovery's default scaled by "
+                                    "teacher depth / layers kept, at most 10x)", default=False))
+    se.add_argument("--validation-samples", **from_config(SearchSettings, "validation_samples"))
+    se.add_argument("--train-samples", **from_config(SearchSettings, "train_samples"))
+    se.add_argument("--epochs", **from_config(SearchSettings, "epochs", "of a finalist's training"))
+    se.add_argument("--scoring-samples", **from_config(SearchSettings, "scoring_samples"))
+    se.add_argument("--latency-structures",
                     **from_config(SearchSettings, "latency_structures", "random structures per precision timed to "
                                   "fit the latency model"))
-    se.add_argument("--latency-held-out", type=positive_int,
+    se.add_argument("--latency-held-out",
                     **from_config(SearchSettings, "latency_held_out", "more timed to score it"))
     se.add_argument("--baselines", type=name_list, help="measured beside the finalists (default: all three)")
     se.add_argument("--compare", action="append", metavar="RECIPE:VARIANT",
@@ -274,7 +255,7 @@ def add_search_command(sub) -> None:
                          "(repeatable; e.g. recipes/demo.yaml:three-layers-int8)")
     se.add_argument("--recoveries", type=name_list, help="e.g. finetune,distill (default: finetune,distill,theseus)")
     se.add_argument("--precisions", type=name_list, help="e.g. int8 (default: fp32,int8)")
-    se.add_argument("--max-eval-samples", type=positive_int, **from_config(SearchSettings, "max_eval_samples"))
+    se.add_argument("--max-eval-samples", **from_config(SearchSettings, "max_eval_samples"))
     se.add_argument("--threads", type=thread_count, help="torch and ONNX Runtime threads (default: every core)")
     se.add_argument("--seed", type=seed_value, default=0)
     se.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -309,11 +290,15 @@ def listed(value: str, parse: Callable[[str], Any], expected: str) -> list:
 
 def add_pretraining_commands(sub) -> None:
     """tokenizer, pretrain, embeddings: the teacher side from raw text."""
+    from pretrain.data.tokenizers import TokenizerConfig
+    from pretrain.objectives.dae import NoiseConfig
+    from pretrain.pretraining import PretrainConfig
+    from pretrain.static_embeddings import EmbeddingConfig
     tk = sub.add_parser("tokenizer", help="train a WordPiece, byte-level BPE or word-level tokenizer on a corpus")
     tk.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
     tk.add_argument("--kind", choices=["wordpiece", "bpe", "wordlevel"], default="wordpiece")
-    tk.add_argument("--vocab-size", type=positive_int, default=8192)
-    tk.add_argument("--min-frequency", type=positive_int, default=2)
+    tk.add_argument("--vocab-size", **from_config(TokenizerConfig, "vocab_size"))
+    tk.add_argument("--min-frequency", **from_config(TokenizerConfig, "min_frequency"))
     tk.add_argument("--out", required=True, type=Path)
     tk.set_defaults(handler=cmd_tokenizer)
 
@@ -322,25 +307,26 @@ def add_pretraining_commands(sub) -> None:
     pt.add_argument("--dae-noise", help="dae: noise functions to compose, each optionally =RATE: mask, delete, "
                                         "infill (Poisson spans), permute, rotate; e.g. infilling,permutation "
                                         "(default: BART's infill=0.3,permute)")
-    pt.add_argument("--mask-ratio", type=float, help="dae: rate of token masking / text infilling (fairseq's --mask)")
+    pt.add_argument("--mask-ratio", type=config_number(NoiseConfig, "mask"),     # infill's bounds are mask's
+                    help="dae: rate of token masking / text infilling (fairseq's --mask)")
     pt.add_argument("--objective-option", action="append", default=[], metavar="KEY[=VALUE]",
                     help="an option of the objective (repeatable), e.g. poisson=3.5 for dae")
     pt.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
     pt.add_argument("--size", choices=["tiny", "small", "base"], default="small")
-    pt.add_argument("--steps", type=positive_int, required=True)
+    pt.add_argument("--steps", type=config_number(PretrainConfig, "steps"), required=True)
     pt.add_argument("--out", required=True, type=Path)
     pt.add_argument("--resume", action="store_true", help="continue from <out>.checkpoint")
     pt.add_argument("--tokenizer", default=None,
                     help="a tokenizer dir (compressor tokenizer) or 'minilm' (default: --init's own, else 'minilm')")
     pt.add_argument("--init", help="mlm, mlm-wwm: continue from this BERT model ('minilm' or an HF dir; its "
                                    "tokenizer) instead of a fresh --size model; a missing MLM head starts fresh")
-    pt.add_argument("--batch-size", type=positive_int, default=32)
-    pt.add_argument("--lr", type=float, default=5e-4)
-    pt.add_argument("--warmup-ratio", type=float, default=None,
-                    help="share of the steps over which the rate warms up linearly (default 0.06)")
-    pt.add_argument("--max-length", type=positive_int, default=128)
+    pt.add_argument("--batch-size", **from_config(PretrainConfig, "batch_size"))
+    pt.add_argument("--lr", **from_config(PretrainConfig, "lr"))
+    pt.add_argument("--warmup-ratio", **from_config(
+        PretrainConfig, "warmup_ratio", "share of the steps over which the rate warms up linearly", default=False))
+    pt.add_argument("--max-length", **from_config(PretrainConfig, "max_length"))
     pt.add_argument("--seed", type=seed_value, default=0)
-    pt.add_argument("--buffer-size", type=positive_int, default=10_000, help="chunks in the shuffle buffer")
+    pt.add_argument("--buffer-size", **from_config(PretrainConfig, "buffer_size", "chunks in the shuffle buffer"))
     pt.add_argument("--checkpoint-every", type=positive_int, default=200, help="steps between checkpoints")
     pt.add_argument("--threads", type=thread_count, help="torch threads (default: all cores)")
     pt.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -348,14 +334,16 @@ def add_pretraining_commands(sub) -> None:
 
     em = sub.add_parser("embeddings", help="train skip-gram (word2vec) static word embeddings on a corpus")
     em.add_argument("--corpus", required=True, help="'wordnet' or a text file (blank lines between documents)")
-    em.add_argument("--dim", type=positive_int, default=100)
-    em.add_argument("--window", type=positive_int, default=5)
-    em.add_argument("--negatives", type=positive_int, default=5)
-    em.add_argument("--min-count", type=positive_int, default=5)
-    em.add_argument("--max-vocab", type=positive_int, default=50_000)
-    em.add_argument("--steps", type=positive_int, default=3000)
-    em.add_argument("--batch-size", type=positive_int, help="(centre, context) pairs per step (default 4096)")
-    em.add_argument("--lr", type=float, help="SGD step per pair, decaying linearly to 0 (default 0.1)")
+    em.add_argument("--dim", **from_config(EmbeddingConfig, "dim"))
+    em.add_argument("--window", **from_config(EmbeddingConfig, "window"))
+    em.add_argument("--negatives", **from_config(EmbeddingConfig, "negatives"))
+    em.add_argument("--min-count", **from_config(EmbeddingConfig, "min_count"))
+    em.add_argument("--max-vocab", **from_config(EmbeddingConfig, "max_vocab"))
+    em.add_argument("--steps", **from_config(EmbeddingConfig, "steps"))
+    em.add_argument("--batch-size",
+                    **from_config(EmbeddingConfig, "batch_size", "(centre, context) pairs per step", default=False))
+    em.add_argument("--lr", **from_config(
+        EmbeddingConfig, "lr", "SGD step per pair, decaying linearly to 0", default=False))
     em.add_argument("--seed", type=seed_value, default=0)
     em.add_argument("--out", required=True, type=Path)
     em.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -525,7 +513,7 @@ def stage_lines(shown: bool) -> Iterator[None]:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from compressor.cli.export_command import validated
+    from compressor.cli.flags import validated
     from compressor.pipeline.recipe import compared_variant
     from compressor.search import SearchSettings, run_search
     compare = dict(compared_variant(spec) for spec in args.compare or [])
@@ -539,7 +527,7 @@ def cmd_search(args: argparse.Namespace) -> int:
               "latency_structures": args.latency_structures, "latency_held_out": args.latency_held_out,
               "baselines": args.baselines, "compare": compare or None}
     # a bad value names its flag (--min-retention), as export's do
-    settings = validated(SearchSettings, {k: v for k, v in fields.items() if v is not None}, flags={})
+    settings = validated(SearchSettings, {k: v for k, v in fields.items() if v is not None})
     with stage_lines(not args.quiet):
         result = run_search(args.teacher, task_arg(args.task), args.profile, settings, args.out, join=args.join,
                             threads=args.threads, show_progress=not args.quiet)

@@ -5,19 +5,16 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from compressor.bundle import ModelBundle, read_provenance
+from compressor.cli.flags import validated
 from compressor.evaluate import check_holds_text, check_max_length, find_onnx, split_seed
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
-from compressor.pipeline.recipe import validating_type
-from compressor.yamlfile import field_at
 from pretrain.atomic import check_output, claimed_output
 from pretrain.batching import model_positions
 from pretrain.data import load_task, task_files
-from pretrain.errors import UserError, number_problem, validation_message
+from pretrain.errors import UserError
 from pretrain.models import set_threads
 
 NO_QUANTIZATION = "none"
@@ -30,7 +27,7 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
                    seed: int | None = None, max_length: int | None = None) -> dict:
     """Validate everything, then export; return the export record. `max_length`: the tokens per
     example the gate, calibration and shipped tokenizer use, instead of the recorded length."""
-    export_settings = validated(ExportSettings, settings)
+    export_settings = validated(ExportSettings, settings, FLAGS)
     if export_settings.skip_layernorm != "auto" and not export_settings.optimize:
         raise UserError("--skip-layernorm: only meaningful with --optimize (it chooses how the fused graph writes "
                         "its residual LayerNorms)")
@@ -85,7 +82,7 @@ def quantize_config(mode: str | None, options: dict, recorded: dict | None = Non
     given = {k: v for k, v in options.items() if v is not None}
     if mode is None and recorded and given:
         try:
-            return validated(QuantizeConfig, {**recorded, **given})
+            return validated(QuantizeConfig, {**recorded, **given}, FLAGS)
         except UserError as err:
             raise UserError(f"{err}; the mode is the one the model's quantize pass recorded (pass --quantize to "
                             "choose another)") from None
@@ -94,23 +91,7 @@ def quantize_config(mode: str | None, options: dict, recorded: dict | None = Non
             flags = ", ".join(("--no-" if v is False else "--") + k.replace("_", "-") for k, v in given.items())
             raise UserError(f"{flags}: only meaningful with a --quantize mode (the model records none)")
         return None
-    return validated(QuantizeConfig, {"mode": mode, **given})
-
-
-def validated(config_type, values: dict, flags: dict | None = None):
-    """The config, or a one-line error naming the flag: `--parity-tolerance: expected a positive
-    number (got 0.0)`.
-    `flags`: fields whose flag is not --<field>, None for a cross-field check (export's: FLAGS)."""
-    flags = FLAGS if flags is None else flags
-    try:
-        return config_type.model_validate(values)
-    except ValidationError as err:
-        first = err.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else None
-        flag = flags.get(field) or (f"--{field.replace('_', '-')}" if field else "settings")
-        problem = (number_problem(first, field_at(validating_type(config_type, values), first["loc"]))
-                   or f"{validation_message(first)} (got {first.get('input')!r})")
-        raise UserError(f"{flag}: {problem}") from None
+    return validated(QuantizeConfig, {"mode": mode, **given}, FLAGS)
 
 
 def check_source(model: Path) -> None:

@@ -9,12 +9,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from compressor.bench.environment import environment
 from compressor.bundle import ModelBundle
+from compressor.cli.flags import validated
 from compressor.pipeline.cache import inputs_fingerprint
-from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
 from pretrain.atomic import atomic_dir, check_output, write_json
 from pretrain.cpus import usable_cpus
@@ -29,6 +27,7 @@ from pretrain.train import Checkpointing, StepCallback
 # What every `compressor finetune` output holds: a dir with both is an earlier output to replace.
 FINETUNE_OUTPUT = ("compressor.json", "metrics.json")
 SETTINGS_FILE = "finetune_settings.json"     # in <out>.checkpoint/: what a resume must match
+FLAGS = {"cls_only_last_layer": "--whole-last-layer"}     # fields whose flag is not --<field>
 
 
 def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides: dict,
@@ -39,10 +38,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
     checkpoint in `<out>.checkpoint/` every `checkpoint_every` steps; `resume` continues an
     interrupted run from it (same settings only); it goes once the output is written."""
     # Validate everything before the first byte is written.
-    try:
-        cfg = FinetuneConfig(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as err:
-        raise UserError(describe_validation_error(err, model=FinetuneConfig)) from None
+    cfg = validated(FinetuneConfig, {k: v for k, v in overrides.items() if v is not None}, FLAGS)
     model_path = check_model_ref(model_ref)
     inputs = [model_path, cfg.domain_corpus,
               *(f for spec in (task_spec, cfg.intermediate_task, *cfg.tasks) for f in task_files(spec))]

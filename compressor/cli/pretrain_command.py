@@ -6,12 +6,10 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from compressor.bench.environment import environment
 from compressor.bundle import PROVENANCE_FILE
+from compressor.cli.flags import validated
 from compressor.pipeline.cache import inputs_fingerprint
-from compressor.pipeline.recipe import describe_validation_error
 from pretrain import distributed
 from pretrain.atomic import atomic_dir, check_output, claimed_output, write_json
 from pretrain.errors import UserError
@@ -28,10 +26,7 @@ if TYPE_CHECKING:
 def tokenizer_command(corpus: str, kind: str, vocab_size: int, out: Path, min_frequency: int = 2) -> dict:
     from pretrain.data.tokenizers import (METRICS_FILE, TokenizerConfig, check_vocab_size, save_tokenizer,
                                           tokenizer_metrics, train_tokenizer)
-    try:
-        cfg = TokenizerConfig(kind=kind, vocab_size=vocab_size, min_frequency=min_frequency)
-    except ValidationError as err:
-        raise UserError(describe_validation_error(err, model=TokenizerConfig)) from None
+    cfg = validated(TokenizerConfig, {"kind": kind, "vocab_size": vocab_size, "min_frequency": min_frequency})
     check_vocab_size(cfg)
     check_output(out, [corpus], owner_files=(METRICS_FILE,))
     with claimed_output(Path(out)):       # a second command writing `out` meanwhile is refused
@@ -76,10 +71,7 @@ def pretrain_command(cfg: PretrainConfig, out: Path, resume: bool = False, show_
 def embeddings_command(corpus: str, out: Path, settings: dict, show_progress: bool = True) -> dict:
     """Skip-gram embeddings: embeddings.npy + vocab.txt + metrics.json (with probe neighbours)."""
     from pretrain.static_embeddings import EmbeddingConfig
-    try:
-        cfg = EmbeddingConfig(**{k: v for k, v in settings.items() if v is not None})
-    except ValidationError as err:
-        raise UserError(describe_validation_error(err, model=EmbeddingConfig)) from None
+    cfg = validated(EmbeddingConfig, {k: v for k, v in settings.items() if v is not None})
     check_output(out, [corpus], owner_files=("embeddings.npy", "metrics.json"))
     with claimed_output(Path(out)):       # a second command writing `out` meanwhile is refused
         return write_embeddings(corpus, Path(out), cfg, show_progress)

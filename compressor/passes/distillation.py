@@ -16,7 +16,7 @@ import contextlib
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Annotated, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -201,7 +201,7 @@ class DistillConfig(FinetuneConfig):
     """Fine-tuning settings plus what the student learns from the teacher."""
 
     losses: tuple[LossName, ...] = Field(("soft",), min_length=1)
-    weights: dict[LossName, float] = Field(default_factory=dict)    # a loss left out weighs 1
+    weights: dict[LossName, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)   # a loss left out weighs 1
     temperature: float = Field(2.0, gt=0)      # of `soft` (DistilBERT's T)
     teacher: str | None = None                 # a model dir; default: the recipe's teacher
     # Student layer j learns from teacher layer map[j] (0-based): `uniform` is TinyBERT's
@@ -235,8 +235,6 @@ class DistillConfig(FinetuneConfig):
         if unused:
             raise ValueError(f"weights name {unused}, which losses does not list; expected weights of "
                              f"listed losses only")
-        if any(w < 0 for w in self.weights.values()):
-            raise ValueError("loss weights must be >= 0")
         if self.tasks:
             raise ValueError("distillation trains the target task alone; expected no multi-task tasks")
         layered = [name for name in self.losses if name in LAYER_LOSSES]

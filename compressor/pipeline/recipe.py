@@ -15,15 +15,16 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from compressor.bench.baselines import BASELINES, distinct_baselines
 from compressor.export.onnx import ExportSettings
 from compressor.export.quantize import QuantizeConfig, mode_config_type
 from compressor.passes import config_as_written, get_pass
 from compressor.search.settings import SearchSettings
-from compressor.yamlfile import (field_at, field_suggestion, is_type_tag, load_yaml, location,
+from compressor.yamlfile import (field_at, field_suggestion, is_type_tag, load_yaml, location, mapping_value,
                                  refuse_bool_numbers, yaml_problem)
-from pretrain.errors import UserError, given_text, number_problem, validation_message
+from pretrain.errors import UserError, given_text, number_problem, number_range, validation_message
 from pretrain.finetune import FinetuneConfig
 from pretrain.limits import MAX_SEED
 
@@ -284,9 +285,17 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
     if number is not None:      # not pydantic's "greater than or equal to 8": 513 is refused too
         return f"{full}: {number}{more}"
     given = first.get("input")
+    if first["type"] == "dict_type":    # not pydantic's "a valid dictionary": what its values take too
+        return f"{full}: expected {mapping_form(field_at(model, first['loc']))} (got {given_text(given)}){more}"
     shown = "" if isinstance(given, (dict, list)) or first["type"] == "missing" else f" (got {given!r})"
     hint = field_suggestion(model, first["loc"]) if first["type"] == "extra_forbidden" else ""
     return f"{full}: {validation_message(first)}{shown}{hint}{more}"
+
+
+def mapping_form(field: FieldInfo | None) -> str:
+    """`a mapping, each value a number >= 0` for a mapping of numbers; `a mapping` for another."""
+    values = number_range(mapping_value(field))
+    return f"a mapping, each value {values}" if values else "a mapping"
 
 
 # What a union's branch takes, by the error it gave (others: pydantic's message).

@@ -207,16 +207,29 @@ def test_metrics_count_the_scored_test_texts_that_train_holds(tmp_path, tiny_ber
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--epochs", "0"], "epochs: expected a positive number (got 0.0)"),
-    (["--lr", "-1"], "lr: expected a positive number (got -1.0)"),
-    (["--adapter-init-std", "2"], "adapter_init_std: expected a number in (0, 1] (got 2.0)"),
+    (["--epochs", "0"], "compressor finetune: argument --epochs: expected a positive number (got 0)"),
+    (["--epochs", "x"], "compressor finetune: argument --epochs: expected a positive number (got 'x')"),
+    (["--lr", "-1"], "compressor finetune: argument --lr: expected a positive number (got -1)"),
+    (["--adapter-init-std", "2"], "compressor finetune: argument --adapter-init-std: expected a number in (0, 1] "
+                                  "(got 2)"),
     (["--batch-size", "0"], "compressor finetune: argument --batch-size: expected a positive integer from 1 to "
-                            "2147483647, got 0"),
+                            "2147483647 (got 0)"),
+    # a check across fields, made by the config: named by the flag too, not the field domain_steps
+    (["--domain-steps", "50"], "--domain-steps: set without domain_corpus; expected a corpus to run MLM on "
+                               "(got 50)"),
 ])
 def test_a_number_flag_out_of_range_says_what_it_takes(flags, message, tmp_path, capsys):
     """As a recipe's finetune settings do: both bounds where there are two, not pydantic's
-    "greater than 0"."""
+    "greater than 0" or argparse's "invalid float value"; the flag named, its value as typed."""
     out = tmp_path / "ft"
     assert main(["finetune", "--task", "wordnet-supersense", "--out", str(out), *flags]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
     assert not out.exists()
+
+
+def test_a_setting_the_config_refuses_is_named_by_its_flag(tmp_path):
+    """finetune_command's own callers get the flag too (`--epochs`), not the field (`epochs`)."""
+    with pytest.raises(UserError) as err:
+        finetune_command("minilm", "wordnet-supersense", tmp_path / "ft", {"epochs": 0, "lr": None})
+    assert str(err.value) == "--epochs: expected a positive number (got 0)"
+    assert list(tmp_path.iterdir()) == []

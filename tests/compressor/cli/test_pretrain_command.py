@@ -196,10 +196,11 @@ def test_cli_tokenizer_and_pretrain_bad_input(corpus, tmp_path, capsys):
     assert not (tmp_path / "p").exists()
     code, err = cli(capsys, "pretrain", "--objective", "mlm", "--corpus", corpus, "--steps", "2", "--tokenizer",
                     str(tok), "--warmup-ratio", "1.5", "--out", str(tmp_path / "p"))
-    assert code == 2 and err == "error: pretrain setting warmup_ratio: expected a number in [0, 1) (got 1.5)\n"
+    assert code == 2 and err == ("error: compressor pretrain: argument --warmup-ratio: expected a number in [0, 1) "
+                                 "(got 1.5)\n")
     assert not (tmp_path / "p").exists()
     code, err = cli(capsys, "embeddings", "--corpus", corpus, "--lr", "0", "--out", str(tmp_path / "e"))
-    assert code == 2 and err == "error: lr: expected a positive number (got 0.0)\n"
+    assert code == 2 and err == "error: compressor embeddings: argument --lr: expected a positive number (got 0)\n"
     assert not (tmp_path / "e").exists()
 
 
@@ -308,3 +309,19 @@ def test_a_bad_byte_late_in_the_corpus_is_refused_before_anything_is_written(cor
                     "--batch-size", "4", "--max-length", "32", "--out", str(tmp_path / "p"))
     assert code == 2 and f"late.txt: line {line}: corpus file is not UTF-8 text" in err
     assert not (tmp_path / "p").exists() and not checkpoint_dir(tmp_path / "p").exists()
+
+
+def test_a_setting_the_config_refuses_is_named_by_the_flag_that_sets_it(tmp_path):
+    """The commands' own callers (and the checks argparse cannot make) get the flag the user
+    would type, as export's and search's errors name theirs; not the config field `vocab_size`."""
+    from compressor.cli.pretrain_command import embeddings_command, tokenizer_command
+    with pytest.raises(UserError) as err:
+        tokenizer_command("wordnet", "wordpiece", 0, tmp_path / "t")
+    assert str(err.value) == "--vocab-size: expected a positive integer (got 0)"
+    with pytest.raises(UserError) as err:
+        embeddings_command("wordnet", tmp_path / "e", {"dim": 1, "lr": None})
+    assert str(err.value) == "--dim: expected an integer >= 2 (got 1)"
+    with pytest.raises(UserError) as err:
+        make_config(objective="mlm", corpus="wordnet", steps=2, warmup_ratio=1.5)
+    assert str(err.value) == "--warmup-ratio: expected a number in [0, 1) (got 1.5)"
+    assert list(tmp_path.iterdir()) == []

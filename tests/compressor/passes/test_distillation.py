@@ -235,6 +235,9 @@ def test_family_check_refuses_layer_losses_a_family_cannot_give(family, refused)
     ({"losses": ["progressive", "hidden"]}, "no other layer loss"),
     ({"losses": ["soft"], "tasks": ["wordnet-wsd"]}, "no multi-task"),
     ({"losses": ["soft"], "layer_map": [0, -1]}, ">= 0"),
+    # the weight named, what a weight takes (was "loss weights must be >= 0", naming none)
+    ({"losses": ["soft", "hard"], "weights": {"hard": -1}},
+     r"^variants\.v\[0\]\.distill\.weights\.hard: expected a number >= 0 \(got -1\)$"),
 ])
 def test_config_validation(raw, why):
     with pytest.raises(UserError, match=why):

@@ -345,6 +345,23 @@ def test_a_float_of_the_wrong_type_says_which_numbers_it_takes(tmp_path, section
     assert error_of(tmp_path, "name: r\n" + TEACHER + section) == f"{tmp_path / 'recipe.yaml'}: {message}"
 
 
+STUDENT = "{student: {layers: [0]}}"
+
+
+@pytest.mark.parametrize("distill, message", [
+    # Not pydantic's "Input should be a valid number" nor the pass's own "loss weights must be >= 0"
+    # (which named no weight): the weight, what a weight takes, the value.
+    ("{weights: {soft: x}}", "distill.weights.soft: expected a number >= 0 (got 'x')"),
+    ("{losses: [soft, hard], weights: {soft: 1, hard: -0.5}}", "distill.weights.hard: expected a number >= 0 (got -0.5)"),
+    ("{weights: {soft: .inf}}", "distill.weights.soft: expected a number >= 0 (got inf)"),
+    ("{weights: {soft: [1]}}", "distill.weights.soft: expected a number >= 0 (got a list)"),
+    ("{weights: [1]}", "distill.weights: expected a mapping, each value a number >= 0 (got a list)"),
+])
+def test_a_number_in_a_mapping_says_what_each_value_takes(tmp_path, distill, message):
+    text = "name: r\n" + TEACHER + f"variants:\n  v: [{STUDENT}, {{distill: {distill}}}]\n"
+    assert error_of(tmp_path, text) == f"{tmp_path / 'recipe.yaml'}: variants.v[1].{message}"
+
+
 @pytest.mark.parametrize("section, message", [
     ("variants:\n  v: [{finetune: {max_length: abc}}]\n", "variants.v[0].finetune.max_length: expected an integer "
                                                          "from 8 to 512 (got 'abc')"),

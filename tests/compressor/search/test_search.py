@@ -257,16 +257,17 @@ def test_a_second_search_into_a_dir_in_use_is_refused_before_touching_it(searche
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--min-retention", "1.5"], "--min-retention: expected a number in (0, 1] (got 1.5)"),
-    (["--min-retention", "0"], "--min-retention: expected a number in (0, 1] (got 0.0)"),
+    (["--min-retention", "1.5"], "argument --min-retention: expected a number in (0, 1] (got 1.5)"),
+    (["--min-retention", "0"], "argument --min-retention: expected a number in (0, 1] (got 0)"),
     (["--profile", "gpu-cuda-fp16"], "cannot be measured on this machine"),
     (["--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot reach the study storage"),
     (["--storage", "notaurl"], "cannot reach the study storage"),
     (["--recoveries", "finetune,magic"], "--recoveries: "),
     (["--teacher", "minilm"], "without a trained classifier"),    # the bundled encoder: not fine-tuned
     (["--task", "wordnet-wsd"], "model labels do not match"),       # a teacher of another task
-    (["--latency-budget-ms", "inf"], "--latency-budget-ms: expected a positive number (got inf)"),
-    (["--latency-structures", "100000"], "--latency-structures: expected an integer from 2 to 500 (got 100000)"),
+    (["--latency-budget-ms", "inf"], "argument --latency-budget-ms: expected a positive number (got inf)"),
+    (["--latency-structures", "100000"],
+     "argument --latency-structures: expected an integer from 2 to 500 (got 100000)"),
 ])
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(args, message, tiny_bert_dir, tiny_csv, tmp_path, capsys):
     out = tmp_path / "never"
