@@ -262,8 +262,13 @@ def _table_records(content: str, path: Path, delimiter: str) -> list[tuple[int, 
     # '"' at the start of a text would silently swallow the lines after it.
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     csv.field_size_limit(sys.maxsize)      # a long text is a valid row (encoding truncates it)
-    reader = csv.DictReader(io.StringIO(content, newline=""), delimiter=delimiter, quoting=quoting)
+    # strict: a quote left open runs on to the next quote character anywhere below; without it
+    # the csv module glues what follows that quote on and reads the swallowed rows as one text.
+    reader = csv.DictReader(io.StringIO(content, newline=""), delimiter=delimiter, quoting=quoting, strict=True)
     header = reader.fieldnames or []
+    if content.strip() and not any(name.strip() for name in header):
+        raise UserError(f"{path}: line 1: an empty header; expected the column names on the first line "
+                        f"({delimiter.join(('text', 'label'))}, ...)")
     twice = sorted({name for name in header if header.count(name) > 1})
     if twice:
         raise UserError(f"{path}: line 1: column(s) {', '.join(map(repr, twice))} named twice in the header; "
@@ -278,7 +283,9 @@ def _table_records(content: str, path: Path, delimiter: str) -> list[tuple[int, 
                                 f"{len(header)} ({', '.join(header)}); {SEPARATOR_HINT[delimiter]}")
             start = reader.line_num + 1
     except csv.Error as e:
-        raise UserError(f"{path}: line {start}: malformed {delimiter!r}-separated row ({e})") from None
+        raise UserError(f"{path}: line {start}: malformed {delimiter!r}-separated row ({e}); a quoted text "
+                        'ends with a quote before the separator, and a quote inside it is written twice '
+                        '("said ""hi""")') from None
     return records
 
 

@@ -382,6 +382,32 @@ def test_a_quoted_row_that_runs_on_is_reported_where_it_starts(tmp_path):
     assert f"{path}: line 2:" in _error({"path": str(path)})
 
 
+@pytest.mark.parametrize("closing", ['"a quoted text",pos', 'a quoted" text,pos'])
+def test_a_quote_left_open_does_not_swallow_the_rows_up_to_the_next_quote(tmp_path, closing):
+    # Without strict parsing the rows between the two quotes loaded silently as one text.
+    path = _csv(tmp_path / "d.csv", [*_many(4), '"unclosed,pos', *_many(20), closing, *_many(4)])
+    message = _error({"path": str(path)})
+    assert message.startswith(f"{path}: line 6: malformed ','-separated row")
+    assert "a quote inside it is written twice" in message
+
+
+def test_a_quote_left_open_to_the_end_is_malformed_not_an_empty_label(tmp_path):
+    path = _csv(tmp_path / "d.csv", ['"unclosed,pos', *_many(20)])
+    assert "unexpected end of data" in _error({"path": str(path)})
+
+
+def test_a_quoted_text_over_several_lines_is_one_text(tmp_path):
+    path = _csv(tmp_path / "d.csv", ['"two\nlines, with ""quotes""",pos', *_many(20)])
+    assert 'two\nlines, with "quotes"' in _all_texts(load_task({"path": str(path)}))
+
+
+def test_an_empty_first_line_is_an_empty_header(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("\ntext,label\n" + "".join(r + "\n" for r in _many(20)), encoding="utf-8")
+    assert _error({"path": str(path)}) == \
+        f"{path}: line 1: an empty header; expected the column names on the first line (text,label, ...)"
+
+
 def test_a_long_text_is_a_valid_row(tmp_path):
     path = _csv(tmp_path / "d.csv", ["w" * 200_000 + ",pos", *_many(20)])
     assert max(len(t) for t in _all_texts(load_task({"path": str(path)}))) == 200_000
