@@ -49,7 +49,7 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
         raise UserError(f"{train_path}: the train split has one label only ({label_names[0]!r}); "
                         "a classifier needs at least 2")
     for name in ("validation", "test"):
-        _check_labels_seen(rows[name], label_names, name, spec.get(name) or train_path)
+        _check_labels_seen(rows[name], label_names, name, spec.get(name), train_path)
     index = {label: i for i, label in enumerate(label_names)}
     splits = {name: _to_split(rows[name], index, has_pair, seed + i)
               for i, name in enumerate(SPLITS)}
@@ -211,14 +211,22 @@ def _split_missing(rows: dict, fractions: tuple[float, float, float], seed: int,
                             f"rows, split fractions {list(fractions)}); add rows or change split")
 
 
-def _check_labels_seen(rows: list, label_names: tuple[str, ...], split: str, path) -> None:
+def _check_labels_seen(rows: list, label_names: tuple[str, ...], split: str, own_file, train_path: Path) -> None:
+    """Refuse labels of a split that train never has: a model could not predict them. The
+    remedy differs: a split of its own file must use train's labels, a carved one needs rows."""
     known = set(label_names)
     unseen = sorted({label for _, label, _ in rows if label not in known})
     if unseen:
-        shown = ", ".join(repr(label) for label in unseen[:3])
-        more = f" and {len(unseen) - 3} more" if len(unseen) > 3 else ""
-        raise UserError(f"{path}: label(s) {shown}{more} in the {split} split never occur in train; expected "
-                        "rows enough of each label for every split (or files of their own for validation and test)")
+        expected = (f"expected only labels that {train_path} holds ({_listed(label_names)})" if own_file else
+                    "expected rows enough of each label for every split (or files of their own for validation "
+                    "and test)")
+        raise UserError(f"{own_file or train_path}: label(s) {_listed(tuple(unseen), 3)} in the {split} split "
+                        f"never occur in train; {expected}")
+
+
+def _listed(labels: tuple[str, ...], shown: int = 5) -> str:
+    more = f" and {len(labels) - shown} more" if len(labels) > shown else ""
+    return ", ".join(repr(label) for label in labels[:shown]) + more
 
 
 def _to_split(rows: list, index: dict[str, int], has_pair: bool, seed: int) -> Split:

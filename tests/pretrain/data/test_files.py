@@ -315,6 +315,15 @@ def test_label_unseen_in_train(tmp_path):
     assert "'other'" not in message and "1 more" in message
 
 
+def test_a_label_unseen_in_train_in_a_file_of_its_own_names_trains_labels(tmp_path):
+    # Advising "rows enough of each label for every split" misled: nothing is carved here.
+    train = _csv(tmp_path / "train.csv", _many(10))
+    test = _csv(tmp_path / "test.csv", ["a,pos", "b,neutral"])
+    assert _error({"path": str(train), "test": str(test)}) == \
+        f"{test}: label(s) 'neutral' in the test split never occur in train; expected only labels that {train} " \
+        "holds ('neg', 'pos')"
+
+
 def test_label_only_in_a_carved_split(tmp_path):
     # One row of a rare label; with seed 0 the 10% train share misses it.
     path = _csv(tmp_path / "d.csv", _many(99) + ["rare,unique"])
