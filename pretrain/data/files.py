@@ -307,14 +307,17 @@ def _json_records(content: str, path: Path) -> list[tuple[int, dict]]:
     for line_number, line in enumerate(content.split("\n"), start=1):
         if not line.strip():
             continue
+        # A file that opens with '[' is one JSON array (a common .json), not JSON lines.
+        array = "; the file is one JSON array: write one object per line (JSON lines)" \
+            if not records and line.lstrip().startswith("[") else ""
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: line {line_number}: malformed JSON ({e.msg}); "
-                            "expected one JSON object per line") from None
+                            f"expected one JSON object per line{array}") from None
         if not isinstance(record, dict):
             raise UserError(f"{path}: line {line_number}: expected a JSON object, "
-                            f"got {type(record).__name__}")
+                            f"got {type(record).__name__}{array}")
         records.append((line_number, record))
     return records
 

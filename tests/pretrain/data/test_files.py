@@ -427,6 +427,13 @@ def test_a_column_named_twice_is_refused(tmp_path):
     assert "column(s) 'label' named twice" in _error({"path": str(path)})
 
 
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_json_array_is_named_as_one_not_json_lines(tmp_path, indent):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([{"text": f"s {i}", "label": i % 2} for i in range(20)], indent=indent))
+    assert _error({"path": str(path)}).endswith("; the file is one JSON array: write one object per line (JSON lines)")
+
+
 def test_json_lines_break_at_newlines_only(tmp_path):
     path = tmp_path / "d.jsonl"
     rows = [{"text": "first line\u2028second\x85third", "label": "pos"}] + \
