@@ -529,6 +529,21 @@ def test_recorded_relative_task_path_still_works_from_another_dir(tiny_bert_dir,
     assert result["samples"] == 30
 
 
+@pytest.mark.parametrize("command", [["evaluate"], ["export", "--out", "onnx"], ["bench", "--iterations", "1"]])
+def test_a_recorded_task_file_that_is_gone_is_named_as_the_models_record(command, tiny_bert_dir, tmp_path,
+                                                                          monkeypatch, capsys):
+    # "data file not found" named a path the user never typed: the model's record of it.
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, model)
+    gone = tmp_path / "moved.csv"
+    (model / "compressor.json").write_text(json.dumps({"task": {"path": str(gone)}, "task_seed": 0}))
+    monkeypatch.chdir(tmp_path)
+    assert main([command[0], "--model", str(model), *command[1:]]) == 2
+    assert capsys.readouterr().err == (f"error: {model} records its task's data file {gone}, which is not there "
+                                       "(moved or deleted?); expected --task naming the task's file where it is now\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
 def test_an_interrupted_command_says_what_it_left_and_how_to_go_on(tmp_path, monkeypatch, capsys):
     from compressor.cli import export_command as export_module
     from pretrain.resume import checkpoint_dir
