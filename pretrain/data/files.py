@@ -15,6 +15,7 @@ import math
 import os
 import re
 import sys
+import unicodedata
 from pathlib import Path
 
 from pretrain.data import SPLITS, WHOLE, Split, TaskData, seeded_order, split_counts
@@ -48,6 +49,9 @@ def file_task(spec: dict, seed: int = 0) -> TaskData:
     if len(label_names) < 2:
         raise UserError(f"{train_path}: the train split has one label only ({label_names[0]!r}); "
                         "a classifier needs at least 2")
+    for group in lookalike_labels(label_names):
+        _warn_once(f"warning: {train_path}: the labels {' and '.join(map(repr, group))} differ only in case or "
+                   f"spacing, so they train as {len(group)} classes; expected one spelling per label")
     for name in ("validation", "test"):
         _check_labels_seen(rows[name], label_names, name, spec.get(name), train_path)
     index = {label: i for i, label in enumerate(label_names)}
@@ -73,6 +77,15 @@ def shared_texts(rows: dict[str, list[Row]], has_pair: bool) -> tuple[int, set[s
             seen_in.setdefault((text, pair) if has_pair else (text,), set()).add(name)
     shared = [splits for splits in seen_in.values() if len(splits) > 1]
     return len(shared), set().union(*shared)
+
+
+def lookalike_labels(label_names: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Labels that differ only in case or spacing ('Pos', 'pos', 'pos '): almost always one
+    label spelt two ways in a user's file, silently split into classes the model must tell apart."""
+    groups: dict[str, list[str]] = {}
+    for label in label_names:
+        groups.setdefault(" ".join(label.casefold().split()), []).append(label)
+    return [tuple(group) for group in groups.values() if len(group) > 1]
 
 
 @functools.cache
@@ -325,7 +338,9 @@ def _json_records(content: str, path: Path) -> list[tuple[int, dict]]:
 def _row(record: dict, line: int, columns: tuple, path: Path) -> Row:
     text_col, label_col, pair_col = columns
     text = _field(record, text_col, line, path)
-    label = _field(record, label_col, line, path).strip()
+    # NFC: a label typed as 'é' and one decomposed as 'e' + U+0301 (as some tools save text)
+    # look the same and must be one label, not two that an error could only name identically.
+    label = unicodedata.normalize("NFC", _field(record, label_col, line, path).strip())
     pair = _field(record, pair_col, line, path) if pair_col is not None else None
     return text, label, pair
 

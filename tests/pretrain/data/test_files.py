@@ -488,6 +488,22 @@ def test_a_pair_in_the_validation_file_only_is_refused_at_the_train_header(tmp_p
     assert f"{train}: line 1 (the header): no 'text_pair'" in message and str(validation) in message
 
 
+def test_labels_in_either_unicode_normal_form_are_one_label(tmp_path):
+    # A test file saved decomposed (e + U+0301) was refused: 'café' "never occurs in train".
+    train = _csv(tmp_path / "train.csv", _many(10, labels=("caf\u00e9", "th\u00e9")))
+    test = _csv(tmp_path / "test.csv", ["a,cafe\u0301", "b,the\u0301"])
+    task = file_task({"path": str(train), "test": str(test)})
+    assert task.label_names == ("caf\u00e9", "th\u00e9") and sorted(task.split("test").labels) == [0, 1]
+
+
+def test_labels_that_differ_only_in_case_or_spacing_are_warned_about(tmp_path, capsys, warnings_anew):
+    path = _csv(tmp_path / "d.csv", _many(30, labels=("Pos", "pos", "very  good", "Very good", "neg")))
+    assert file_task({"path": str(path)}).label_names == ("Pos", "Very good", "neg", "pos", "very  good")
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {path}: the labels {a!r} and {b!r} differ only in case or spacing, so they train as 2 classes; "
+        "expected one spelling per label" for a, b in (("Pos", "pos"), ("Very good", "very  good"))]
+
+
 def test_integer_labels_are_in_numeric_order(tmp_path):
     path = _jsonl(tmp_path / "d.jsonl", [{"text": f"s {i}", "label": i % 12 - 1} for i in range(240)])
     task = load_task({"path": str(path)})
