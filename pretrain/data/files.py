@@ -234,7 +234,21 @@ def _check_labels_seen(rows: list, label_names: tuple[str, ...], split: str, own
                     "expected rows enough of each label for every split (or files of their own for validation "
                     "and test)")
         raise UserError(f"{own_file or train_path}: label(s) {_listed(tuple(unseen), 3)} in the {split} split "
-                        f"never occur in train; {expected}")
+                        f"never occur in train; {expected}{_scores_hint(label_names + tuple(unseen))}")
+
+
+def _scores_hint(labels: tuple[str, ...]) -> str:
+    """Real-valued labels (an STS-B-like similarity score) are each a class here, so held-out
+    rows hold values train lacks: say why, rather than only asking for more rows."""
+    def real(label: str) -> bool:
+        try:
+            return math.isfinite(float(label))
+        except ValueError:
+            return False
+    if all(map(real, labels)) and not all(INTEGER.fullmatch(label) for label in labels):
+        return ("; the labels look like real-valued scores (regression): each value is a class here, "
+                "so bin them into a few classes first")
+    return ""
 
 
 def _listed(labels: tuple[str, ...], shown: int = 5) -> str:

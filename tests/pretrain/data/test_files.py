@@ -331,6 +331,15 @@ def test_label_only_in_a_carved_split(tmp_path):
     assert "'unique'" in message and "never occur in train" in message and str(path) in message
 
 
+def test_real_valued_labels_unseen_in_train_are_named_as_scores(tmp_path):
+    # An STS-B-like file was told to add "rows enough of each label": each score is a class.
+    path = _csv(tmp_path / "d.csv", [f"sentence {i},{i * 0.37:.2f}" for i in range(40)])
+    assert _error({"path": str(path)}).endswith("; the labels look like real-valued scores (regression): each value "
+                                                "is a class here, so bin them into a few classes first")
+    rare = _csv(tmp_path / "r.csv", _many(99, labels=("1", "2")) + ["rare,3"])
+    assert "real-valued" not in _error({"path": str(rare), "split": [0.1, 0.45, 0.45]})   # integer classes
+
+
 def test_unsupported_extension(tmp_path):
     path = tmp_path / "d.xlsx"
     path.write_text("x", encoding="utf-8")
