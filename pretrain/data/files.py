@@ -365,6 +365,9 @@ def _field(record: dict, column: str, line: int, path: Path) -> str:
         # A one-column header holding tabs: a tab-separated file under a .csv name.
         hint = "; the header holds tabs: name a tab-separated file .tsv" \
             if path.suffix.lower() == ".csv" and any("\t" in str(k) for k in record) else ""
+        # --task takes the default names only (a GLUE file's is 'sentence'): say where others go.
+        if not hint and column in ("text", "label", PAIR_COLUMN):
+            hint = "; a recipe's task spec names other columns ({path: FILE, text: COLUMN, label: COLUMN})"
         # A csv/tsv row has every header column: one missing is missing from the header.
         where = "line 1 (the header)" if path.suffix.lower() in (".csv", ".tsv") else f"line {line}"
         raise UserError(f"{path}: {where}: no column {column!r}; columns found: {found}{hint}")

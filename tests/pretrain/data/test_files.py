@@ -276,6 +276,13 @@ def test_missing_column_names_it_and_lists_found(tmp_path):
     assert "tab" not in message
 
 
+def test_a_default_column_missing_says_where_other_names_go(tmp_path):
+    # --task takes text and label only: a GLUE file's 'sentence' column got no way forward.
+    path = _csv(tmp_path / "d.tsv", ["a\t1"], header="sentence\tlabel")
+    assert _error({"path": str(path)}) == f"{path}: line 1 (the header): no column 'text'; columns found: " \
+        "'sentence', 'label'; a recipe's task spec names other columns ({path: FILE, text: COLUMN, label: COLUMN})"
+
+
 def test_a_tab_separated_file_named_csv_gets_a_hint(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("text\tlabel\nhello\tpos\n", encoding="utf-8")
