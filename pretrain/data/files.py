@@ -224,7 +224,8 @@ def _split_missing(rows: dict, fractions: tuple[float, float, float], seed: int,
                             f"rows, split fractions {list(fractions)}); add rows or change split")
 
 
-def _check_labels_seen(rows: list, label_names: tuple[str, ...], split: str, own_file, train_path: Path) -> None:
+def _check_labels_seen(rows: list, label_names: tuple[str, ...], split: str, own_file: str | None,
+                       train_path: Path) -> None:
     """Refuse labels of a split that train never has: a model could not predict them. The
     remedy differs: a split of its own file must use train's labels, a carved one needs rows."""
     known = set(label_names)
@@ -302,8 +303,8 @@ def _table_records(content: str, path: Path, delimiter: str) -> list[tuple[int, 
     reader = csv.DictReader(io.StringIO(content, newline=""), delimiter=delimiter, quoting=quoting, strict=True)
     header = reader.fieldnames or []
     if content.strip() and not any(name.strip() for name in header):
-        raise UserError(f"{path}: line 1: an empty header; expected the column names on the first line "
-                        f"({delimiter.join(('text', 'label'))}, ...)")
+        raise UserError(f"{path}: line 1: an empty header; expected the column names (text, label, ...) "
+                        "on the first line")
     twice = sorted({name for name in header if header.count(name) > 1})
     if twice:
         raise UserError(f"{path}: line 1: column(s) {', '.join(map(repr, twice))} named twice in the header; "
@@ -318,12 +319,13 @@ def _table_records(content: str, path: Path, delimiter: str) -> list[tuple[int, 
                                 f"{len(header)} ({', '.join(header)}); {SEPARATOR_HINT[delimiter]}")
             start = reader.line_num + 1
     except csv.Error as e:
-        raise UserError(f"{path}: line {start}: malformed {delimiter!r}-separated row ({e}); a quoted text "
-                        'ends with a quote before the separator, and a quote inside it is written twice '
-                        '("said ""hi""")') from None
+        raise UserError(f"{path}: line {start}: malformed {delimiter!r}-separated row ({e}){QUOTING_HINT[delimiter]}") \
+            from None
     return records
 
 
+QUOTING_HINT = {",": '; a quoted text ends with a quote before the separator, and a quote inside it is written '
+                     'twice ("said ""hi""")', "\t": ""}
 SEPARATOR_HINT = {",": "quote a text that holds a comma (\"like, this\")",
                   "\t": "a TSV is read without quoting (GLUE's layout), so a text may not hold a tab"}
 

@@ -430,7 +430,7 @@ def test_an_empty_first_line_is_an_empty_header(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("\ntext,label\n" + "".join(r + "\n" for r in _many(20)), encoding="utf-8")
     assert _error({"path": str(path)}) == \
-        f"{path}: line 1: an empty header; expected the column names on the first line (text,label, ...)"
+        f"{path}: line 1: an empty header; expected the column names (text, label, ...) on the first line"
 
 
 def test_a_long_text_is_a_valid_row(tmp_path):
