@@ -14,7 +14,7 @@ from transformers import AutoConfig, PretrainedConfig
 from compressor.bundle import read_provenance, recorded_length
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
 from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, model_positions, usable_length
-from pretrain.data import WHOLE, TaskData, absolute_paths, load_task, whole_task
+from pretrain.data import WHOLE, TaskData, absolute_paths, load_task, task_files, whole_task
 from pretrain.data.files import file_spec, spec_key
 from pretrain.data.overlap import scored_overlap
 from pretrain.errors import UserError
@@ -140,6 +140,19 @@ def split_seed(given: int | None, recorded: int | None, task_given: str | dict |
     return recorded if same_task and recorded is not None else 0
 
 
+def task_or_recorded(given: str | dict | None, recorded: str | dict | None, model: str | Path) -> str | dict | None:
+    """The task to score a model on: the one given, else the one it records (None where it
+    records none). A recorded file that is gone is named as the model's record, with the flag
+    to point elsewhere: the user never typed that path, so 'data file not found' alone misleads."""
+    if given is not None or recorded is None:
+        return given
+    gone = [name for name in task_files(recorded) if not Path(name).is_file()]
+    if gone:
+        raise UserError(f"{model} records its task's data file {gone[0]}, which is not there (moved or deleted?); "
+                        "expected --task naming the task's file where it is now")
+    return recorded
+
+
 def recorded_task_seed(model_dir: Path, task: str | dict) -> int | None:
     """The seed a model records beside its task, where that task is `task`: its splits drawn
     with any other seed would put rows it trained on into the test split. None where it
@@ -230,7 +243,7 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
     length each model records."""
     predictor = load_predictor(model, max_length)
     seed = split_seed(seed, predictor.task_seed, task_spec, predictor.task)
-    task_spec = task_spec if task_spec is not None else predictor.task
+    task_spec = task_or_recorded(task_spec, predictor.task, model)
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")
     loaded = whole_task(task_spec) if split == WHOLE else \

@@ -71,12 +71,17 @@ def check_head_for(path: Path, label_names: tuple[str, ...], task_name: str) -> 
     if set(labels) == set(label_names):
         why = "the same labels in another order"
     elif labels:
-        why = f"{len(labels)} labels ({', '.join(labels[:3])}, ...)"
+        why = f"{len(labels)} labels ({_first_labels(labels)})"
     else:
         why = "no labels"
     raise UserError(f"model {path} is used as saved (no finetune) but its head has {why}; expected a model "
-                    f"fine-tuned on {task_name!r} ({len(label_names)} labels: {', '.join(label_names[:3])}, ...), "
+                    f"fine-tuned on {task_name!r} ({len(label_names)} labels: {_first_labels(label_names)}), "
                     "or a finetune section to train one")
+
+
+def _first_labels(labels: tuple[str, ...], shown: int = 3) -> str:
+    """Quoted, as labels may hold commas and spaces; '...' only where some are left out."""
+    return ", ".join(map(repr, labels[:shown])) + (", ..." if len(labels) > shown else "")
 
 
 def check_model_ref(ref: str) -> Path:

@@ -12,7 +12,8 @@ from compressor.bench.measure import measure_models, measuring_environment
 from compressor.bench.profiles import Profile, load_profile, unavailable_reason, with_overrides
 from compressor.bench.runners import Deployable
 from compressor.bundle import weights_size
-from compressor.evaluate import Predictor, check_holds_text, find_onnx, load_predictor, predict_classes, split_seed
+from compressor.evaluate import (Predictor, check_holds_text, find_onnx, load_predictor, predict_classes,
+                                 split_seed, task_or_recorded)
 from compressor.report.analysis import contention_warnings
 from pretrain.atomic import check_output, claimed_output, write_json
 from pretrain.data import load_task, task_files
@@ -63,7 +64,7 @@ def bench_command(model_ref: str, profile_ref: str, *, batch_sizes: list[int] | 
     profile = with_overrides(load_profile(profile_ref), overrides)   # validated as a profile file is
     predictor = load_predictor(model_ref, max_length)     # validates the model before any timing
     seed = split_seed(seed, predictor.task_seed, task_spec, predictor.task)
-    spec = task_spec if task_spec is not None else predictor.task
+    spec = task_or_recorded(task_spec, predictor.task, model_ref)
     if out is not None:
         check_output(out, [model_ref, *task_files(spec)], owner_files=None)
         if Path(out).is_dir():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from compressor.bundle import ModelBundle, read_provenance
 from compressor.cli.flags import validated
-from compressor.evaluate import check_holds_text, check_max_length, find_onnx, split_seed
+from compressor.evaluate import check_holds_text, check_max_length, find_onnx, split_seed, task_or_recorded
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
@@ -36,7 +36,7 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
     quantize_cfg = quantize_config(quantize, quantize_options, recorded)
     bundle = at_length(ModelBundle.load(model), max_length, model)
     seed = split_seed(seed, bundle.task_seed, task_spec, bundle.task)
-    task_spec = task_spec if task_spec is not None else bundle.task
+    task_spec = task_or_recorded(task_spec, bundle.task, model)
     if task_spec is None:
         raise UserError(f"no --task given and {model} records no task; pass --task")
     check_output(out, [model, *task_files(task_spec)], owner_files=(EXPORT_FILE,))

@@ -21,7 +21,7 @@ from compressor.report.analysis import data_warnings, pareto_fronts, recipe_warn
 from pretrain.batching import encode
 from pretrain.data import TaskData
 from pretrain.data.overlap import texts_in_train
-from pretrain.metrics import agreement
+from pretrain.metrics import agreement, classification_metrics
 
 
 def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports: dict[str, dict] | None = None,
@@ -80,14 +80,26 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
 
 
 def data_entry(task: TaskData, max_eval_samples: int | None) -> dict:
-    """The task's split sizes, and how many held-out examples have a text (text pair) that
-    the train split also holds (pretrain/data/overlap.py): test's as scored (its first
-    `max_eval_samples`), validation's whole."""
+    """The task's split sizes, its labels and how the scored test examples fall among them,
+    and how many held-out examples have a text (text pair) that the train split also holds
+    (pretrain/data/overlap.py): test's as scored (its first `max_eval_samples`), validation's whole."""
     overlap = {"test": texts_in_train(task, "test", max_eval_samples).as_dict()}
     if "validation" in task.splits:
         overlap["validation"] = texts_in_train(task, "validation").as_dict()
+    scored = np.asarray(task.split("test").head(max_eval_samples).labels)
     return {"task": task.name, "pair_task": task.is_pair_task,
-            "examples": {name: len(split) for name, split in task.splits.items()}, "texts_in_train": overlap}
+            "examples": {name: len(split) for name, split in task.splits.items()}, "texts_in_train": overlap,
+            "labels": list(task.label_names),
+            "test_labels": {name: int(np.sum(scored == i)) for i, name in enumerate(task.label_names)},
+            "most_frequent": most_frequent_scores(scored, task.label_names)}
+
+
+def most_frequent_scores(labels: np.ndarray, label_names: tuple[str, ...]) -> dict:
+    """What always predicting the commonest scored label scores: the floor a model's accuracy
+    must clear on imbalanced labels (a model that learnt nothing but the prior sits on it)."""
+    commonest = int(np.argmax(np.bincount(labels, minlength=len(label_names))))
+    scores = classification_metrics(labels, np.full_like(labels, commonest))
+    return {"label": label_names[commonest], "accuracy": scores["accuracy"], "macro_f1": scores["macro_f1"]}
 
 
 def variant_entry(stage: Stage, export: dict | None) -> dict:

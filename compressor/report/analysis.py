@@ -124,13 +124,29 @@ def recipe_warnings(models: list[dict]) -> list[str]:
 
 
 def data_warnings(report: dict) -> list[str]:
-    """The scored test examples whose text the train split also holds (`data`; a report from
-    before it was recorded has none, and gets no line)."""
+    """The scored test examples whose text the train split also holds, and the models no more
+    accurate than always predicting the commonest label (`data`; a report from before it was
+    recorded has none, and gets no line)."""
     data = report.get("data")
     if data is None:
         return []
     line = overlap_warning("test", data["texts_in_train"]["test"], data["pair_task"])
-    return [line] if line is not None else []
+    return ([line] if line is not None else []) + prior_warnings(report)
+
+
+def prior_warnings(report: dict) -> list[str]:
+    """A model whose accuracy the commonest label alone reaches (imbalanced labels: a model
+    that predicts it everywhere looks fine by accuracy, macro-F1 tells)."""
+    floor = report["data"].get("most_frequent")
+    if floor is None:
+        return []
+    named = [("teacher", report["teacher"])] + [(m["name"], m) for m in report["models"]]
+    at_floor = [name for name, m in named if m["accuracy"] <= floor["accuracy"]]
+    if not at_floor:
+        return []
+    return [f"{', '.join(at_floor)}: accuracy no higher than always predicting the commonest test label "
+            f"{floor['label']!r} ({floor['accuracy']:.4f}, macro-F1 {floor['macro_f1']:.4f}); compare macro-F1, "
+            "and train longer or on more examples of the other labels"]
 
 
 def runtime_warnings(report: dict) -> list[str]:

@@ -28,16 +28,20 @@ def summary_table(report: dict) -> Table:
     teacher = report["teacher"]
     bases = baselines_of(report)
     tokens = report.get("flops_sequence_length")
-    head = ["model", "kind", "precision", "accuracy", "retention", "agreement with teacher", "params",
+    # macro-F1 beside accuracy: on imbalanced labels a model predicting the commonest one scores
+    # a high accuracy and a low macro-F1.
+    head = ["model", "kind", "precision", "accuracy", "macro-F1", "retention", "agreement with teacher", "params",
             f"M mult-adds ({tokens} tokens)" if tokens else "M mult-adds", "MB", "compressed MB"]
     head += [f"size vs {b['name']}" for b in bases]
-    rows = [["teacher (PyTorch)", "torch", "fp32", f"{teacher['accuracy']:.4f}", "1.000", "1.000",
-             f"{teacher['params']:,}", millions(teacher.get("flops")), f"{teacher['size_bytes'] / 1e6:.1f}", "-"] +
+    rows = [["teacher (PyTorch)", "torch", "fp32", f"{teacher['accuracy']:.4f}", fmt(teacher.get("macro_f1")),
+             "1.000", "1.000", f"{teacher['params']:,}", millions(teacher.get("flops")),
+             f"{teacher['size_bytes'] / 1e6:.1f}", "-"] +
             [ratio(teacher["size_bytes"], b["size_bytes"]) for b in bases]]
     for m in report["models"]:
         rows.append([m["name"] + (" (baseline)" if m.get("baseline") else ""), m.get("kind", "torch"),
-                     m.get("precision", "fp32"), f"{m['accuracy']:.4f}", fmt(m.get("retention"), 3),
-                     fmt(m.get("agreement"), 3), f"{m['params']:,}", millions(m.get("flops")),
+                     m.get("precision", "fp32"), f"{m['accuracy']:.4f}", fmt(m.get("macro_f1")),
+                     fmt(m.get("retention"), 3), fmt(m.get("agreement"), 3), f"{m['params']:,}",
+                     millions(m.get("flops")),
                      f"{m['size_bytes'] / 1e6:.1f}", millions(m.get("compressed_size_bytes"))] +
                     [ratio(m["size_bytes"], b["size_bytes"]) for b in bases])
     if not any(m.get("compressed_size_bytes") for m in report["models"]):   # no sparse model: an empty column
@@ -265,6 +269,8 @@ def models_title(report: dict) -> str:
 def sections(report: dict) -> list[tuple[str, str, object]]:
     """(kind, title, content) in report order; kind is 'table', 'lines' or 'chart'."""
     out: list[tuple[str, str, object]] = [("table", models_title(report), summary_table(report))]
+    if "labels" in report.get("data", {}):       # reports from before the labels were recorded have none
+        out.append(("lines", "Task and labels", task_lines(report["data"])))
     if baselines_of(report):
         out.append(("lines", "Baselines: how each was built", baseline_lines(report)))
     exports = [("teacher", report["teacher"])] + [(m["name"], m) for m in report["models"]]
@@ -303,6 +309,22 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
     out.append(("lines", "Environment (this report written)" if measured else "Environment",
                 environment_lines(report["environment"])))
     return out
+
+
+def task_lines(data: dict, shown: int = 12) -> list[str]:
+    """The task, its labels and how the scored test examples fall among them (the commonest
+    first), and what always predicting the commonest one scores: the floor for accuracy."""
+    examples = data["examples"]
+    counts = sorted(data["test_labels"].items(), key=lambda item: -item[1])   # stable: label order on ties
+    scored = sum(count for _, count in counts)
+    more = f", and {len(counts) - shown} more labels (report.json: data.test_labels)" if len(counts) > shown else ""
+    floor = data["most_frequent"]
+    return [f"{data['task']}: {'text pairs' if data['pair_task'] else 'single texts'}; "
+            + ", ".join(f"{examples[name]:,} {name}" for name in examples) + f" examples; {len(data['labels'])} labels",
+            "test examples scored, by label: " + ", ".join(f"{name!r} {count:,} ({count / scored:.1%})"
+                                                             for name, count in counts[:shown]) + more,
+            f"always predicting the commonest, {floor['label']!r}, scores accuracy {floor['accuracy']:.4f} and "
+            f"macro-F1 {floor['macro_f1']:.4f}"]
 
 
 def unmeasured_lines(benchmark: dict) -> list[str]:

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+import unicodedata
 from pathlib import Path
 
 from pretrain.data import SPLITS, WHOLE, Split, TaskData, seeded_order, split_counts
@@ -48,8 +49,12 @@ def file_task(spec: dict, seed: int = 0, scored: str | None = None) -> TaskData:
     if len(label_names) < 2:
         raise UserError(f"{train_path}: the train split has one label only ({label_names[0]!r}); "
                         "a classifier needs at least 2")
+    for group in lookalike_labels(label_names):
+        line = (f"warning: {train_path}: the labels {' and '.join(map(repr, group))} differ only in case or "
+                f"spacing, so they train as {len(group)} classes; expected one spelling per label")
+        _warn_once(line, line)
     for name in ("validation", "test"):
-        _check_labels_seen(rows[name], label_names, name, spec.get(name) or train_path)
+        _check_labels_seen(rows[name], label_names, name, spec.get(name), train_path)
     index = {label: i for i, label in enumerate(label_names)}
     splits = {name: _to_split(rows[name], index, has_pair, seed + i)
               for i, name in enumerate(SPLITS)}
@@ -94,18 +99,27 @@ def shared_texts(rows: dict[str, list[Row]], has_pair: bool,
     return len(shared), set().union(*shared)
 
 
-# The tasks (spec_key, as JSON) whose load-time line this process has printed.
-_WARNED_TASKS: set[str] = set()
+def lookalike_labels(label_names: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Labels that differ only in case or spacing ('Pos', 'pos', 'pos '): almost always one
+    label spelt two ways in a user's file, silently split into classes the model must tell apart."""
+    groups: dict[str, list[str]] = {}
+    for label in label_names:
+        groups.setdefault(" ".join(label.casefold().split()), []).append(label)
+    return [tuple(group) for group in groups.values() if len(group) > 1]
 
 
-def _warn_once(task_key: str, line: str) -> None:
+# The keys of the load-time lines this process has printed.
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, line: str) -> None:
     """A task is loaded more than once by one command (a run, then its search; a search, then
-    its finals' recipe): the first load's line is printed, and no other for that task, for the
+    its finals' recipe): the first load's line for `key` is printed, and no other, for the
     first load is the command's own and knows what the command scores (`scored`). Under
     torchrun every process loads it, and rank 0 speaks for them all."""
-    if task_key in _WARNED_TASKS:
+    if key in _WARNED:
         return
-    _WARNED_TASKS.add(task_key)
+    _WARNED.add(key)
     if os.environ.get("RANK", "0") == "0":
         print(line, file=sys.stderr, flush=True)
 
@@ -237,14 +251,37 @@ def _split_missing(rows: dict, fractions: tuple[float, float, float], seed: int,
                             f"rows, split fractions {list(fractions)}); add rows or change split")
 
 
-def _check_labels_seen(rows: list, label_names: tuple[str, ...], split: str, path) -> None:
+def _check_labels_seen(rows: list, label_names: tuple[str, ...], split: str, own_file: str | None,
+                       train_path: Path) -> None:
+    """Refuse labels of a split that train never has: a model could not predict them. The
+    remedy differs: a split of its own file must use train's labels, a carved one needs rows."""
     known = set(label_names)
     unseen = sorted({label for _, label, _ in rows if label not in known})
     if unseen:
-        shown = ", ".join(repr(label) for label in unseen[:3])
-        more = f" and {len(unseen) - 3} more" if len(unseen) > 3 else ""
-        raise UserError(f"{path}: label(s) {shown}{more} in the {split} split never occur in train; expected "
-                        "rows enough of each label for every split (or files of their own for validation and test)")
+        expected = (f"expected only labels that {train_path} holds ({_listed(label_names)})" if own_file else
+                    "expected rows enough of each label for every split (or files of their own for validation "
+                    "and test)")
+        raise UserError(f"{own_file or train_path}: label(s) {_listed(tuple(unseen), 3)} in the {split} split "
+                        f"never occur in train; {expected}{_scores_hint(label_names + tuple(unseen))}")
+
+
+def _scores_hint(labels: tuple[str, ...]) -> str:
+    """Real-valued labels (an STS-B-like similarity score) are each a class here, so held-out
+    rows hold values train lacks: say why, rather than only asking for more rows."""
+    def real(label: str) -> bool:
+        try:
+            return math.isfinite(float(label))
+        except ValueError:
+            return False
+    if all(map(real, labels)) and not all(INTEGER.fullmatch(label) for label in labels):
+        return ("; the labels look like real-valued scores (regression): each value is a class here, "
+                "so bin them into a few classes first")
+    return ""
+
+
+def _listed(labels: tuple[str, ...], shown: int = 5) -> str:
+    more = f" and {len(labels) - shown} more" if len(labels) > shown else ""
+    return ", ".join(repr(label) for label in labels[:shown]) + more
 
 
 def _to_split(rows: list, index: dict[str, int], has_pair: bool, seed: int) -> Split:
@@ -288,8 +325,13 @@ def _table_records(content: str, path: Path, delimiter: str) -> list[tuple[int, 
     # '"' at the start of a text would silently swallow the lines after it.
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     csv.field_size_limit(sys.maxsize)      # a long text is a valid row (encoding truncates it)
-    reader = csv.DictReader(io.StringIO(content, newline=""), delimiter=delimiter, quoting=quoting)
+    # strict: a quote left open runs on to the next quote character anywhere below; without it
+    # the csv module glues what follows that quote on and reads the swallowed rows as one text.
+    reader = csv.DictReader(io.StringIO(content, newline=""), delimiter=delimiter, quoting=quoting, strict=True)
     header = reader.fieldnames or []
+    if content.strip() and not any(name.strip() for name in header):
+        raise UserError(f"{path}: line 1: an empty header; expected the column names (text, label, ...) "
+                        "on the first line")
     twice = sorted({name for name in header if header.count(name) > 1})
     if twice:
         raise UserError(f"{path}: line 1: column(s) {', '.join(map(repr, twice))} named twice in the header; "
@@ -304,10 +346,13 @@ def _table_records(content: str, path: Path, delimiter: str) -> list[tuple[int, 
                                 f"{len(header)} ({', '.join(header)}); {SEPARATOR_HINT[delimiter]}")
             start = reader.line_num + 1
     except csv.Error as e:
-        raise UserError(f"{path}: line {start}: malformed {delimiter!r}-separated row ({e})") from None
+        raise UserError(f"{path}: line {start}: malformed {delimiter!r}-separated row ({e}){QUOTING_HINT[delimiter]}") \
+            from None
     return records
 
 
+QUOTING_HINT = {",": '; a quoted text ends with a quote before the separator, and a quote inside it is written '
+                     'twice ("said ""hi""")', "\t": ""}
 SEPARATOR_HINT = {",": "quote a text that holds a comma (\"like, this\")",
                   "\t": "a TSV is read without quoting (GLUE's layout), so a text may not hold a tab"}
 
@@ -318,14 +363,17 @@ def _json_records(content: str, path: Path) -> list[tuple[int, dict]]:
     for line_number, line in enumerate(content.split("\n"), start=1):
         if not line.strip():
             continue
+        # A file that opens with '[' is one JSON array (a common .json), not JSON lines.
+        array = "; the file is one JSON array: write one object per line (JSON lines)" \
+            if not records and line.lstrip().startswith("[") else ""
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: line {line_number}: malformed JSON ({e.msg}); "
-                            "expected one JSON object per line") from None
+                            f"expected one JSON object per line{array}") from None
         if not isinstance(record, dict):
             raise UserError(f"{path}: line {line_number}: expected a JSON object, "
-                            f"got {type(record).__name__}")
+                            f"got {type(record).__name__}{array}")
         records.append((line_number, record))
     return records
 
@@ -333,7 +381,9 @@ def _json_records(content: str, path: Path) -> list[tuple[int, dict]]:
 def _row(record: dict, line: int, columns: tuple, path: Path) -> Row:
     text_col, label_col, pair_col = columns
     text = _field(record, text_col, line, path)
-    label = _field(record, label_col, line, path).strip()
+    # NFC: a label typed as 'é' and one decomposed as 'e' + U+0301 (as some tools save text)
+    # look the same and must be one label, not two that an error could only name identically.
+    label = unicodedata.normalize("NFC", _field(record, label_col, line, path).strip())
     pair = _field(record, pair_col, line, path) if pair_col is not None else None
     return text, label, pair
 
@@ -344,6 +394,9 @@ def _field(record: dict, column: str, line: int, path: Path) -> str:
         # A one-column header holding tabs: a tab-separated file under a .csv name.
         hint = "; the header holds tabs: name a tab-separated file .tsv" \
             if path.suffix.lower() == ".csv" and any("\t" in str(k) for k in record) else ""
+        # --task takes the default names only (a GLUE file's is 'sentence'): say where others go.
+        if not hint and column in ("text", "label", PAIR_COLUMN):
+            hint = "; a recipe's task spec names other columns ({path: FILE, text: COLUMN, label: COLUMN})"
         # A csv/tsv row has every header column: one missing is missing from the header.
         where = "line 1 (the header)" if path.suffix.lower() in (".csv", ".tsv") else f"line {line}"
         raise UserError(f"{path}: {where}: no column {column!r}; columns found: {found}{hint}")

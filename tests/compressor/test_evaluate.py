@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from compressor.evaluate import evaluate_path, load_predictor, predict_classes, same_task_spec, split_seed
+from compressor.evaluate import (evaluate_path, load_predictor, predict_classes, same_task_spec, split_seed,
+                                 task_or_recorded)
 from pretrain.batching import encode
 from pretrain.data import WHOLE, whole_task
 from pretrain.errors import UserError
@@ -32,6 +33,16 @@ def test_other_columns_or_fractions_are_another_task(tmp_path, monkeypatch, give
     recorded = {"path": str((tmp_path / "rows.jsonl").resolve()), "text": "text", "label": "label"}
     assert not same_task_spec({"path": "rows.jsonl", **given_extra}, recorded)
     assert split_seed(None, 7, {"path": "rows.jsonl", **given_extra}, recorded) == 0
+
+
+def test_the_task_scored_is_the_given_one_else_the_recorded_one_whose_files_must_be_there(tmp_path):
+    here, gone = tmp_path / "here.csv", tmp_path / "gone.csv"
+    here.write_text("text,label\n")
+    assert task_or_recorded("wordnet-wsd", {"path": str(gone)}, "m") == "wordnet-wsd"
+    assert task_or_recorded(None, {"path": str(here)}, "m") == {"path": str(here)}
+    assert task_or_recorded(None, None, "m") is None
+    with pytest.raises(UserError, match=f"^m records its task's data file {gone}, which is not there"):
+        task_or_recorded(None, {"path": str(here), "test": str(gone)}, "m")
 
 
 def held_out_file(path, tiny_task, rows: int, labels=None):

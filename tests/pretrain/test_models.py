@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from pretrain.errors import UserError
-from pretrain.models import (SUPPORTED_FAMILIES, check_model_ref, count_params, encoder_layers,
+from pretrain.models import (SUPPORTED_FAMILIES, check_head_for, check_model_ref, count_params, encoder_layers,
                              keep_encoder_layers, label_names_of, load_classifier,
                              load_saved_classifier, read_model_type, resolve_model_path)
 
@@ -119,6 +119,15 @@ def test_a_dir_without_tokenizer_files_is_a_user_error(tiny_bert_dir, tmp_path):
 
 
 # --- loading classifiers ---
+
+def test_a_head_for_other_labels_is_named_with_the_labels_quoted_and_no_ellipsis_for_all(tmp_path):
+    # Labels may hold commas; "(0, 1, 2, ...)" read as if more labels followed.
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": {"0": "0", "1": "1", "2": "2"}}))
+    with pytest.raises(UserError) as err:
+        check_head_for(tmp_path, ("yes, sure", "no", "maybe", "later"), "answers")
+    assert "its head has 3 labels ('0', '1', '2'); expected a model fine-tuned on 'answers' " \
+        "(4 labels: 'yes, sure', 'no', 'maybe', ...)" in str(err.value)
+
 
 def test_load_classifier_keeps_head_when_labels_match(tiny_bert_dir, tiny_task):
     saved = AutoModelForSequenceClassification.from_pretrained(str(tiny_bert_dir))

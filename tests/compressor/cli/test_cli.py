@@ -388,7 +388,7 @@ def test_a_file_with_repeated_rows_gets_one_stderr_line_for_each_overlap(tiny_be
     header, *rows = tiny_csv.read_text().splitlines()
     twice = tmp_path / "twice.csv"
     twice.write_text("\n".join([header, *rows, *rows[:100]]) + "\n")       # 100 rows twice: in two splits, some
-    files._WARNED_TASKS.clear()
+    files._WARNED.clear()
     task = load_task(str(twice))
     capsys.readouterr()
     texts = {name: set(task.split(name).texts) for name in ("train", "validation", "test")}
@@ -404,7 +404,7 @@ def test_a_file_with_repeated_rows_gets_one_stderr_line_for_each_overlap(tiny_be
         return f"warning: {overlap_warning(split, overlap[split], pair_task=False)}"
 
     def stderr_of(argv: list[str]) -> tuple[dict, list[str]]:
-        files._WARNED_TASKS.clear()
+        files._WARNED.clear()
         assert main(argv) == 0, argv
         captured = capsys.readouterr()
         return (json.loads(captured.out) if captured.out.startswith("{") else {}), captured.err.splitlines()
@@ -585,6 +585,21 @@ def test_recorded_relative_task_path_still_works_from_another_dir(tiny_bert_dir,
     except UserError as err:
         pytest.fail(f"evaluate from another dir failed: {err}")
     assert result["samples"] == 30
+
+
+@pytest.mark.parametrize("command", [["evaluate"], ["export", "--out", "onnx"], ["bench", "--iterations", "1"]])
+def test_a_recorded_task_file_that_is_gone_is_named_as_the_models_record(command, tiny_bert_dir, tmp_path,
+                                                                          monkeypatch, capsys):
+    # "data file not found" named a path the user never typed: the model's record of it.
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, model)
+    gone = tmp_path / "moved.csv"
+    (model / "compressor.json").write_text(json.dumps({"task": {"path": str(gone)}, "task_seed": 0}))
+    monkeypatch.chdir(tmp_path)
+    assert main([command[0], "--model", str(model), *command[1:]]) == 2
+    assert capsys.readouterr().err == (f"error: {model} records its task's data file {gone}, which is not there "
+                                       "(moved or deleted?); expected --task naming the task's file where it is now\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
 def test_an_interrupted_command_says_what_it_left_and_how_to_go_on(tmp_path, monkeypatch, capsys):

@@ -98,10 +98,30 @@ def test_every_optimum_build_is_scored_and_each_profile_judged_by_its_own(bert_b
 def test_the_data_section_counts_no_shared_text_for_distinct_splits(report, tiny_task):
     n = {name: len(split) for name, split in tiny_task.splits.items()}
     none = {"in_train": 0, "other_label": 0}
-    assert report["data"] == {"task": "tiny", "pair_task": False, "examples": n,
-                              "texts_in_train": {"test": {"examples": n["test"], **none},
-                                                 "validation": {"examples": n["validation"], **none}}}
+    assert {k: v for k, v in report["data"].items() if k in ("task", "pair_task", "examples", "texts_in_train")} == \
+        {"task": "tiny", "pair_task": False, "examples": n,
+         "texts_in_train": {"test": {"examples": n["test"], **none}, "validation": {"examples": n["validation"], **none}}}
     assert not any("train split also holds" in w for w in report["warnings"])
+
+
+def test_the_data_section_names_the_labels_the_scored_test_examples_hold_and_the_commonest_ones_scores(
+        bert_bundle, tiny_bert_dir, tiny_csv, tiny_task):
+    """report.json named no label: an imbalanced task whose models all predict the commonest
+    label read as a good accuracy, with nothing to compare it with."""
+    names = tiny_task.label_names
+    test = Split([f"text {i}" for i in range(10)], [1] * 7 + [0] * 2 + [2])
+    task = TaskData("tiny", names, {**tiny_task.splits, "test": test}, tiny_task.spec)
+    recipe, _ = parse_recipe({"name": "r", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
+                              "data": {"max_eval_samples": 9}, "variants": {"as-is": []}})
+    report = build_report(recipe, stage("teacher", tiny_bert_dir, bert_bundle, 9), [], task=task)
+    data = report["data"]
+    assert data["labels"] == list(names)
+    assert data["test_labels"] == {names[0]: 2, names[1]: 7, names[2]: 0, names[3]: 0}   # the 9 scored
+    # always names[1]: 7 of 9 right; its F1 2*7/(2*7+2) = 0.875, names[0]'s 0: macro-F1 over the two present
+    assert data["most_frequent"] == {"label": names[1], "accuracy": pytest.approx(7 / 9),
+                                     "macro_f1": pytest.approx(0.875 / 2)}
+    assert report["warnings"][-1].startswith(f"teacher: accuracy no higher than always predicting the commonest test "
+                                             f"label {names[1]!r} (0.7778, macro-F1 0.4375)")
 
 
 def test_scored_test_texts_that_train_holds_are_counted_and_warned_about_first(bert_bundle, tiny_bert_dir,

@@ -610,7 +610,7 @@ def test_a_distill_teacher_of_another_task_and_a_calibration_set_too_large_stop_
 
 
 @pytest.mark.parametrize("labels, why", [
-    (lambda names: ["x0", "x1"], "2 labels \\(x0, x1, \\.\\.\\.\\)"),
+    (lambda names: ["x0", "x1"], "2 labels \\('x0', 'x1'\\)"),
     (lambda names: list(reversed(names)), "the same labels in another order"),
 ])
 def test_a_teacher_used_as_saved_must_have_the_tasks_head(labels, why, bert_bundle, tiny_csv, tmp_path, monkeypatch):

@@ -148,7 +148,7 @@ def test_unstructured_sparsity_is_always_warned_about():
     report = {"teacher": {"path": None, "params": 1200, "flops": 3000}, "models": [base, sparse],
               "benchmark": {"profiles": [{"name": "cpu", "precisions": ["fp32", "int8"]}]}}
     table = markdown_table({**report, "teacher": {**report["teacher"], "accuracy": 0.8, "size_bytes": 1000}})
-    assert "| sparse | onnx | fp32 | 0.7800 | 0.780 | 1.000 | 1,200 | 0.0 | 0.0 | 0.0 |" in table
+    assert "| sparse | onnx | fp32 | 0.7800 | - | 0.780 | 1.000 | 1,200 | 0.0 | 0.0 | 0.0 |" in table
     (warning,) = runtime_warnings(report)   # even though it measured faster here (noise, or another change)
     assert warning.startswith("sparse has 90% of its encoder weights at zero (unstructured sparsity): "
                               "dense runtimes do not run it faster; 2.00x as fast as onnxruntime-fp32 on cpu")
@@ -319,6 +319,40 @@ def test_scored_test_texts_that_train_holds_are_told_in_the_title_and_the_warnin
                            "1 of them under another label there")
     assert "## Models (accuracies on the same 1,250 test examples)\n" in render_report_md(report(0), None)
     assert data_warnings(report(0)) == [] and data_warnings({"models": []}) == []     # none; an older report
+
+
+def labelled_report(accuracies: dict[str, float]) -> dict:
+    data = {"task": "reviews", "pair_task": False, "examples": {"train": 80, "validation": 10, "test": 10},
+            "texts_in_train": {"test": {"examples": 10, "in_train": 0, "other_label": 0}},
+            "labels": ["bad", "good", "so so"], "test_labels": {"bad": 2, "good": 8, "so so": 0},
+            "most_frequent": {"label": "good", "accuracy": 0.8, "macro_f1": 0.4444}}
+    models = [{**entry(name, accuracy, 3.0), "macro_f1": 0.25} for name, accuracy in accuracies.items()]
+    return {"recipe": {"name": "r"}, "models": models, "environment": {}, "data": data,
+            "teacher": {"path": "t", "accuracy": 0.9, "macro_f1": 0.8, "params": 1000, "size_bytes": 100}}
+
+
+def test_the_models_table_has_macro_f1_beside_accuracy_and_the_labels_are_told():
+    """report.md showed accuracy alone and named no label: on imbalanced labels a model
+    predicting the commonest one everywhere looked as good as its accuracy."""
+    md = render_report_md(labelled_report({"small": 0.8}), None)
+    assert "| model | kind | precision | accuracy | macro-F1 | retention |" in md
+    assert "| teacher (PyTorch) | torch | fp32 | 0.9000 | 0.8000 | 1.000 |" in md
+    assert "| small | onnx | fp32 | 0.8000 | 0.2500 | 0.800 |" in md
+    assert ("## Task and labels\n\n- reviews: single texts; 80 train, 10 validation, 10 test examples; 3 labels\n"
+            "- test examples scored, by label: 'good' 8 (80.0%), 'bad' 2 (20.0%), 'so so' 0 (0.0%)\n"
+            "- always predicting the commonest, 'good', scores accuracy 0.8000 and macro-F1 0.4444\n") in md
+    older = labelled_report({"small": 0.8})
+    older["data"] = {k: older["data"][k] for k in ("task", "pair_task", "examples", "texts_in_train")}
+    del older["models"][0]["macro_f1"]
+    md = render_report_md(older, None)
+    assert "Task and labels" not in md and "| small | onnx | fp32 | 0.8000 | - | 0.800 |" in md
+
+
+def test_models_no_more_accurate_than_the_commonest_label_are_warned_about():
+    (line,) = data_warnings(labelled_report({"small": 0.8, "tiny": 0.7, "fine": 0.85}))
+    assert line.startswith("small, tiny: accuracy no higher than always predicting the commonest test label "
+                           "'good' (0.8000, macro-F1 0.4444); compare macro-F1")
+    assert data_warnings(labelled_report({"fine": 0.85})) == []
 
 
 def test_latencies_timed_while_other_processes_used_the_cpus_are_warned_about():

@@ -129,9 +129,9 @@ def test_a_whole_task_holds_its_validation_and_test_files_and_pairs(tmp_path):
 @pytest.fixture
 def warnings_anew():
     """Each test sees the warnings its own loads print (one process prints one a task)."""
-    files._WARNED_TASKS.clear()
+    files._WARNED.clear()
     yield
-    files._WARNED_TASKS.clear()
+    files._WARNED.clear()
 
 
 def test_texts_shared_between_splits_are_warned_about_once_in_one_line(tmp_path, capsys, warnings_anew):
@@ -184,11 +184,11 @@ def test_a_command_scoring_a_split_leaves_the_texts_only_train_and_it_hold_to_it
     file_task(spec, scored="test")
     assert capsys.readouterr().err == (f"warning: {where}: 2 validation text(s) also occur in the train or test "
                                        "split (duplicate rows); expected each once (drop the duplicate rows)\n")
-    files._WARNED_TASKS.clear()
+    files._WARNED.clear()
     file_task(spec, scored="validation")
     assert capsys.readouterr().err == (f"warning: {where}: 2 test text(s) also occur in the train or validation "
                                        "split (duplicate rows); expected each once (drop the duplicate rows)\n")
-    files._WARNED_TASKS.clear()
+    files._WARNED.clear()
     file_task(spec)                                                   # a command that scores no split
     assert capsys.readouterr().err.startswith(f"warning: {where}: 3 text(s) occur in more than one of the train, "
                                               "validation and test splits (duplicate rows)")
@@ -319,6 +319,13 @@ def test_missing_column_names_it_and_lists_found(tmp_path):
     assert "tab" not in message
 
 
+def test_a_default_column_missing_says_where_other_names_go(tmp_path):
+    # --task takes text and label only: a GLUE file's 'sentence' column got no way forward.
+    path = _csv(tmp_path / "d.tsv", ["a\t1"], header="sentence\tlabel")
+    assert _error({"path": str(path)}) == f"{path}: line 1 (the header): no column 'text'; columns found: " \
+        "'sentence', 'label'; a recipe's task spec names other columns ({path: FILE, text: COLUMN, label: COLUMN})"
+
+
 def test_a_tab_separated_file_named_csv_gets_a_hint(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("text\tlabel\nhello\tpos\n", encoding="utf-8")
@@ -358,11 +365,29 @@ def test_label_unseen_in_train(tmp_path):
     assert "'other'" not in message and "1 more" in message
 
 
+def test_a_label_unseen_in_train_in_a_file_of_its_own_names_trains_labels(tmp_path):
+    # Advising "rows enough of each label for every split" misled: nothing is carved here.
+    train = _csv(tmp_path / "train.csv", _many(10))
+    test = _csv(tmp_path / "test.csv", ["a,pos", "b,neutral"])
+    assert _error({"path": str(train), "test": str(test)}) == \
+        f"{test}: label(s) 'neutral' in the test split never occur in train; expected only labels that {train} " \
+        "holds ('neg', 'pos')"
+
+
 def test_label_only_in_a_carved_split(tmp_path):
     # One row of a rare label; with seed 0 the 10% train share misses it.
     path = _csv(tmp_path / "d.csv", _many(99) + ["rare,unique"])
     message = _error({"path": str(path), "split": [0.1, 0.45, 0.45]})
     assert "'unique'" in message and "never occur in train" in message and str(path) in message
+
+
+def test_real_valued_labels_unseen_in_train_are_named_as_scores(tmp_path):
+    # An STS-B-like file was told to add "rows enough of each label": each score is a class.
+    path = _csv(tmp_path / "d.csv", [f"sentence {i},{i * 0.37:.2f}" for i in range(40)])
+    assert _error({"path": str(path)}).endswith("; the labels look like real-valued scores (regression): each value "
+                                                "is a class here, so bin them into a few classes first")
+    rare = _csv(tmp_path / "r.csv", _many(99, labels=("1", "2")) + ["rare,3"])
+    assert "real-valued" not in _error({"path": str(rare), "split": [0.1, 0.45, 0.45]})   # integer classes
 
 
 def test_unsupported_extension(tmp_path):
@@ -425,6 +450,32 @@ def test_a_quoted_row_that_runs_on_is_reported_where_it_starts(tmp_path):
     assert f"{path}: line 2:" in _error({"path": str(path)})
 
 
+@pytest.mark.parametrize("closing", ['"a quoted text",pos', 'a quoted" text,pos'])
+def test_a_quote_left_open_does_not_swallow_the_rows_up_to_the_next_quote(tmp_path, closing):
+    # Without strict parsing the rows between the two quotes loaded silently as one text.
+    path = _csv(tmp_path / "d.csv", [*_many(4), '"unclosed,pos', *_many(20), closing, *_many(4)])
+    message = _error({"path": str(path)})
+    assert message.startswith(f"{path}: line 6: malformed ','-separated row")
+    assert "a quote inside it is written twice" in message
+
+
+def test_a_quote_left_open_to_the_end_is_malformed_not_an_empty_label(tmp_path):
+    path = _csv(tmp_path / "d.csv", ['"unclosed,pos', *_many(20)])
+    assert "unexpected end of data" in _error({"path": str(path)})
+
+
+def test_a_quoted_text_over_several_lines_is_one_text(tmp_path):
+    path = _csv(tmp_path / "d.csv", ['"two\nlines, with ""quotes""",pos', *_many(20)])
+    assert 'two\nlines, with "quotes"' in _all_texts(load_task({"path": str(path)}))
+
+
+def test_an_empty_first_line_is_an_empty_header(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("\ntext,label\n" + "".join(r + "\n" for r in _many(20)), encoding="utf-8")
+    assert _error({"path": str(path)}) == \
+        f"{path}: line 1: an empty header; expected the column names (text, label, ...) on the first line"
+
+
 def test_a_long_text_is_a_valid_row(tmp_path):
     path = _csv(tmp_path / "d.csv", ["w" * 200_000 + ",pos", *_many(20)])
     assert max(len(t) for t in _all_texts(load_task({"path": str(path)}))) == 200_000
@@ -433,6 +484,13 @@ def test_a_long_text_is_a_valid_row(tmp_path):
 def test_a_column_named_twice_is_refused(tmp_path):
     path = _csv(tmp_path / "d.csv", ["a,pos,neg"], header="text,label,label")
     assert "column(s) 'label' named twice" in _error({"path": str(path)})
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_json_array_is_named_as_one_not_json_lines(tmp_path, indent):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([{"text": f"s {i}", "label": i % 2} for i in range(20)], indent=indent))
+    assert _error({"path": str(path)}).endswith("; the file is one JSON array: write one object per line (JSON lines)")
 
 
 def test_json_lines_break_at_newlines_only(tmp_path):
@@ -487,6 +545,22 @@ def test_a_pair_in_the_validation_file_only_is_refused_at_the_train_header(tmp_p
     validation = _csv(tmp_path / "dev.csv", ["p,h,pos", "q,i,neg"], header="text,text_pair,label")
     message = _error({"path": str(train), "validation": str(validation)})
     assert f"{train}: line 1 (the header): no 'text_pair'" in message and str(validation) in message
+
+
+def test_labels_in_either_unicode_normal_form_are_one_label(tmp_path):
+    # A test file saved decomposed (e + U+0301) was refused: 'café' "never occurs in train".
+    train = _csv(tmp_path / "train.csv", _many(10, labels=("caf\u00e9", "th\u00e9")))
+    test = _csv(tmp_path / "test.csv", ["a,cafe\u0301", "b,the\u0301"])
+    task = file_task({"path": str(train), "test": str(test)})
+    assert task.label_names == ("caf\u00e9", "th\u00e9") and sorted(task.split("test").labels) == [0, 1]
+
+
+def test_labels_that_differ_only_in_case_or_spacing_are_warned_about(tmp_path, capsys, warnings_anew):
+    path = _csv(tmp_path / "d.csv", _many(30, labels=("Pos", "pos", "very  good", "Very good", "neg")))
+    assert file_task({"path": str(path)}).label_names == ("Pos", "Very good", "neg", "pos", "very  good")
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {path}: the labels {a!r} and {b!r} differ only in case or spacing, so they train as 2 classes; "
+        "expected one spelling per label" for a, b in (("Pos", "pos"), ("Very good", "very  good"))]
 
 
 def test_integer_labels_are_in_numeric_order(tmp_path):
