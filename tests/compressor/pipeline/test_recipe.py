@@ -326,8 +326,13 @@ TEACHER_FINETUNE = "teacher:\n  model: minilm\n  task: wordnet-supersense\n  fin
      "export.accuracy_tolerance: expected a number in [0, 1] (got 2)"),
 ])
 def test_a_number_out_of_its_fields_range_says_both_bounds(tmp_path, section, message):
+    assert section_error(tmp_path, section) == f"{tmp_path / 'recipe.yaml'}: {message}"
+
+
+def section_error(tmp_path, section: str) -> str:
+    """The error of a recipe made of `section` (with the usual teacher unless it is one)."""
     text = "name: r\n" + section if section.startswith("teacher") else "name: r\n" + TEACHER + section
-    assert error_of(tmp_path, text) == f"{tmp_path / 'recipe.yaml'}: {message}"
+    return error_of(tmp_path, text)
 
 
 @pytest.mark.parametrize("section, message", [
@@ -372,8 +377,7 @@ def test_a_number_in_a_mapping_says_what_each_value_takes(tmp_path, distill, mes
 ])
 def test_a_bounded_integer_of_the_wrong_type_says_which_integers_it_takes(tmp_path, section, message):
     # Not pydantic's "Input should be a valid integer": 7 and 513 are integers too, and refused.
-    text = "name: r\n" + section if section.startswith("teacher") else "name: r\n" + TEACHER + section
-    assert error_of(tmp_path, text) == f"{tmp_path / 'recipe.yaml'}: {message}"
+    assert section_error(tmp_path, section) == f"{tmp_path / 'recipe.yaml'}: {message}"
 
 
 @pytest.mark.parametrize("step, message", [
