@@ -45,6 +45,11 @@ class ModelBundle:
     # (`max_length`) only where it is not the default, so a dir trained at the default reads,
     # writes and is keyed as before.
     max_length: int = MAX_LENGTH
+    # Whether the task it was fine-tuned on gives text pairs (compressor.json `pair_task`):
+    # a pair model scored on single texts (or the reverse) reads inputs of the wrong shape
+    # and still predicts, so evaluate, export and bench refuse that task. None: not known (a
+    # dir written before the field was, or an HF dir), so nothing is refused.
+    pair_task: bool | None = None
 
     @property
     def usable_length(self) -> int:
@@ -99,6 +104,8 @@ class ModelBundle:
                       "compressor_version": __version__}
         if self.max_length != MAX_LENGTH:
             provenance["max_length"] = self.max_length
+        if self.pair_task is not None:
+            provenance["pair_task"] = self.pair_task
         (Path(directory) / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
 
     @classmethod
@@ -111,7 +118,8 @@ class ModelBundle:
         provenance = read_provenance(path)
         return cls(model=model, tokenizer=tokenizer, task=provenance.get("task"),
                    history=tuple(provenance.get("history", ())), deploy=dict(provenance.get("deploy") or {}),
-                   task_seed=provenance.get("task_seed"), max_length=recorded_length(provenance, path))
+                   task_seed=provenance.get("task_seed"), max_length=recorded_length(provenance, path),
+                   pair_task=recorded_pair_task(provenance, path))
 
 
 def read_provenance(path: Path) -> dict:
@@ -132,6 +140,16 @@ def recorded_length(provenance: dict, path: Path) -> int:
         raise UserError(f"{Path(path) / PROVENANCE_FILE}: max_length is {length!r}; expected a positive "
                         "integer (the tokens per example the model was fine-tuned at)")
     return length
+
+
+def recorded_pair_task(provenance: dict, path: Path) -> bool | None:
+    """Whether a model dir records its task as one of text pairs (compressor.json
+    `pair_task`; absent: not known, as in every dir written before the field was)."""
+    pair_task = provenance.get("pair_task")
+    if pair_task is not None and not isinstance(pair_task, bool):
+        raise UserError(f"{Path(path) / PROVENANCE_FILE}: pair_task is {pair_task!r}; expected true or false "
+                        "(whether the model was fine-tuned on text pairs)")
+    return pair_task
 
 
 # The files that hold a saved model's weights: safetensors in an HF dir, the int8 state dict

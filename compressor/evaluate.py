@@ -11,7 +11,7 @@ from typing import Callable, Literal
 import numpy as np
 from transformers import AutoConfig, PretrainedConfig
 
-from compressor.bundle import read_provenance, recorded_length
+from compressor.bundle import read_provenance, recorded_length, recorded_pair_task
 from compressor.export.torch_int8 import is_int8_dir, load_int8_model
 from pretrain.batching import MAX_LENGTH, Encoded, encode, in_data_order, model_positions, usable_length
 from pretrain.data import WHOLE, TaskData, absolute_paths, load_task, task_files, whole_task
@@ -38,6 +38,7 @@ class Predictor:
     max_length: int = MAX_LENGTH                # tokens per example, within the model's positions
     positions: int = MAX_LENGTH                 # the longest sequence the model can run (model_positions)
     task_seed: int | None = None                # the seed `task`'s splits were drawn with, if recorded
+    pair_task: bool | None = None               # whether it was fine-tuned on text pairs, if recorded
 
 
 def load_predictor(path: str | Path, max_length: int | None = None) -> Predictor:
@@ -73,6 +74,20 @@ def check_holds_text(max_length: int | None, tokenizer, task: TaskData, model: s
                         f"{'text pair' if task.is_pair_task else 'text'}, and at least one text token must fit)")
 
 
+def check_pair_task(pair_task: bool | None, task: TaskData, model: str | Path) -> None:
+    """Refuse a task whose examples are not of the shape the model was fine-tuned on (text
+    pairs or single texts; `pair_task` None: not recorded, nothing refused). Scored anyway, a
+    pair model reads each first text alone, and a single-text model two texts joined: the
+    labels match, so it would predict, and its score would mean nothing."""
+    if pair_task is None or pair_task == task.is_pair_task:
+        return
+    if pair_task:
+        raise UserError(f"{model} was fine-tuned on text pairs (text, text_pair); task {task.name!r} gives single "
+                        "texts: expected a task with a text_pair column, or a model fine-tuned on single texts")
+    raise UserError(f"{model} was fine-tuned on single texts; task {task.name!r} gives text pairs (text, text_pair): "
+                    "expected a task without a text_pair column, or a model fine-tuned on text pairs")
+
+
 def saved_predictor(path: Path) -> Predictor:
     if not path.exists():
         raise UserError(not_a_classifier(str(path)) or
@@ -85,22 +100,23 @@ def saved_predictor(path: Path) -> Predictor:
                          load_tokenizer(path),
                          lambda data: predict_logits(model, data), provenance.get("task"),
                          usable_length(model.config, recorded_length(provenance, path)), model_positions(model.config),
-                         provenance.get("task_seed"))
+                         provenance.get("task_seed"), recorded_pair_task(provenance, path))
     onnx_file = path if path.suffix == ".onnx" else find_onnx(path)
     model_dir = onnx_file.parent if onnx_file else path
     provenance = read_provenance(model_dir)
     task, seed = provenance.get("task"), provenance.get("task_seed")
     length = recorded_length(provenance, model_dir)     # what it was fine-tuned (and exported) at
+    pair_task = recorded_pair_task(provenance, model_dir)
     if onnx_file is None:
         model, tokenizer = load_saved_classifier(model_dir)
         labels = tuple(model.config.id2label[i] for i in sorted(model.config.id2label))
         return Predictor("torch", "fp32", labels, tokenizer, lambda data: predict_logits(model, data), task,
-                         usable_length(model, length), model_positions(model), seed)
+                         usable_length(model, length), model_positions(model), seed, pair_task)
     logits = onnx_logits_fn(onnx_file)      # first: a graph ONNX Runtime cannot load is refused in one line
     precision = recorded_precision(model_dir) or graph_precision(onnx_file)
     return Predictor("onnx", precision, config_labels(model_dir), load_tokenizer(model_dir),
                      logits, task, usable_length(saved_config(model_dir), length),
-                     model_positions(saved_config(model_dir)), seed)
+                     model_positions(saved_config(model_dir)), seed, pair_task)
 
 
 def recorded_precision(model_dir: Path) -> str | None:
@@ -248,6 +264,7 @@ def evaluate_path(model: str, task_spec: str | dict | None, split: str = "test",
         raise UserError(f"no --task given and {model} records no task; pass --task")
     loaded = whole_task(task_spec) if split == WHOLE else \
         load_task(task_spec, seed=seed, scored=split if split in HELD_OUT else None)    # its `warnings` say split's
+    check_pair_task(predictor.pair_task, loaded, model)
     task = on_labels(loaded, split, predictor.label_names)
     check_holds_text(max_length, predictor.tokenizer, task, model)
     data_split = task.split(split).head(max_samples)
@@ -270,6 +287,7 @@ def reference_agreement(reference: str, loaded: TaskData, split: str, max_sample
     task's, or with split all, a set that holds the file's (each model numbers them its way)."""
     try:
         ref_predictor = load_predictor(reference, max_length)
+        check_pair_task(ref_predictor.pair_task, loaded, reference)
         task = on_labels(loaded, split, ref_predictor.label_names)
         check_holds_text(max_length, ref_predictor.tokenizer, task, reference)
         ref_predictions = predict_classes(ref_predictor, task.split(split).head(max_samples), task)

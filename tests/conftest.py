@@ -189,3 +189,30 @@ def trained_rates(monkeypatch) -> list[float]:
         return real_train(model, data, cfg, **kwargs)
     monkeypatch.setattr(finetune_module, "train", recording_train)
     return seen
+
+
+@pytest.fixture(scope="session")
+def tiny_pairs_csv(tiny_csv, tmp_path_factory) -> Path:
+    """The tiny CSV's rows as text pairs (text, text_pair, label): the same labels, the other
+    shape of input."""
+    with tiny_csv.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    path = tmp_path_factory.mktemp("pairs") / "tiny-pairs.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "text_pair", "label"])
+        writer.writerows((row["text"], " ".join(reversed(row["text"].split())), row["label"]) for row in rows)
+    return path
+
+
+@pytest.fixture(scope="session")
+def shape_tuned(tiny_bert_dir, tiny_csv, tiny_pairs_csv, tmp_path_factory) -> dict[str, Path]:
+    """`compressor finetune` run on the tiny BERT for a few steps with the tiny task's single
+    texts and with its text pairs: {"single": dir, "pairs": dir}, each recording its input's shape."""
+    from compressor.cli.commands import main
+    root = tmp_path_factory.mktemp("shape-tuned")
+    for name, task in (("single", tiny_csv), ("pairs", tiny_pairs_csv)):
+        assert main(["finetune", "--model", str(tiny_bert_dir), "--task", str(task), "--out", str(root / name),
+                     "--epochs", "1", "--max-train-samples", "16", "--max-eval-samples", "8", "--threads", "1",
+                     "--quiet"]) == 0
+    return {"single": root / "single", "pairs": root / "pairs"}

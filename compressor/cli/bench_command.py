@@ -12,8 +12,8 @@ from compressor.bench.measure import measure_models, measuring_environment
 from compressor.bench.profiles import Profile, load_profile, unavailable_reason, with_overrides
 from compressor.bench.runners import Deployable
 from compressor.bundle import weights_size
-from compressor.evaluate import (Predictor, check_holds_text, find_onnx, load_predictor, predict_classes,
-                                 split_seed, task_or_recorded)
+from compressor.evaluate import (Predictor, check_holds_text, check_pair_task, find_onnx, load_predictor,
+                                 predict_classes, split_seed, task_or_recorded)
 from compressor.report.analysis import contention_warnings
 from pretrain.atomic import check_output, claimed_output, write_json
 from pretrain.data import load_task, task_files
@@ -96,6 +96,7 @@ def bench_result(model_ref: str, profile: Profile, predictor: Predictor, spec: s
     if spec is None:
         raise UserError(f"no --task given and {model_ref} records no task; pass --task")
     task = load_task(spec, seed=seed)
+    check_pair_task(predictor.pair_task, task, model_ref)
     check_holds_text(max_length, predictor.tokenizer, task, model_ref)
     test = task.split("test").head(max_eval_samples)
     predictions = predict_classes(predictor, test, task)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from compressor.bundle import ModelBundle, read_provenance
 from compressor.cli.flags import validated
-from compressor.evaluate import check_holds_text, check_max_length, find_onnx, split_seed, task_or_recorded
+from compressor.evaluate import (check_holds_text, check_max_length, check_pair_task, find_onnx, split_seed,
+                                 task_or_recorded)
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import EXPORT_FILE, ExportSettings, export_bundle
 from compressor.export.quantize import QuantizeConfig
@@ -41,8 +42,10 @@ def export_command(model: Path, out: Path, task_spec: str | dict | None, setting
         raise UserError(f"no --task given and {model} records no task; pass --task")
     check_output(out, [model, *task_files(task_spec)], owner_files=(EXPORT_FILE,))
     task = load_task(task_spec, seed=seed)
+    check_pair_task(bundle.pair_task, task, model)
     check_holds_text(max_length, bundle.tokenizer, task, model)
-    bundle = bundle.replace(task=task.spec, task_seed=seed)   # the export records the task it was gated on
+    # The export records the task it was gated on.
+    bundle = bundle.replace(task=task.spec, task_seed=seed, pair_task=task.is_pair_task)
     if quantize_cfg is not None or quantize is not None:   # the flags win over what a `quantize` pass recorded
         deploy = {k: v for k, v in bundle.deploy.items() if k != "quantize"}
         if quantize_cfg is not None:

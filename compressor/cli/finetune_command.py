@@ -82,7 +82,7 @@ def finetune_command(model_ref: str, task_spec: str | dict, out: Path, overrides
                    "model": model_ref, "config": cfg.model_dump(mode="json"), "environment": environment(),
                    **scored_overlap(task, "test", max_eval_samples)}
         bundle = ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=cfg.seed,
-                             max_length=cfg.max_length,
+                             max_length=cfg.max_length, pair_task=task.is_pair_task,
                              history=({"pass": "finetune", "config": cfg.model_dump(mode="json")},))
         with atomic_dir(out) as tmp:
             bundle.save_into(tmp)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compressor.bench.baselines import OPTIMUM, check_baselines
-from compressor.evaluate import recorded_task_seed
+from compressor.bundle import read_provenance, recorded_pair_task
+from compressor.evaluate import check_pair_task, recorded_task_seed
 from compressor.export.onnx import calibration_rows
 from compressor.passes import get_pass
 from compressor.passes.registry import Known, check_pass_tokenizer, shape_after, shape_of
@@ -88,6 +89,8 @@ def checked_against_inputs(recipe: Recipe, steps: dict[str, list[Step]], base_di
         check_batches_fit(recipe.benchmark, scored, capped=scored < len(test))
     if recipe.teacher.finetune is None:
         check_head_for(teacher_path, tuple(task.label_names), task.name)
+        with located("teacher.model"):   # used as saved, it must have been trained on this shape of input
+            check_pair_task(recorded_pair_task(read_provenance(teacher_path), teacher_path), task, teacher_path)
     else:
         recipe = with_teacher_finetune(recipe, resolve_config_paths(recipe.teacher.finetune, base_dir))
         check_inputs_exist(recipe.teacher.finetune, "teacher.finetune")

@@ -71,7 +71,7 @@ def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, split_se
             finetune(model, tokenizer, task, finetune_cfg, desc="teacher finetune", show_progress=show_progress,
                      checkpoint=Checkpointing(directory=out_dir / WORK_DIR / key))
         return ModelBundle(model=model, tokenizer=tokenizer, task=task.spec, task_seed=split_seed,
-                           max_length=teacher_length(finetune_cfg, path))
+                           max_length=teacher_length(finetune_cfg, path), pair_task=task.is_pair_task)
     stage = model_stage("teacher", key, build, task, recipe, out_dir)
     remove_work_dirs(out_dir, [key])
     return stage

@@ -31,7 +31,7 @@ import yaml
 from compressor.bench.profiles import Profile, load_profile, unavailable_reason
 from compressor.bench.runners import input_batches
 from compressor.bundle import ModelBundle
-from compressor.evaluate import label_permutation, recorded_task_seed
+from compressor.evaluate import check_pair_task, label_permutation, recorded_task_seed
 from compressor.passes import check_pass_family
 from compressor.passes.registry import shape_of
 from compressor.pipeline.cache import fingerprint, log as progress
@@ -72,6 +72,7 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
     check_output(out_dir, [teacher_dir, *task_files(task)], owner_files=None)
     bundle = ModelBundle.load(teacher_dir)      # a teacher that is no classifier stops before any write
     label_permutation(tuple(bundle.label_names), data)   # nor one of another task: its plans would score chance
+    check_pair_task(bundle.pair_task, data, teacher_dir)  # nor one trained on the other shape of input
     # The lead holds out_dir until its finals are written: a second lead's claim would delete
     # this one's temporaries (joining workers share it by design, and take no lock).
     lock = contextlib.nullcontext(not out_dir.exists()) if join else \

@@ -159,3 +159,24 @@ def test_a_bad_recorded_length_is_a_user_error(bert_bundle, tmp_path):
     (tmp_path / "m" / PROVENANCE_FILE).write_text(json.dumps({**record, "max_length": "long"}))
     with pytest.raises(UserError, match=r"max_length is 'long'; expected a positive integer"):
         ModelBundle.load(tmp_path / "m")
+
+
+def test_the_input_shape_round_trips_and_an_unrecorded_one_is_not_known(bert_bundle, tmp_path):
+    """compressor.json records whether the task gave text pairs (what evaluate, export and
+    bench check a task against); a dir without the field loads as not known."""
+    bert_bundle.replace(pair_task=True).save(tmp_path / "pairs")
+    assert json.loads((tmp_path / "pairs" / PROVENANCE_FILE).read_text())["pair_task"] is True
+    assert ModelBundle.load(tmp_path / "pairs").pair_task is True
+    bert_bundle.replace(pair_task=False).save(tmp_path / "single")
+    assert ModelBundle.load(tmp_path / "single").pair_task is False
+    bert_bundle.save(tmp_path / "unknown")
+    assert "pair_task" not in json.loads((tmp_path / "unknown" / PROVENANCE_FILE).read_text())
+    assert ModelBundle.load(tmp_path / "unknown").pair_task is None
+
+
+def test_a_bad_recorded_input_shape_is_a_user_error(bert_bundle, tmp_path):
+    bert_bundle.save(tmp_path / "m")
+    record = json.loads((tmp_path / "m" / PROVENANCE_FILE).read_text())
+    (tmp_path / "m" / PROVENANCE_FILE).write_text(json.dumps({**record, "pair_task": "yes"}))
+    with pytest.raises(UserError, match=r"pair_task is 'yes'; expected true or false"):
+        ModelBundle.load(tmp_path / "m")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -176,3 +177,42 @@ def test_distinct_splits_record_no_shared_text_and_no_warning(tiny_bert_dir, tin
     result = evaluate_path(str(tiny_bert_dir), tiny_task.spec)
     assert result["texts_in_train"] == {"test": {"examples": result["samples"], "in_train": 0, "other_label": 0}}
     assert "warnings" not in result
+
+
+SHAPE_REFUSALS = {
+    "pairs": "{model} was fine-tuned on text pairs (text, text_pair); task 'tiny' gives single texts: expected a task "
+             "with a text_pair column, or a model fine-tuned on single texts",
+    "single": "{model} was fine-tuned on single texts; task 'tiny-pairs' gives text pairs (text, text_pair): expected "
+              "a task without a text_pair column, or a model fine-tuned on text pairs",
+}
+
+
+@pytest.mark.parametrize("trained, other", [("pairs", "single"), ("single", "pairs")])
+def test_a_task_of_the_other_shape_than_the_model_was_fine_tuned_on_is_refused(trained, other, shape_tuned, tiny_csv,
+                                                                               tiny_pairs_csv, capsys):
+    """Same labels, other shape: a pair model fed single texts (or the reverse) predicted, and
+    its meaningless score was printed with exit 0."""
+    from compressor.cli.commands import main
+    files = {"single": tiny_csv, "pairs": tiny_pairs_csv}
+    model = shape_tuned[trained]
+    assert main(["evaluate", "--model", str(model), "--task", str(files[other])]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {SHAPE_REFUSALS[trained].format(model=model)}\n" and captured.out == ""
+    assert main(["evaluate", "--model", str(shape_tuned[other]), "--task", str(files[other]),
+                 "--reference", str(model), "--max-samples", "4"]) == 2
+    assert capsys.readouterr().err == f"error: --reference {model}: {SHAPE_REFUSALS[trained].format(model=model)}\n"
+    assert main(["evaluate", "--model", str(model), "--task", str(files[trained]), "--max-samples", "4"]) == 0
+
+
+def test_a_model_that_records_no_input_shape_is_scored_on_either(shape_tuned, tiny_bert_dir, tiny_csv, tmp_path,
+                                                                  capsys):
+    """A dir written before the record (or a plain HF dir) says nothing of its input: not refused."""
+    from compressor.cli.commands import main
+    older = tmp_path / "older"
+    shutil.copytree(shape_tuned["pairs"], older)
+    record = json.loads((older / "compressor.json").read_text())
+    assert record.pop("pair_task") is True
+    (older / "compressor.json").write_text(json.dumps(record))
+    for model in (older, tiny_bert_dir):
+        assert main(["evaluate", "--model", str(model), "--task", str(tiny_csv), "--max-samples", "4"]) == 0
+    capsys.readouterr()

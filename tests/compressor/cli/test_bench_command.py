@@ -38,3 +38,20 @@ def test_latencies_timed_while_other_processes_used_the_cpus_are_warned_about(ti
                               f"(sequence real; most during {tiny_bert_dir.name} 37%)")
     assert warning.endswith("rerun on a quiet machine")
     assert capsys.readouterr().err.splitlines()[-1] == f"warning: {warning}"
+
+
+def test_a_task_of_the_other_shape_than_the_model_was_fine_tuned_on_is_refused(shape_tuned, tiny_pairs_csv, tmp_path,
+                                                                               monkeypatch, capsys):
+    """A single-text model was scored and timed on text pairs: refused before any timing."""
+    from compressor.cli.commands import main
+
+    def measured(*args, **kwargs):
+        raise AssertionError("timed a model on a task of the other shape")
+    monkeypatch.setattr(bench_command, "measure_models", measured)
+    model, out = shape_tuned["single"], tmp_path / "bench.json"
+    assert main(["bench", "--model", str(model), "--profile", "cpu", "--task", str(tiny_pairs_csv),
+                 "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: {model} was fine-tuned on single texts; task 'tiny-pairs' gives text "
+                                       "pairs (text, text_pair): expected a task without a text_pair column, or a "
+                                       "model fine-tuned on text pairs\n")
+    assert not out.exists()

@@ -233,3 +233,9 @@ def test_a_setting_the_config_refuses_is_named_by_its_flag(tmp_path):
         finetune_command("minilm", "wordnet-supersense", tmp_path / "ft", {"epochs": 0, "lr": None})
     assert str(err.value) == "--epochs: expected a positive number (got 0)"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_model_records_whether_its_task_gave_text_pairs(shape_tuned):
+    """What evaluate, export and bench check a task's shape against (compressor.json `pair_task`)."""
+    assert ModelBundle.load(shape_tuned["pairs"]).pair_task is True
+    assert ModelBundle.load(shape_tuned["single"]).pair_task is False

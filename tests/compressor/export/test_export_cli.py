@@ -187,3 +187,15 @@ def test_no_per_channel_turns_off_what_a_static_mode_defaults_to():
     from pretrain.errors import UserError
     with pytest.raises(UserError, match="^--no-per-channel: only meaningful with a --quantize mode"):
         quantize_config(None, {"per_channel": False}, None)     # named as typed
+
+
+def test_a_task_of_the_other_shape_than_the_model_was_fine_tuned_on_is_refused(shape_tuned, tiny_csv, tmp_path,
+                                                                               capsys):
+    """A pair model gated on single texts passed its parity and accuracy gates on inputs it was
+    never trained on, and the export recorded that task."""
+    model, out = shape_tuned["pairs"], tmp_path / "out"
+    assert main(["export", "--model", str(model), "--task", str(tiny_csv), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {model} was fine-tuned on text pairs (text, text_pair); task 'tiny' gives single texts: "
+                   "expected a task with a text_pair column, or a model fine-tuned on single texts\n")
+    assert not out.exists()

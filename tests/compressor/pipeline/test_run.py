@@ -889,3 +889,20 @@ def test_a_recipe_search_runs_on_the_benchmarks_first_profile_else_on_cpu(benchm
                         or dict.fromkeys(("outcome", "chosen", "best_effort", "recipe_file")))
     pipeline_run.recipe_search(recipe, SimpleNamespace(path=tmp_path), tmp_path, tmp_path / "out", False)
     assert asked == [profile]
+
+
+def test_a_teacher_used_as_saved_must_have_been_fine_tuned_on_the_tasks_shape(shape_tuned, tiny_csv, tmp_path,
+                                                                              monkeypatch):
+    """A teacher fine-tuned on text pairs, used as saved on single texts of the same labels,
+    was scored, distilled from and compressed on inputs of a shape it never saw."""
+    forbid_building(monkeypatch)
+    raw = raw_recipe(shape_tuned["pairs"], tiny_csv, {"as-is": []})
+    del raw["teacher"]["finetune"]
+    with pytest.raises(UserError, match=rf"^teacher.model: {shape_tuned['pairs']} was fine-tuned on text pairs "
+                                        r"\(text, text_pair\); task 'tiny' gives single texts: expected a task with "
+                                        "a text_pair column"):
+        run(raw, tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
+    raw["teacher"]["finetune"] = {"epochs": 1}          # fine-tuned here, on the task: accepted
+    from compressor.pipeline.plan import plan_recipe
+    assert plan_recipe(*parse_recipe(raw), tmp_path / "fresh")["stages"]

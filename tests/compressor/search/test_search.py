@@ -481,3 +481,15 @@ def test_a_search_draws_the_splits_with_the_seed_its_teacher_records(bert_bundle
                        log=lines.append)
     assert seeds == [3, 1]                              # another task: the search's own seed
     assert len(lines) == 1 and "drawn with seed 3, not the search's seed 1" in lines[0]
+
+
+def test_a_teacher_fine_tuned_on_the_other_shape_of_input_is_refused(shape_tuned, tiny_csv, tmp_path, capsys):
+    """Its plans would be trained and scored on inputs of a shape the teacher never saw."""
+    out, teacher = tmp_path / "never", shape_tuned["pairs"]
+    code = main(["search", "--teacher", str(teacher), "--task", str(tiny_csv), "--latency-budget-ms", "5",
+                 "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == (f"error: {teacher} was fine-tuned on text pairs (text, text_pair); task 'tiny' gives "
+                                 "single texts: expected a task with a text_pair column, or a model fine-tuned on "
+                                 "single texts"), err
+    assert not out.exists()
