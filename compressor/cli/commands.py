@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator, Literal, get_args, get_origin
 from pydantic import BaseModel
 
 from compressor import IMPORT_CHATTER
-from compressor.cli.lifecycle import PrintVersion, Terminated, after_interrupt, first_rank, sigterm_as_interrupt
+from compressor.cli.lifecycle import (PrintVersion, Terminated, after_interrupt, first_rank, quiet_exit_after_command,
+                                      sigterm_as_interrupt)
 from pretrain.atomic import write_failure
 from pretrain.errors import UserError
 from pretrain.limits import MAX_SEED
@@ -602,3 +603,5 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'terminated' if isinstance(stop, Terminated) else 'interrupted'}: {after_interrupt(args)}",
                   file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130     # the shell's codes for SIGTERM, SIGINT
+    finally:
+        quiet_exit_after_command()      # the last at-exit call registered: the first to run
