@@ -19,7 +19,8 @@ from pydantic import BaseModel
 
 from compressor import IMPORT_CHATTER
 from compressor.cli.flags import MAX_COUNT, bounded_int, config_number, positive_int, seed_value, thread_count
-from compressor.cli.lifecycle import PrintVersion, Terminated, after_interrupt, first_rank, sigterm_as_interrupt
+from compressor.cli.lifecycle import (PrintVersion, Terminated, after_interrupt, first_rank, quiet_exit_after_command,
+                                      sigterm_as_interrupt)
 from pretrain.atomic import write_failure
 from pretrain.errors import UserError, number_kind
 
@@ -590,3 +591,5 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'terminated' if isinstance(stop, Terminated) else 'interrupted'}: {after_interrupt(args)}",
                   file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130     # the shell's codes for SIGTERM, SIGINT
+    finally:
+        quiet_exit_after_command()      # the last at-exit call registered: the first to run

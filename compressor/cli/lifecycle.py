@@ -8,6 +8,7 @@ checkpoint stays, and one line says what was left and how to go on.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import os
 import platform
@@ -71,6 +72,23 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def quiet_exit_after_command() -> None:
+    """Once the command is over, ignore Ctrl-C and SIGTERM while the interpreter exits: it takes
+    seconds to unload torch and ONNX Runtime (about 3 s after a `bench`), and a stop arriving
+    then, with the output written and its line printed, ended the process by the signal, with
+    no line and a status saying it was stopped (-2 or -15; 130 in a shell). Registered as the
+    command ends, so it is the first at-exit call (before the unloading); a program calling
+    main() keeps its handlers until it exits."""
+    atexit.unregister(ignore_stops)     # one entry however often main runs in one process
+    atexit.register(ignore_stops)
+
+
+def ignore_stops() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def after_interrupt(args: argparse.Namespace | None) -> str:

@@ -660,6 +660,30 @@ def test_a_stop_while_the_command_imports_is_one_line_and_exit_130():
     assert script == "compressor.cli:main"      # the function run above
 
 
+# Run as `python -m compressor`, with a stop arriving as the interpreter exits after the command.
+STOPPED_WHILE_EXITING = """
+import atexit, os, runpy, signal, sys, time
+def stop():        # registered before the command runs: called after the at-exit calls it registers
+    os.kill(os.getpid(), signal.SIG{name})
+    time.sleep(0.5)
+atexit.register(stop)
+sys.argv = ["compressor", "--version"]
+runpy.run_module("compressor", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("name", ["INT", "TERM"])
+def test_a_stop_while_the_interpreter_exits_after_a_command_keeps_its_exit_code(name):
+    """A bench wrote its --out and printed its JSON; the interpreter then took 3 s to unload
+    torch and ONNX Runtime, and a Ctrl-C or SIGTERM in those seconds ended the finished command
+    by the signal (-2 or -15: 130 or 143 in a shell), with no line saying what it left."""
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-c", STOPPED_WHILE_EXITING.replace("{name}", name)], cwd=root,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith("compressor ")
+
+
 @pytest.mark.parametrize("command", ["export", "bench", "tokenizer", "embeddings"])
 def test_a_second_command_writing_the_same_output_is_refused(command, tiny_bert_dir, tiny_csv, tmp_path, capsys):
     """Two exports into one --out both exited 0, and one's output was silently lost (the last
