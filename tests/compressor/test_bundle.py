@@ -153,11 +153,15 @@ def test_the_fine_tuning_length_round_trips_and_the_default_is_not_written(bert_
     assert bert_bundle.replace(max_length=512).usable_length == 128
 
 
-def test_a_bad_recorded_length_is_a_user_error(bert_bundle, tmp_path):
+@pytest.mark.parametrize("field, value, message", [
+    ("max_length", "long", r"max_length is 'long'; expected a positive integer"),
+    ("pair_task", "yes", r"pair_task is 'yes'; expected true or false"),
+])
+def test_a_bad_recorded_setting_is_a_user_error(bert_bundle, tmp_path, field, value, message):
     bert_bundle.save(tmp_path / "m")
     record = json.loads((tmp_path / "m" / PROVENANCE_FILE).read_text())
-    (tmp_path / "m" / PROVENANCE_FILE).write_text(json.dumps({**record, "max_length": "long"}))
-    with pytest.raises(UserError, match=r"max_length is 'long'; expected a positive integer"):
+    (tmp_path / "m" / PROVENANCE_FILE).write_text(json.dumps({**record, field: value}))
+    with pytest.raises(UserError, match=message):
         ModelBundle.load(tmp_path / "m")
 
 
@@ -172,11 +176,3 @@ def test_the_input_shape_round_trips_and_an_unrecorded_one_is_not_known(bert_bun
     bert_bundle.save(tmp_path / "unknown")
     assert "pair_task" not in json.loads((tmp_path / "unknown" / PROVENANCE_FILE).read_text())
     assert ModelBundle.load(tmp_path / "unknown").pair_task is None
-
-
-def test_a_bad_recorded_input_shape_is_a_user_error(bert_bundle, tmp_path):
-    bert_bundle.save(tmp_path / "m")
-    record = json.loads((tmp_path / "m" / PROVENANCE_FILE).read_text())
-    (tmp_path / "m" / PROVENANCE_FILE).write_text(json.dumps({**record, "pair_task": "yes"}))
-    with pytest.raises(UserError, match=r"pair_task is 'yes'; expected true or false"):
-        ModelBundle.load(tmp_path / "m")
