@@ -22,13 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from compressor.bench.contention import others_share, our_cpus, read_cpu_time, rounded
+from compressor.bench.contention import others_share, read_cpu_time, rounded
 from compressor.bench.environment import environment
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable, input_batches, load_runner
 from compressor.bench.timing import measure_interleaved
 from compressor.report.analysis import announced_contention
 from pretrain.atomic import write_json
+from pretrain.cpus import our_cpus
 from pretrain.data import load_task
 from pretrain.models import load_tokenizer, set_threads
 
