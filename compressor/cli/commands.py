@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from compressor import IMPORT_CHATTER
 from compressor.cli.flags import MAX_COUNT, bounded_int, config_number, positive_int, seed_value, thread_count
 from compressor.cli.lifecycle import (PrintVersion, Terminated, after_interrupt, first_rank, quiet_exit_after_command,
-                                      sigterm_as_interrupt)
+                                      sigterm_as_interrupt, stops_held)
 from pretrain.atomic import write_failure
 from pretrain.errors import UserError, number_kind
 
@@ -566,6 +566,7 @@ def quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = None      # until the command line is read (the libraries import first, for seconds)
+    stopped: KeyboardInterrupt | None = None
     try:
         with sigterm_as_interrupt():
             quiet_libraries()   # before the parser imports the configs (and with them torch)
@@ -587,9 +588,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"permissions; {after_interrupt(args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
-        if first_rank():
-            print(f"{'terminated' if isinstance(stop, Terminated) else 'interrupted'}: {after_interrupt(args)}",
-                  file=sys.stderr)
+        stopped = stop
         return 143 if isinstance(stop, Terminated) else 130     # the shell's codes for SIGTERM, SIGINT
     finally:
-        quiet_exit_after_command()      # the last at-exit call registered: the first to run
+        # The command is over: a second Ctrl-C (an impatient user) or SIGTERM now could only
+        # end it in a traceback, past its line.
+        with stops_held():
+            if stopped is not None and first_rank():
+                print(f"{'terminated' if isinstance(stopped, Terminated) else 'interrupted'}: "
+                      f"{after_interrupt(args)}", file=sys.stderr)
+            quiet_exit_after_command()      # the last at-exit call registered: the first to run

@@ -74,6 +74,21 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM ignored for the block, the handlers put back after (main thread only:
+    only it may set them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def quiet_exit_after_command() -> None:
     """Once the command is over, ignore Ctrl-C and SIGTERM while the interpreter exits: it takes
     seconds to unload torch and ONNX Runtime (about 3 s after a `bench`), and a stop arriving

@@ -660,6 +660,34 @@ def test_a_stop_while_the_command_imports_is_one_line_and_exit_130():
     assert script == "compressor.cli:main"      # the function run above
 
 
+# A command stopped, and stopped again while it says so (its own process: a stop that escapes
+# main would end pytest's session).
+STOPPED_TWICE = """
+import os, signal, sys
+from compressor.cli import commands
+commands.quiet_libraries()       # as main does before the command's modules import
+from compressor.cli import export_command
+def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+def stopped_again(args):         # the user's second Ctrl-C, and a SIGTERM, as the line is written
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return "nothing was written"
+export_command.export_command = interrupted
+commands.after_interrupt = stopped_again
+sys.exit(commands.main(["export", "--model", "m", "--out", "x"]))
+"""
+
+
+def test_a_second_stop_while_the_first_is_reported_keeps_one_line_and_its_exit_code():
+    """Ctrl-C pressed again and again (export, 14 s in): the second one landed as the first
+    one's line was printed, and the command ended in a traceback after it, killed by the signal."""
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-c", STOPPED_TWICE], cwd=root, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert (proc.returncode, proc.stderr) == (130, "interrupted: nothing was written\n")
+
+
 # Run as `python -m compressor`, with a stop arriving as the interpreter exits after the command.
 STOPPED_WHILE_EXITING = """
 import atexit, os, runpy, signal, sys, time
