@@ -2,8 +2,9 @@
 
 The README is the user's front door: a flag it shows that the parser lacks fails on the first
 try, and a flag the parser has that it never shows is a feature nobody finds. Both directions
-are checked against `build_parser()`, and where a flag has fixed choices, the alternatives the
-synopsis lists (`--precision fp32|bf16`) must be exactly those choices."""
+are checked against `build_parser()`; where a flag has fixed choices, the alternatives the
+synopsis lists (`--precision fp32|bf16`) must be exactly those choices, and a number it shows
+(`--epochs 1`) must be the flag's default, as its help states one."""
 
 from __future__ import annotations
 
@@ -51,7 +52,26 @@ def mismatches(parser: argparse.ArgumentParser, text: str) -> list[str]:
         choices = options[flag].choices if flag in options else None
         if choices and "|" in value and value.split("|") != list(choices):
             problems.append(f"{flag}: shows {value}, the parser takes {'|'.join(choices)}")
+        default = number_default(options[flag]) if flag in options else None
+        if default is not None and as_number(value) is not None and as_number(value) != default:
+            problems.append(f"{flag}: shows {value}, the parser's default is {default:g}")
     return problems
+
+
+def as_number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def number_default(action: argparse.Action) -> float | None:
+    """A flag's numeric default: its own, or, for a flag left None to mean "the config's
+    default", the one its help names (`(default 100)`, cli/commands.py: from_config)."""
+    if isinstance(action.default, (int, float)) and not isinstance(action.default, bool):
+        return float(action.default)
+    named = re.search(r"\(default ([-+.\deE]+)\)", action.help or "")
+    return as_number(named[1]) if named else None
 
 
 @pytest.mark.parametrize("name", sorted(subcommands()))
@@ -63,6 +83,9 @@ def test_mismatches_are_found() -> None:
     """The comparison itself can fail: an invented flag, a missing one and wrong choices."""
     parser = subcommands()["finetune"]
     text = synopses()["finetune"].replace("--precision fp32|bf16", "--precision fp32|fp16").replace("[--quiet]", "")
+    text = text.replace("--batch-size 32", "--batch-size 16").replace("--domain-steps 100", "--domain-steps 50")
     assert mismatches(parser, text + " [--no-such-flag]") == [
         "--no-such-flag: shown, but the parser lacks it", "--quiet: in the parser, never shown",
-        "--precision: shows fp32|fp16, the parser takes fp32|bf16"]
+        "--batch-size: shows 16, the parser's default is 32",
+        "--precision: shows fp32|fp16, the parser takes fp32|bf16",
+        "--domain-steps: shows 50, the parser's default is 100"]
