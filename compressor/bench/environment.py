@@ -68,10 +68,15 @@ def environment() -> dict:
            "tool_version": __version__, "python": platform.python_version(), "platform": platform.platform(),
            "cpu": cpu_info(), "torch_threads": torch.get_num_threads(),
            "packages": package_versions()}
-    if limits := isa_limits():      # only where set: the CPU's flags alone then misdescribe the run
-        env["isa_limits"] = limits
+    env.update(isa_limits_entry())
     env.update(quota_entry())
     return env
+
+
+def isa_limits_entry() -> dict:
+    """`isa_limits` only where one is set: the CPU's flags alone then misdescribe the run."""
+    limits = isa_limits()
+    return {"isa_limits": limits} if limits else {}
 
 
 def quota_entry() -> dict:

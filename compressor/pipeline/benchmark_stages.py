@@ -13,7 +13,7 @@ import numpy as np
 
 from compressor.bench.baselines import (BUILDERS, OPTIMUM, baseline_kind, describe_baseline, is_described,
                                         model_file, optimum_preset, preset_for_this_cpu, preset_settings)
-from compressor.bench.environment import cpu_info, package_versions, quota_entry
+from compressor.bench.environment import cpu_info, isa_limits_entry, package_versions, quota_entry
 from compressor.bench.measure import run_benchmarks
 from compressor.bench.profiles import unavailable_reason
 from compressor.bench.runners import Deployable
@@ -183,5 +183,6 @@ def benchmark_key(models: list[Deployable], recipe: Recipe) -> str:
 
 def measuring_machine() -> dict:
     """The part of the environment that timings depend on (not the date or the thread count
-    torch happens to have: profiles set the threads); a cgroup quota where one is set."""
-    return {"cpu": cpu_info(), "packages": package_versions(), **quota_entry()}
+    torch happens to have: profiles set the threads); a cgroup quota and instruction-set
+    limits (ONEDNN_MAX_CPU_ISA, ...) where set, as both change what the same CPU runs."""
+    return {"cpu": cpu_info(), "packages": package_versions(), **quota_entry(), **isa_limits_entry()}

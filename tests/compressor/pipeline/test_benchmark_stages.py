@@ -328,3 +328,17 @@ def test_timings_taken_under_another_cgroup_quota_are_not_reused(monkeypatch):
     assert set(measuring_machine()) == {"cpu", "packages"}
     monkeypatch.setattr(environment, "cpu_quota", lambda: 1.5)
     assert measuring_machine()["cpu_quota"] == 1.5
+
+
+def test_timings_taken_under_other_instruction_set_limits_are_not_reused(monkeypatch):
+    """A rerun with the libraries held to AVX2 (ONEDNN_MAX_CPU_ISA, ...) reused timings taken
+    with every instruction set, under a report.json whose benchmark environment named no limit.
+    Without a limit set, timings are keyed as before."""
+    from compressor.bench import environment
+    from compressor.pipeline.benchmark_stages import measuring_machine
+    monkeypatch.setattr(environment, "cpu_quota", lambda: None)
+    for name in environment.ISA_LIMIT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert set(measuring_machine()) == {"cpu", "packages"}
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert measuring_machine()["isa_limits"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
