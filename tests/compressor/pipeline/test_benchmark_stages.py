@@ -12,6 +12,7 @@ from compressor.bench.baselines import preset_for_this_cpu
 from compressor.bench.timing import HARNESS_VERSION
 from compressor.pipeline.recipe import parse_recipe
 from pretrain.errors import UserError
+from tests.compressor.pipeline.test_report_data import undocumented_keys, unwritten_keys
 
 LATENCY_FIELDS = {"profile", "batch_size", "sequence_length", "p50_ms", "p90_ms", "p99_ms", "throughput",
                   "peak_rss_mb", "kind", "precision"}
@@ -156,6 +157,17 @@ def test_an_out_dir_of_another_recipe_is_refused_unless_forced(done, tiny_bert_d
     report = run_raw(other, copy, force=True)
     assert report["recipe"]["name"] == "other"
     assert not (copy / "baselines").exists() and not (copy / "benchmark").exists()
+
+
+def test_the_report_has_the_keys_the_readme_documents_and_no_others(done):
+    """report.json is a contract other tools read: a run with exports, baselines, a benchmark
+    and a skipped profile writes every key of the README's example (but the search's, which
+    needs a `search:` section) and none the README does not name."""
+    report = json.loads((done[1] / "report.json").read_text())
+    assert undocumented_keys(report) == []
+    assert unwritten_keys(report, conditional={"search"}) == []
+    # "the same fields, with `threads` ... instead of `torch_threads`"
+    assert set(report["benchmark"]["environment"]) == set(report["environment"]) - {"torch_threads"} | {"threads"}
 
 
 def test_unknown_profile_lists_the_known_ones(tiny_bert_dir, tiny_csv):

@@ -1,6 +1,11 @@
-"""report.json's cost fields from real saved models: flops, sparsity, compressed size."""
+"""report.json's cost fields from real saved models: flops, sparsity, compressed size; and
+its keys against the README's documentation of them."""
 
 from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,3 +143,80 @@ def test_scored_test_texts_that_train_holds_are_counted_and_warned_about_first(b
     assert report["data"]["texts_in_train"]["test"] == {"examples": 20, "in_train": 2, "other_label": 1}
     assert report["warnings"][0].startswith("2 of the 20 test examples scored have a text that the train split "
                                             "also holds, 1 of them under another label there: ")
+
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+# Parts of report.json documented in other README sections, or holding other tools' settings:
+# their keys are not walked.
+ELSEWHERE = {"recipe",                                   # the recipe ("Recipe format")
+             "teacher.onnx", "models[].onnx",            # the export record ("ONNX export")
+             "models[].passes[].config",                 # each pass's own config
+             "benchmark.profiles[]",                     # the profiles ("Hardware profiles")
+             "benchmark.environment",                    # environment's fields, compared on their own
+             "models[].optimum.settings", "models[].optimum.builds.*.settings"}   # Optimum's settings
+# Objects whose keys are names (packages, labels, profiles, presets) rather than fields.
+KEYED_BY_NAME = {"environment.packages", "data.test_labels", "models[].optimum.profiles", "models[].optimum.builds"}
+
+
+def report_section() -> str:
+    return README.read_text().split("## Output of `compressor run`")[1].split("\n## ")[0]
+
+
+def documented_report() -> dict:
+    """The README's report.json example as JSON, its `{...}` and `[...]` placeholders empty."""
+    example = re.search(r"```json\n(.*?)```", report_section(), re.S)[1]
+    return json.loads(example.replace("{...}", "{}").replace("[...]", "[]"))
+
+
+def key_paths(value, path: str = "") -> tuple[set[str], set[str]]:
+    """Every key of a report as a path (`models[].latency[].p50_ms`; `.*` for a name), and the
+    paths of the objects whose keys were read (the root is "")."""
+    keys: set[str] = set()
+    objects: set[str] = set()
+    if path in ELSEWHERE:
+        return keys, objects
+    items = []
+    if isinstance(value, dict):
+        objects.add(path)
+        for key, item in value.items():
+            if key != "...":            # the README's "and more"
+                child = f"{path}.*" if path in KEYED_BY_NAME else f"{path}.{key}".lstrip(".")
+                keys.add(child)
+                items.append((child, item))
+    elif isinstance(value, list):
+        items = [(f"{path}[]", item) for item in value]
+    for child, item in items:
+        more_keys, more_objects = key_paths(item, child)
+        keys |= more_keys
+        objects |= more_objects
+    return keys, objects
+
+
+def undocumented_keys(report: dict) -> list[str]:
+    """Keys of `report` that the README's example lacks and its prose never names (as `key`)."""
+    documented, section = key_paths(documented_report())[0], report_section()
+    return sorted(path for path in key_paths(report)[0] - documented
+                  if f"`{path.rsplit('.', 1)[-1]}`" not in section)
+
+
+def unwritten_keys(report: dict, conditional: set[str] = frozenset()) -> list[str]:
+    """Keys of the README's example that `report` lacks where it has the object holding them
+    (`conditional`: written only with a part of the recipe `report`'s run had not)."""
+    written, objects = key_paths(report)
+    return sorted(path for path in key_paths(documented_report())[0] - written - conditional
+                  if path.rpartition(".")[0] in objects)
+
+
+def test_every_key_of_a_report_is_documented(report):
+    """The README is how users and other tools learn report.json; its sparse fields here."""
+    assert {"models[].sparsity", "models[].compressed_size_bytes"} <= key_paths(report)[0]
+    assert undocumented_keys(report) == []
+
+
+def test_the_readme_comparison_finds_an_undocumented_and_an_unwritten_key(report):
+    report = json.loads(json.dumps(report))
+    report["models"][0]["latency"] = [{"p50_ms": 1.0, "made_up_ms": 2.0}]
+    report["teacher"]["made_up_count"] = 3
+    del report["teacher"]["macro_f1"]
+    assert undocumented_keys(report) == ["models[].latency[].made_up_ms", "teacher.made_up_count"]
+    assert "teacher.macro_f1" in unwritten_keys(report)
