@@ -70,6 +70,7 @@ def default_rates() -> str:
 def build_parser() -> argparse.ArgumentParser:
     # The configs whose fields the flags read; importing them loads torch, so `main` silences
     # the libraries first (their import-time notices would break the one-line errors).
+    from compressor.bench.profiles import Profile
     from compressor.export.onnx import ExportSettings
     from compressor.export.quantize import MODE_CONFIGS, IncConfig, Int4WeightOnlyConfig, StaticInt8Config
     from pretrain.finetune import FinetuneConfig
@@ -201,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--profile", default="cpu", help="a profile name (profiles/NAME.yaml) or a profile file")
     be.add_argument("--batch-sizes", type=int_list, help="e.g. 1,8 (default: the profile's)")
     be.add_argument("--sequence-lengths", type=length_list, help="e.g. real,128 (default: the profile's)")
-    be.add_argument("--iterations", type=positive_int, help="timed iterations (default: the profile's)")
+    be.add_argument("--iterations", type=config_number(Profile, "iterations"),
+                    help="timed iterations (default: the profile's)")
     be.add_argument("--task", help="default: the task recorded with the model")
     be.add_argument("--max-eval-samples", type=positive_int, help="test examples for accuracy and batches")
     be.add_argument("--max-length", type=positive_int,

@@ -17,10 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from pretrain.errors import (UserError, field_bounds, float_range, integer_limits, number_kind, number_problem,
                              validation_message)
-from pretrain.limits import MAX_SEED
+from pretrain.limits import MAX_SEED, MAX_THREADS
 
-# torch would try to start that many threads; no CPU this tool runs on has more cores.
-MAX_THREADS = 1024
 MAX_COUNT = 2**31 - 1      # steps, sizes, samples: past this the libraries fail with a traceback
 
 

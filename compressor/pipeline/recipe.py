@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic.fields import FieldInfo
 
 from compressor.bench.baselines import BASELINES, distinct_baselines
+from compressor.bench.profiles import MAX_ITERATIONS
 from compressor.export.onnx import ExportSettings
 from compressor.export.quantize import QuantizeConfig, mode_config_type
 from compressor.passes import config_as_written, get_pass
@@ -73,7 +74,7 @@ class BenchmarkSettings(Strict):
     profiles: list[str] = Field(default=["cpu"], min_length=1)     # names in profiles/ or YAML paths
     batch_sizes: list[int] | None = None            # default: each profile's own
     sequence_lengths: list[int | Literal["real"]] | None = None   # default: each profile's own
-    iterations: int | None = Field(None, ge=1)      # default: each profile's own
+    iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)   # default: each profile's own
     baselines: list[Literal[BASELINES]] = list(BASELINES)   # type: ignore[valid-type]
 
     @field_validator("profiles")

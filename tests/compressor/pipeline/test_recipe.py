@@ -367,6 +367,13 @@ def test_a_number_in_a_mapping_says_what_each_value_takes(tmp_path, distill, mes
     assert error_of(tmp_path, text) == f"{tmp_path / 'recipe.yaml'}: variants.v[1].{message}"
 
 
+def test_benchmark_iterations_are_bounded_as_a_profiles_are(tmp_path):
+    """The override replaces the profile's iterations: unbounded, a recipe asking for a billion
+    passed its validation and failed at the benchmark stage, after every variant was built."""
+    assert section_error(tmp_path, "variants:\n  v: []\nbenchmark: {iterations: 20000}\n") == \
+        f"{tmp_path / 'recipe.yaml'}: benchmark.iterations: expected an integer from 1 to 10000 (got 20000)"
+
+
 @pytest.mark.parametrize("section, message", [
     ("variants:\n  v: [{finetune: {max_length: abc}}]\n", "variants.v[0].finetune.max_length: expected an integer "
                                                          "from 8 to 512 (got 'abc')"),
