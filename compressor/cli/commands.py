@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, get_args, get_origin
+from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel
 
@@ -22,7 +22,7 @@ from compressor.cli.flags import MAX_COUNT, bounded_int, config_number, positive
 from compressor.cli.lifecycle import (PrintVersion, Terminated, after_interrupt, first_rank, quiet_exit_after_command,
                                       sigterm_as_interrupt, stops_held)
 from pretrain.atomic import write_failure
-from pretrain.errors import UserError, number_kind
+from pretrain.errors import UserError, literal_values, number_kind
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -52,13 +52,6 @@ def from_config(config: type[BaseModel], name: str, help: str = "", *, default: 
     if help:
         keywords["help"] = help.strip()
     return keywords
-
-
-def literal_values(annotation) -> tuple:
-    """The values of a Literal annotation (also inside `X | None`); () for any other type."""
-    if get_origin(annotation) is Literal:
-        return get_args(annotation)
-    return next((values for arg in get_args(annotation) if (values := literal_values(arg))), ())
 
 
 def default_rates() -> str:

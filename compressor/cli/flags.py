@@ -15,8 +15,8 @@ from typing import Callable
 
 from pydantic import BaseModel, ValidationError
 
-from pretrain.errors import (UserError, field_bounds, float_range, integer_limits, number_kind, number_problem,
-                             validation_message)
+from pretrain.errors import (UserError, choice_problem, field_bounds, float_range, integer_limits, number_kind,
+                             number_problem, validation_message)
 from pretrain.limits import MAX_SEED, MAX_THREADS
 
 MAX_COUNT = 2**31 - 1      # steps, sizes, samples: past this the libraries fail with a traceback
@@ -98,10 +98,12 @@ def validated(config_type: type[BaseModel], values: dict, flags: dict | None = N
 def flag_error(err: ValidationError, config_type: type[BaseModel], values: dict, flags: dict) -> str:
     # Imported here: the recipe module loads the passes (and torch), and this module must stay light.
     from compressor.pipeline.recipe import validating_type
-    from compressor.yamlfile import field_at
+    from compressor.yamlfile import choices_at, field_at
     first = err.errors()[0]
     field = str(first["loc"][0]) if first["loc"] else None
     flag = flags.get(field) or (f"--{field.replace('_', '-')}" if field else "settings")
-    problem = (number_problem(first, field_at(validating_type(config_type, values), first["loc"]))
+    model = validating_type(config_type, values)
+    problem = (number_problem(first, field_at(model, first["loc"]))
+               or choice_problem(first, choices_at(model, first["loc"]))
                or f"{validation_message(first)} (got {first.get('input')!r})")
     return f"{flag}: {problem}"

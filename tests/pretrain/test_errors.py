@@ -9,7 +9,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from pretrain.errors import number_range
+from pretrain.errors import choice_problem, number_range
 
 
 class Settings(BaseModel):
@@ -35,3 +35,17 @@ class Settings(BaseModel):
 ])
 def test_number_range_words(field, words):
     assert number_range(Settings.model_fields[field]) == words
+
+
+@pytest.mark.parametrize("loc, given, message", [
+    (("losses", 1), "hidn", "expected one of soft, hard, hidden (got 'hidn'); did you mean 'hidden'?"),
+    (("weights", "sofft", "[key]"), "sofft", "unknown name 'sofft'; expected one of soft, hard, hidden; "
+                                             "did you mean 'soft'?"),
+    (("losses", 0), "zzz", "expected one of soft, hard, hidden (got 'zzz')"),       # nothing close: no guess
+    (("losses", 0), 7, "expected one of soft, hard, hidden (got 7)"),
+])
+def test_a_name_no_literal_takes_gets_the_names_and_the_nearest(loc, given, message):
+    error = {"type": "literal_error", "loc": loc, "input": given}
+    assert choice_problem(error, ("soft", "hard", "hidden")) == message
+    assert choice_problem({**error, "type": "string_type"}, ("soft",)) is None
+    assert choice_problem(error, ()) is None
