@@ -7,7 +7,8 @@ code 2 and no traceback. The message must say what is wrong and what was expecte
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any, Literal, Sequence, get_args, get_origin
+import string
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, get_args, get_origin
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -15,6 +16,38 @@ if TYPE_CHECKING:
 
 class UserError(Exception):
     """Bad input from the user (a file, a flag, a recipe field): a one-line message."""
+
+
+class AcrossFields(ValueError):
+    """A config's check across its fields failed. The message names a field as `{field}` and
+    a setting as `{field:value}`, so that each surface names them as its user writes them: a
+    recipe (and Python) by the field, `domain_corpus`, `format: qdq` (what `str` gives); the
+    command line by the flag, `--domain-corpus`, `--format qdq` (compressor/cli/flags.py)."""
+
+    def __init__(self, template: str):
+        super().__init__(template)
+        self.template = template
+
+    def worded(self, name: Callable[[str, str], str]) -> str:
+        """The message with each field named by `name(field, value)` (value "" for a bare name)."""
+        return FieldWords(name).format(self.template)
+
+    def __str__(self) -> str:
+        return self.worded(lambda field, value: f"{field}: {value}" if value else field)
+
+
+class FieldWords(string.Formatter):
+    """Fills `{field}` and `{field:value}` of an AcrossFields message by a naming function."""
+
+    def __init__(self, name: Callable[[str, str], str]):
+        super().__init__()
+        self.name = name
+
+    def get_value(self, key, args, kwargs) -> str:
+        return str(key)
+
+    def format_field(self, value: str, format_spec: str) -> str:
+        return self.name(value, format_spec)
 
 
 def validation_message(error: dict) -> str:

@@ -1,15 +1,16 @@
 """What a number field takes, in words, from its pydantic bounds: the forms no shipped field
 has yet (an int's exclusive bound, an upper bound alone). The shipped fields' messages are
-checked through real recipes in tests/compressor/pipeline/test_recipe.py."""
+checked through real recipes in tests/compressor/pipeline/test_recipe.py. Also a check across
+fields, whose message names the fields as each surface names them."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from pretrain.errors import choice_problem, number_range
+from pretrain.errors import AcrossFields, choice_problem, number_range
 
 
 class Settings(BaseModel):
@@ -35,6 +36,29 @@ class Settings(BaseModel):
 ])
 def test_number_range_words(field, words):
     assert number_range(Settings.model_fields[field]) == words
+
+
+class Paired(BaseModel):
+    scope: str = "ops"
+    format: str = "qdq"
+
+    @model_validator(mode="after")
+    def _qdq(self) -> "Paired":
+        if self.scope == "linears" and self.format != "qdq":
+            raise AcrossFields("{scope:linears} writes a QDQ graph; expected {format:qdq} with it, or {scope:ops}")
+        return self
+
+
+def test_a_check_across_fields_names_them_as_each_surface_writes_them():
+    with pytest.raises(ValidationError) as caught:
+        Paired(scope="linears", format="qoperator")
+    error = caught.value.errors()[0]["ctx"]["error"]
+    # A recipe (and pydantic's own message) by the field, the command line by the flag.
+    assert str(error) == "scope: linears writes a QDQ graph; expected format: qdq with it, or scope: ops"
+    assert "scope: linears writes" in str(caught.value)
+    flag = error.worded(lambda field, value: f"--{field} {value}".strip())
+    assert flag == "--scope linears writes a QDQ graph; expected --format qdq with it, or --scope ops"
+    assert AcrossFields("set without {domain_corpus}").worded(lambda f, v: f"--{f}") == "set without --domain_corpus"
 
 
 @pytest.mark.parametrize("loc, given, message", [
