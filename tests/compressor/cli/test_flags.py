@@ -84,6 +84,11 @@ def test_a_number_flag_in_bounds_reaches_the_config_as_the_number():
                                               "(got 'int8,int8')"),
     ("search", ["--baselines", "teacher"], "--baselines: expected one of pytorch-eager-fp32, onnxruntime-fp32, "
                                            "optimum-default-int8 (got 'teacher')"),
+    # A dae noise value: what its option takes, the item as typed (not pydantic's "a valid boolean").
+    ("pretrain", ["--objective-option", "whole_words=maybe"],
+     "dae noise option whole_words: expected 0 or 1 (got 'whole_words=maybe')"),
+    ("pretrain", ["--dae-noise", "infilling,masking=2"], "dae noise option mask: expected a number in [0, 1] (got "
+                                                         "'masking=2')"),
     ("search", ["--recoveries", "finetun"], "--recoveries: expected one of finetune, distill, theseus (got "
                                             "'finetun'); did you mean 'finetune'?"),
 ])
