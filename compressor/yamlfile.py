@@ -7,7 +7,6 @@ would lose the first one silently. Here the second is a YAML error that names bo
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Hashable
 from typing import Any, get_args, get_origin
 
@@ -15,6 +14,8 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from yaml.constructor import ConstructorError
+
+from pretrain.errors import did_you_mean, literal_values
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -54,9 +55,17 @@ def field_suggestion(model: type[BaseModel] | None, loc: tuple) -> str:
     model = model_at(model, loc[:-1])
     if model is None:
         return ""
-    names = [field.alias or name for name, field in model.model_fields.items()]
-    close = difflib.get_close_matches(str(loc[-1]), names, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    return did_you_mean(str(loc[-1]), [field.alias or name for name, field in model.model_fields.items()])
+
+
+def choices_at(model: type[BaseModel] | None, loc: tuple) -> tuple:
+    """The names a Literal at a pydantic error's `loc` takes: the field's own, its list items'
+    (`losses[1]`) or its mapping's keys (`weights.sofft`, pydantic's loc ending in `[key]`)."""
+    path = loc[:-2] if loc and loc[-1] == "[key]" else loc
+    while path and isinstance(path[-1], int):
+        path = path[:-1]
+    field = field_at(model, path) if path else None
+    return literal_values(field.annotation) if field is not None else ()
 
 
 def field_at(model: type[BaseModel] | None, loc: tuple) -> FieldInfo | None:

@@ -6,7 +6,9 @@ code 2 and no traceback. The message must say what is wrong and what was expecte
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, get_args
+import difflib
+import string
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, get_args, get_origin
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -14,6 +16,38 @@ if TYPE_CHECKING:
 
 class UserError(Exception):
     """Bad input from the user (a file, a flag, a recipe field): a one-line message."""
+
+
+class AcrossFields(ValueError):
+    """A config's check across its fields failed. The message names a field as `{field}` and
+    a setting as `{field:value}`, so that each surface names them as its user writes them: a
+    recipe (and Python) by the field, `domain_corpus`, `format: qdq` (what `str` gives); the
+    command line by the flag, `--domain-corpus`, `--format qdq` (compressor/cli/flags.py)."""
+
+    def __init__(self, template: str):
+        super().__init__(template)
+        self.template = template
+
+    def worded(self, name: Callable[[str, str], str]) -> str:
+        """The message with each field named by `name(field, value)` (value "" for a bare name)."""
+        return FieldWords(name).format(self.template)
+
+    def __str__(self) -> str:
+        return self.worded(lambda field, value: f"{field}: {value}" if value else field)
+
+
+class FieldWords(string.Formatter):
+    """Fills `{field}` and `{field:value}` of an AcrossFields message by a naming function."""
+
+    def __init__(self, name: Callable[[str, str], str]):
+        super().__init__()
+        self.name = name
+
+    def get_value(self, key, args, kwargs) -> str:
+        return str(key)
+
+    def format_field(self, value: str, format_spec: str) -> str:
+        return self.name(value, format_spec)
 
 
 def validation_message(error: dict) -> str:
@@ -93,6 +127,35 @@ def float_range(bounds: dict) -> str:
     if high is not None:
         return f"a number {'<=' if high[0] == ']' else '<'} {high[1]:g}"
     return "a number"
+
+
+def choice_problem(error: dict, names: Sequence) -> str | None:
+    """A Literal field's error as the names it takes and the one given, with the nearest valid
+    name for a misspelt one: `expected one of soft, hard, cosine (got 'sofft'); did you mean
+    'soft'?`; for a mapping's key (`weights: {sofft: 1}`) `unknown name 'sofft'; expected one of
+    ...`. None for another error, or where the names are not known."""
+    if error["type"] != "literal_error" or not names:
+        return None
+    given = error.get("input")
+    expected = f"expected one of {', '.join(map(str, names))}"
+    hint = did_you_mean(given, [str(n) for n in names]) if isinstance(given, str) else ""
+    if error["loc"] and error["loc"][-1] == "[key]":
+        return f"unknown name {given_text(given)}; {expected}{hint}"
+    return f"{expected} (got {given_text(given)}){hint}"
+
+
+def did_you_mean(name: str, names: Sequence[str]) -> str:
+    """`; did you mean 'soft'?` for the valid name nearest `name`, empty where none is close."""
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def literal_values(annotation: Any) -> tuple:
+    """The values of the first Literal in an annotation (`X | None`, `list[X]`, a mapping's key
+    `dict[X, float]`); () where it holds none."""
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    return next((values for arg in get_args(annotation) if (values := literal_values(arg))), ())
 
 
 def given_text(value: Any) -> str:

@@ -43,7 +43,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel, Pr
 from pretrain.batching import MAX_LENGTH, Encoded, collate, encode, in_data_order, usable_length
 from pretrain.data import Split, TaskData, load_task
 from pretrain.domain import check_domain, domain_adapt
-from pretrain.errors import UserError
+from pretrain.errors import AcrossFields, UserError
 from pretrain.first_token import first_token_last_layer, skip_reason
 from pretrain.metrics import classification_metrics
 from pretrain.models import count_params
@@ -115,7 +115,7 @@ class FinetuneConfig(TrainConfig):
     def only_with_a_corpus(cls, value: float, info: ValidationInfo) -> float:
         # The default passes, so a dumped config (which lists every field) validates back.
         if info.data.get("domain_corpus") is None and value != cls.model_fields[info.field_name].default:
-            raise ValueError("set without domain_corpus; expected a corpus to run MLM on")
+            raise AcrossFields("set without {domain_corpus}; expected a corpus to run MLM on")
         return value
 
     def domain_config(self) -> PretrainConfig | None:

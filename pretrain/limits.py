@@ -6,3 +6,6 @@ with a traceback, numpy's legacy one past 2**32), named in one line when a seed 
 """
 
 MAX_SEED = 2**32 - 1
+# Threads a command or a hardware profile may ask for: torch and ONNX Runtime would try to
+# start that many; no CPU this tool runs on has more cores.
+MAX_THREADS = 1024

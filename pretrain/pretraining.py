@@ -105,8 +105,8 @@ def make_config(**settings) -> PretrainConfig:
         raise UserError(f"max length {cfg.max_length} is longer than the model's {MAX_POSITIONS} "
                         "positions: expected at most 512")
     if cfg.init is not None and cfg.objective not in CONTINUABLE:
-        raise UserError(f"--init continues masked-LM pretraining; objective {cfg.objective!r} builds its own "
-                        f"model: expected one of {', '.join(CONTINUABLE)}")
+        raise UserError(f"--init continues masked-LM pretraining; --objective {cfg.objective} builds its own "
+                        f"model: expected --objective {' or '.join(CONTINUABLE)}, or no --init")
     if cfg.objective_options:   # validated now; stored canonical, so equal options resume alike
         canonical = get_objective(cfg.objective, cfg.objective_options).options
         cfg = cfg.model_copy(update={"objective_options": canonical})

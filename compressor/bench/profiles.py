@@ -22,6 +22,7 @@ from compressor.yamlfile import (field_suggestion, is_type_tag, load_yaml, locat
                                  refuse_bool_numbers, yaml_problem)
 from pretrain.cpus import usable_cpus
 from pretrain.errors import UserError, given_text, number_problem, validation_message
+from pretrain.limits import MAX_THREADS
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"   # the repository's profiles/
 
@@ -30,7 +31,14 @@ MIN_SEQUENCE_LENGTH = 2     # a fixed length holds [CLS] and [SEP] at least
 # What an item of a list field takes, in words, where its type says less than its validator
 # checks: a sequence length is an integer from 2 up, not any integer (profiles' and recipes' errors).
 ITEM_FORMS = {"sequence_lengths": f"an integer >= {MIN_SEQUENCE_LENGTH} or 'real'"}
-THREADS_FORM = "a positive integer or 'cores'"     # what `threads` takes, in its every error
+THREADS_FORM = f"an integer from 1 to {MAX_THREADS} or 'cores'"     # what `threads` takes, in its every error
+# Calls per model and shape. The shipped profiles warm up 10-20 calls and time 100-300, the
+# benchmarks here 1,000 at most. Warm-up fills ONNX Runtime's arenas and caches in a few calls;
+# 10,000 timed calls put 100 past the p99. At a slow 1 s per call (a base model, batch 32, 512
+# tokens, on CPU) the bounds keep one model's shape under four hours (each round of 10 timed
+# calls adds 2 untimed, timing.py), where `warmup: 1000000000` would run for decades.
+MAX_WARMUP = 1_000
+MAX_ITERATIONS = 10_000
 
 
 class Requirements(BaseModel):
@@ -54,8 +62,8 @@ class Profile(BaseModel):
     graph_optimization: Literal["disabled", "basic", "extended", "all"] = "all"
     batch_sizes: list[int] = Field(default=[1, 8], min_length=1)
     sequence_lengths: list[int | Literal["real"]] = Field(default=["real"], min_length=1)
-    warmup: int = Field(10, ge=0)                           # untimed iterations first
-    iterations: int = Field(100, ge=1)                      # timed iterations per measurement
+    warmup: int = Field(10, ge=0, le=MAX_WARMUP)            # untimed iterations first
+    iterations: int = Field(100, ge=1, le=MAX_ITERATIONS)   # timed iterations per measurement
     precisions: list[Precision] = ["fp32", "int8"]          # what this target runs fast
     requires: Requirements = Requirements()
     # Optimum's AutoQuantizationConfig preset for the optimum-default-int8 baseline on this
@@ -66,7 +74,7 @@ class Profile(BaseModel):
     @classmethod
     def _positive_threads(cls, threads: object) -> object:
         # YAML's `true` would pass as 1; the message adds (got N)
-        if isinstance(threads, bool) or (isinstance(threads, int) and threads < 1):
+        if isinstance(threads, bool) or (isinstance(threads, int) and not 1 <= threads <= MAX_THREADS):
             raise ValueError(f"expected {THREADS_FORM}")
         return threads
 
@@ -201,8 +209,8 @@ def load_profile(ref: str) -> Profile:
 
 
 def describe_profile_error(err: ValidationError) -> str:
-    """`warmup: expected an integer >= 0 (got -1)`, `threads: expected a positive integer or 'cores'
-    (got 'many')`: the field, what it takes, the value."""
+    """`warmup: expected an integer from 0 to 1000 (got -1)`, `threads: expected an integer from 1
+    to 1024 or 'cores' (got 'many')`: the field, what it takes, the value."""
     first = err.errors()[0]
     # Union branches appear in loc as type tags ("int", "literal['cores']"): not field names.
     parts = [str(p) for p in first["loc"] if not is_type_tag(p)]

@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, get_args, get_origin
+from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel
 
@@ -22,7 +22,7 @@ from compressor.cli.flags import MAX_COUNT, bounded_int, config_number, positive
 from compressor.cli.lifecycle import (PrintVersion, Terminated, after_interrupt, first_rank, quiet_exit_after_command,
                                       sigterm_as_interrupt, stops_held)
 from pretrain.atomic import write_failure
-from pretrain.errors import UserError, number_kind
+from pretrain.errors import UserError, literal_values, number_kind
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -54,13 +54,6 @@ def from_config(config: type[BaseModel], name: str, help: str = "", *, default: 
     return keywords
 
 
-def literal_values(annotation) -> tuple:
-    """The values of a Literal annotation (also inside `X | None`); () for any other type."""
-    if get_origin(annotation) is Literal:
-        return get_args(annotation)
-    return next((values for arg in get_args(annotation) if (values := literal_values(arg))), ())
-
-
 def default_rates() -> str:
     """The strategies' default learning rates as --help shows them: "full 1e-4, adapters 1e-3, ..."."""
     from pretrain.finetune import DEFAULT_LR
@@ -70,6 +63,7 @@ def default_rates() -> str:
 def build_parser() -> argparse.ArgumentParser:
     # The configs whose fields the flags read; importing them loads torch, so `main` silences
     # the libraries first (their import-time notices would break the one-line errors).
+    from compressor.bench.profiles import Profile
     from compressor.export.onnx import ExportSettings
     from compressor.export.quantize import MODE_CONFIGS, IncConfig, Int4WeightOnlyConfig, StaticInt8Config
     from pretrain.finetune import FinetuneConfig
@@ -201,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--profile", default="cpu", help="a profile name (profiles/NAME.yaml) or a profile file")
     be.add_argument("--batch-sizes", type=int_list, help="e.g. 1,8 (default: the profile's)")
     be.add_argument("--sequence-lengths", type=length_list, help="e.g. real,128 (default: the profile's)")
-    be.add_argument("--iterations", type=positive_int, help="timed iterations (default: the profile's)")
+    be.add_argument("--iterations", type=config_number(Profile, "iterations"),
+                    help="timed iterations (default: the profile's)")
     be.add_argument("--task", help="default: the task recorded with the model")
     be.add_argument("--max-eval-samples", type=positive_int, help="test examples for accuracy and batches")
     be.add_argument("--max-length", type=positive_int,

@@ -3,8 +3,8 @@
 A number flag's argparse type refuses what its config field would, in the same words
 (`argument --epochs: expected a positive number (got 'x')`), the value shown as typed; a
 config built from flags names the flag the user typed in its error (`--domain-steps: ...`),
-not the field. Only light imports here: commands.py imports this before the libraries are
-quieted.
+not the field, and so does a check across fields (`--domain-lr: set without --domain-corpus`).
+Only light imports here: commands.py imports this before the libraries are quieted.
 """
 
 from __future__ import annotations
@@ -15,12 +15,10 @@ from typing import Callable
 
 from pydantic import BaseModel, ValidationError
 
-from pretrain.errors import (UserError, field_bounds, float_range, integer_limits, number_kind, number_problem,
-                             validation_message)
-from pretrain.limits import MAX_SEED
+from pretrain.errors import (AcrossFields, UserError, choice_problem, field_bounds, float_range, integer_limits,
+                             number_kind, number_problem, validation_message)
+from pretrain.limits import MAX_SEED, MAX_THREADS
 
-# torch would try to start that many threads; no CPU this tool runs on has more cores.
-MAX_THREADS = 1024
 MAX_COUNT = 2**31 - 1      # steps, sizes, samples: past this the libraries fail with a traceback
 
 
@@ -88,9 +86,10 @@ def written(value: str) -> str:
 
 def validated(config_type: type[BaseModel], values: dict, flags: dict | None = None):
     """`config_type` from flag values, or a one-line error naming the flag the value came from:
-    `--domain-steps: set without domain_corpus; ... (got 50)`, `--parity-tolerance: expected a
-    positive number (got 0.0)`. `flags`: fields whose flag is not --<field>, None for a check
-    across fields (export's: `{"mode": "--quantize", None: "--quantize"}`)."""
+    `--parity-tolerance: expected a positive number (got 0.0)`, `--baselines: expected one of
+    ... (got 'teacher')`; a check across fields names every flag it concerns (`--domain-steps:
+    set without --domain-corpus; ...`). `flags`: fields whose flag is not --<field>, None for
+    an error of no one field (export's: `{"mode": "--quantize", None: "--quantize"}`)."""
     try:
         return config_type.model_validate(values)
     except ValidationError as err:
@@ -100,10 +99,28 @@ def validated(config_type: type[BaseModel], values: dict, flags: dict | None = N
 def flag_error(err: ValidationError, config_type: type[BaseModel], values: dict, flags: dict) -> str:
     # Imported here: the recipe module loads the passes (and torch), and this module must stay light.
     from compressor.pipeline.recipe import validating_type
-    from compressor.yamlfile import field_at
+    from compressor.yamlfile import choices_at, field_at
     first = err.errors()[0]
     field = str(first["loc"][0]) if first["loc"] else None
-    flag = flags.get(field) or (f"--{field.replace('_', '-')}" if field else "settings")
-    problem = (number_problem(first, field_at(validating_type(config_type, values), first["loc"]))
-               or f"{validation_message(first)} (got {first.get('input')!r})")
-    return f"{flag}: {problem}"
+    across = first.get("ctx", {}).get("error")
+    if isinstance(across, AcrossFields):    # the value is not what is wrong, and it parsed from other text
+        problem = across.worded(lambda name, value: f"{flag_of(name, flags, values)} {value}".strip())
+        return f"{flag_of(field, flags, values)}: {problem}" if field else problem
+    model = validating_type(config_type, values)
+    problem = (number_problem(first, field_at(model, first["loc"]))
+               or choice_problem(first, choices_at(model, first["loc"]))
+               or f"{validation_message(first)} (got {as_typed(first.get('input'))})")
+    return f"{flag_of(field, flags, values) if field else flags.get(None, 'settings')}: {problem}"
+
+
+def flag_of(field: str | None, flags: dict, values: dict) -> str:
+    """The flag that sets `field` as typed: `--domain-corpus`, `--no-per-channel` for a field
+    set False, or its own name in `flags`."""
+    if field in flags:
+        return flags[field]
+    return f"--{'no-' if values.get(field) is False else ''}{str(field).replace('_', '-')}"
+
+
+def as_typed(value) -> str:
+    """A value a flag gave, as it was typed: a list as the comma-separated text it came from."""
+    return repr(",".join(map(str, value)) if isinstance(value, (list, tuple)) else value)

@@ -24,10 +24,9 @@ if TYPE_CHECKING:
 
 
 def tokenizer_command(corpus: str, kind: str, vocab_size: int, out: Path, min_frequency: int = 2) -> dict:
-    from pretrain.data.tokenizers import (METRICS_FILE, TokenizerConfig, check_vocab_size, save_tokenizer,
-                                          tokenizer_metrics, train_tokenizer)
+    from pretrain.data.tokenizers import (METRICS_FILE, TokenizerConfig, save_tokenizer, tokenizer_metrics,
+                                          train_tokenizer)
     cfg = validated(TokenizerConfig, {"kind": kind, "vocab_size": vocab_size, "min_frequency": min_frequency})
-    check_vocab_size(cfg)
     check_output(out, [corpus], owner_files=(METRICS_FILE,))
     with claimed_output(Path(out)):       # a second command writing `out` meanwhile is refused
         tokenizer = train_tokenizer(corpus, cfg)

@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 from typing_extensions import TypedDict   # pydantic validates typing_extensions' TypedDict on 3.11
 
 from compressor.export.graph_surgery import (gathered_tables, graph_inputs, has_op, keep_float_elsewhere,
                                              unshare_initializers, with_shapes)
 from compressor.export.quiet import import_keeping_root_logging, quiet_logs
 from pretrain.batching import Encoded, inference_order, iterate
-from pretrain.errors import UserError
+from pretrain.errors import AcrossFields, UserError
 from pretrain.families import FAMILIES
 from pretrain.atomic import scratch_dir
 
@@ -110,8 +110,8 @@ class QuantizeConfig(BaseModel):
         if isinstance(data, dict) and cls is not QuantizeConfig:
             for name in data:
                 if name not in cls.model_fields and name in OPTION_MODES:
-                    raise ValueError(f"{name} applies to quantize mode {' or '.join(OPTION_MODES[name])}, "
-                                     f"not {cls.model_fields['mode'].default}")
+                    raise AcrossFields(f"{{{name}}} applies to quantize mode {' or '.join(OPTION_MODES[name])}, "
+                                       f"not {cls.model_fields['mode'].default}")
         return data
 
 
@@ -140,7 +140,7 @@ class StaticInt8Config(QuantizeConfig):
     @model_validator(mode="after")
     def _linears_are_qdq(self) -> "StaticInt8Config":
         if self.scope == "linears" and self.format != "qdq":
-            raise ValueError("scope linears is a QDQ graph: set format: qdq (or scope: ops)")
+            raise AcrossFields("{scope:linears} writes a QDQ graph; expected {format:qdq} with it, or {scope:ops}")
         return self
 
 
@@ -148,11 +148,13 @@ class Int4WeightOnlyConfig(QuantizeConfig):
     mode: Literal["int4-weight-only"] = "int4-weight-only"
     block_size: int = Field(32, ge=16)               # weights per scale (a power of 2)
 
-    @model_validator(mode="after")
-    def _power_of_two(self) -> "Int4WeightOnlyConfig":
-        if self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of 2, got {self.block_size}")
-        return self
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, block_size: int) -> int:
+        # A check of the one field: its error names it (`--block-size`), not the whole config.
+        if block_size & (block_size - 1):
+            raise ValueError("expected a power of 2 >= 16, such as 32 or 64")
+        return block_size
 
 
 class Fp16Config(QuantizeConfig):

@@ -18,13 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic.fields import FieldInfo
 
 from compressor.bench.baselines import BASELINES, distinct_baselines
+from compressor.bench.profiles import MAX_ITERATIONS
 from compressor.export.onnx import ExportSettings
 from compressor.export.quantize import QuantizeConfig, mode_config_type
 from compressor.passes import config_as_written, get_pass
 from compressor.search.settings import SearchSettings
-from compressor.yamlfile import (field_at, field_suggestion, is_type_tag, load_yaml, location, mapping_value,
-                                 refuse_bool_numbers, yaml_problem)
-from pretrain.errors import UserError, given_text, number_problem, number_range, validation_message
+from compressor.yamlfile import (choices_at, field_at, field_suggestion, is_type_tag, load_yaml, location,
+                                 mapping_value, refuse_bool_numbers, yaml_problem)
+from pretrain.errors import UserError, choice_problem, given_text, number_problem, number_range, validation_message
 from pretrain.finetune import FinetuneConfig
 from pretrain.limits import MAX_SEED
 
@@ -73,7 +74,7 @@ class BenchmarkSettings(Strict):
     profiles: list[str] = Field(default=["cpu"], min_length=1)     # names in profiles/ or YAML paths
     batch_sizes: list[int] | None = None            # default: each profile's own
     sequence_lengths: list[int | Literal["real"]] | None = None   # default: each profile's own
-    iterations: int | None = Field(None, ge=1)      # default: each profile's own
+    iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)   # default: each profile's own
     baselines: list[Literal[BASELINES]] = list(BASELINES)   # type: ignore[valid-type]
 
     @field_validator("profiles")
@@ -270,7 +271,9 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
     field `model` (the validated class) does not have, the nearest name it does have; for a
     value no branch of a union took, what each branch takes (`expected a mapping or a string
     (got 42)`); for a number field's value out of its bounds or of another type, what the field
-    takes, both bounds said (`expected an integer from 8 to 512 (got 0)`)."""
+    takes, both bounds said (`expected an integer from 8 to 512 (got 0)`); for a name no Literal
+    takes, the names it does and the nearest (`expected one of soft, hard, ... (got 'sofft'); did
+    you mean 'soft'?`)."""
     errors = err.errors()
     # An unknown field first: a misspelt required one (`nmae:`) is also reported missing, and
     # the unknown one is where the did-you-mean hint can go.
@@ -284,6 +287,11 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
     number = number_problem(first, field_at(model, first["loc"]))
     if number is not None:      # not pydantic's "greater than or equal to 8": 513 is refused too
         return f"{full}: {number}{more}"
+    choice = choice_problem(first, choices_at(model, first["loc"]))
+    if choice is not None:      # not pydantic's "Input should be 'soft', ...": which name, the nearest valid one
+        # an unknown key is reported at its mapping (`weights: unknown name 'sofft'`), not as a path into it
+        loc = first["loc"][:-2] if first["loc"][-1] == "[key]" else first["loc"]
+        return f"{'.'.join(p for p in (prefix, location(loc)) if p)}: {choice}{more}"
     given = first.get("input")
     if first["type"] == "dict_type":    # not pydantic's "a valid dictionary": what its values take too
         return f"{full}: expected {mapping_form(field_at(model, first['loc']))} (got {given_text(given)}){more}"

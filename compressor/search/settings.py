@@ -60,6 +60,7 @@ class SearchSettings(BaseModel):
     @field_validator("recoveries", "precisions")
     @classmethod
     def _distinct(cls, values: tuple) -> tuple:
-        if len(set(values)) != len(values):
-            raise ValueError(f"a value is listed twice in {list(values)}")
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:     # the name, not the whole list: a flag shows it as typed, a recipe where it stands
+            raise ValueError(f"{', '.join(twice)} listed more than once; expected each once")
         return values

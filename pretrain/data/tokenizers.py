@@ -21,12 +21,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from pretrain.data import load_corpus
-from pretrain.errors import UserError
+from pretrain.errors import AcrossFields, UserError
 
 Kind = Literal["wordpiece", "bpe", "wordlevel"]
 KINDS: tuple[str, ...] = ("wordpiece", "bpe", "wordlevel")
@@ -50,6 +50,15 @@ class TokenizerConfig(BaseModel):
     min_frequency: int = Field(2, ge=1)
     lowercase: bool = True          # WordPiece / word-level only (byte-level BPE keeps case)
 
+    @model_validator(mode="after")
+    def _room_for_the_alphabet(self) -> TokenizerConfig:
+        least = smallest_vocab(self.kind)
+        if self.vocab_size < least:
+            what = "special tokens plus the 256 bytes" if self.kind == "bpe" else "special tokens plus one"
+            raise AcrossFields(f"{{vocab_size:{self.vocab_size}}} is too small for {{kind:{self.kind}}}; "
+                               f"expected at least {least} ({what})")
+        return self
+
 
 def special_tokens(kind: str) -> dict[str, str]:
     return ROBERTA_SPECIALS if kind == "bpe" else BERT_SPECIALS
@@ -62,14 +71,6 @@ def distinct_specials(kind: str) -> list[str]:
 def smallest_vocab(kind: str) -> int:
     """Special tokens, plus the 256 bytes for byte-level BPE (its alphabet is fixed)."""
     return len(distinct_specials(kind)) + (BYTE_ALPHABET if kind == "bpe" else 1)
-
-
-def check_vocab_size(cfg: TokenizerConfig) -> None:
-    least = smallest_vocab(cfg.kind)
-    if cfg.vocab_size < least:
-        what = "special tokens plus the 256 bytes" if cfg.kind == "bpe" else "special tokens plus one"
-        raise UserError(f"vocabulary size {cfg.vocab_size} is too small for {cfg.kind}: "
-                        f"expected at least {least} ({what})")
 
 
 def is_held_out(index: int) -> bool:
@@ -127,7 +128,6 @@ def add_post_processor(tok: Tokenizer, kind: str) -> None:
 
 def train_tokenizer(corpus: str, cfg: TokenizerConfig) -> PreTrainedTokenizerFast:
     """Train on the corpus's training documents; a Transformers fast tokenizer."""
-    check_vocab_size(cfg)
     tok, trainer = new_tokenizer(cfg)
     lines = training_lines(corpus)
     first = next(lines, None)

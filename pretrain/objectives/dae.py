@@ -32,7 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import BartForConditionalGeneration, PreTrainedModel, PreTrainedTokenizerBase
 
-from pretrain.errors import UserError, validation_message
+from pretrain.errors import UserError, number_range
 from pretrain.objectives import Batch, Document, ModelSize, register_objective
 from pretrain.objectives.architectures import fresh_bart
 from pretrain.objectives.noising import (delete_tokens, fit_sentences, flatten, infill, mask_tokens, pad,
@@ -49,7 +49,8 @@ MASKING = ("mask", "infill")        # what --mask-ratio sets (fairseq's --mask)
 
 
 def parse_items(options: str) -> dict[str, str | None]:
-    """'infilling, mask=0.2' -> {'infill': None, 'mask': '0.2'}: canonical names, raw values."""
+    """'infilling, mask=0.2' -> {'infill': None, 'mask': '0.2'}: canonical names, raw values,
+    each value checked against what its option takes."""
     items: dict[str, str | None] = {}
     for item in filter(None, (part.strip() for part in options.split(","))):
         key, has_value, raw = (part.strip() for part in item.partition("="))
@@ -58,8 +59,20 @@ def parse_items(options: str) -> dict[str, str | None]:
             raise UserError(f"unknown dae noise option {key!r}; known: {KNOWN} (e.g. 'infill=0.3,permute')")
         if key in items:
             raise UserError(f"dae noise option {key!r} is given twice in {options!r}; expected each once")
+        if has_value:
+            check_value(key, raw, item)
         items[key] = raw if has_value else None
     return items
+
+
+def check_value(key: str, raw: str, item: str) -> None:
+    """A one-line error where option `key` cannot take `raw`: what the option takes, and the
+    item as typed (`masking=2`, whose option is mask), not pydantic's "Input should be ..."."""
+    try:
+        NoiseConfig.model_validate({key: raw})
+    except ValidationError:
+        takes = number_range(NoiseConfig.model_fields[key]) or "0 or 1"     # whole_words, the one switch
+        raise UserError(f"dae noise option {key}: expected {takes} (got {item!r})") from None
 
 
 def compose_options(noise: str | None, mask_ratio: float | None, extra: tuple[str, ...] = ()) -> str:
@@ -107,12 +120,7 @@ class NoiseConfig(BaseModel):
             if raw is None and key not in BARE_DEFAULTS:
                 raise UserError(f"dae noise option {key!r} needs a value, e.g. {key}=3.5")
             values[key] = raw if raw is not None else BARE_DEFAULTS[key]
-        try:
-            config = cls(**values)
-        except ValidationError as err:
-            problem = err.errors()[0]
-            raise UserError(f"dae noise option {problem['loc'][0]}: {validation_message(problem)} "
-                            f"(got {problem['input']!r})") from None
+        config = cls(**values)        # each value checked by parse_items
         if not any(getattr(config, k) for k in BARE_DEFAULTS):
             raise UserError(f"dae noise options {options!r} switch no noise function on; "
                             f"expected some of: {KNOWN}")

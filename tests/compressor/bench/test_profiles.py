@@ -73,14 +73,18 @@ def test_a_profile_that_could_not_measure_is_refused_in_one_line(tmp_path, chang
 
 @pytest.mark.parametrize("changes, message", [
     # what the field takes, both bounds said as recipes say them; not pydantic's "greater than or equal to 0"
-    ({"warmup": -1}, "warmup: expected an integer >= 0 (got -1)"),
-    ({"warmup": "x"}, "warmup: expected an integer >= 0 (got 'x')"),
-    ({"iterations": 0}, "iterations: expected a positive integer (got 0)"),
-    ({"iterations": 2.5}, "iterations: expected a positive integer (got 2.5)"),
-    ({"threads": 0}, "threads: expected a positive integer or 'cores' (got 0)"),
-    ({"threads": -1}, "threads: expected a positive integer or 'cores' (got -1)"),
-    ({"threads": "many"}, "threads: expected a positive integer or 'cores' (got 'many')"),
-    ({"threads": 1.5}, "threads: expected a positive integer or 'cores' (got 1.5)"),
+    ({"warmup": -1}, "warmup: expected an integer from 0 to 1000 (got -1)"),
+    ({"warmup": "x"}, "warmup: expected an integer from 0 to 1000 (got 'x')"),
+    ({"iterations": 0}, "iterations: expected an integer from 1 to 10000 (got 0)"),
+    ({"iterations": 2.5}, "iterations: expected an integer from 1 to 10000 (got 2.5)"),
+    ({"threads": 0}, "threads: expected an integer from 1 to 1024 or 'cores' (got 0)"),
+    ({"threads": -1}, "threads: expected an integer from 1 to 1024 or 'cores' (got -1)"),
+    ({"threads": "many"}, "threads: expected an integer from 1 to 1024 or 'cores' (got 'many')"),
+    ({"threads": 1.5}, "threads: expected an integer from 1 to 1024 or 'cores' (got 1.5)"),
+    # Upper bounds too: a profile that would time for days, or start a million threads, is refused.
+    ({"warmup": 1_000_000_000}, "warmup: expected an integer from 0 to 1000 (got 1000000000)"),
+    ({"iterations": 10_001}, "iterations: expected an integer from 1 to 10000 (got 10001)"),
+    ({"threads": 1025}, "threads: expected an integer from 1 to 1024 or 'cores' (got 1025)"),
 ])
 def test_a_profile_number_says_what_its_field_takes(tmp_path, changes, message):
     path = profile_file(tmp_path, **changes)
@@ -93,14 +97,20 @@ def test_a_users_profile_number_is_one_line_exit_2_through_bench(tmp_path, capsy
     from compressor.cli.commands import main
     path = profile_file(tmp_path, warmup=-1)
     assert main(["bench", "--model", "m", "--profile", path, "--out", str(tmp_path / "result.json")]) == 2
-    assert capsys.readouterr().err == f"error: {path}: warmup: expected an integer >= 0 (got -1)\n"
+    assert capsys.readouterr().err == f"error: {path}: warmup: expected an integer from 0 to 1000 (got -1)\n"
     assert [p.name for p in tmp_path.iterdir()] == ["mine.yaml"]
 
 
-def test_a_bench_override_says_what_the_field_takes():
+def test_a_bench_override_says_what_the_field_takes(tmp_path, capsys):
     with pytest.raises(UserError) as err:
         profiles.with_overrides(load_profile("cpu"), {"iterations": 0})
-    assert str(err.value) == "iterations: expected a positive integer (got 0)"
+    assert str(err.value) == "iterations: expected an integer from 1 to 10000 (got 0)"
+    # --iterations takes the profile's bounds, refused when the command line is read
+    from compressor.cli.commands import main
+    assert main(["bench", "--model", "m", "--iterations", "20000", "--out", str(tmp_path / "r.json")]) == 2
+    assert capsys.readouterr().err == ("error: compressor bench: argument --iterations: expected a positive integer "
+                                       "from 1 to 10000 (got 20000)\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_profile_file_that_is_not_there_is_named_as_a_file(tmp_path):

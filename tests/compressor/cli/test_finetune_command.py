@@ -214,9 +214,9 @@ def test_metrics_count_the_scored_test_texts_that_train_holds(tmp_path, tiny_ber
                                   "(got 2)"),
     (["--batch-size", "0"], "compressor finetune: argument --batch-size: expected a positive integer from 1 to "
                             "2147483647 (got 0)"),
-    # a check across fields, made by the config: named by the flag too, not the field domain_steps
-    (["--domain-steps", "50"], "--domain-steps: set without domain_corpus; expected a corpus to run MLM on "
-                               "(got 50)"),
+    # a check across fields, made by the config: named by the flags too, not the fields domain_lr and
+    # domain_corpus, nor by the value parsed (0.001 for 1e-3)
+    (["--domain-lr", "1e-3"], "--domain-lr: set without --domain-corpus; expected a corpus to run MLM on"),
 ])
 def test_a_number_flag_out_of_range_says_what_it_takes(flags, message, tmp_path, capsys):
     """As a recipe's finetune settings do: both bounds where there are two, not pydantic's

@@ -324,4 +324,13 @@ def test_a_setting_the_config_refuses_is_named_by_the_flag_that_sets_it(tmp_path
     with pytest.raises(UserError) as err:
         make_config(objective="mlm", corpus="wordnet", steps=2, warmup_ratio=1.5)
     assert str(err.value) == "--warmup-ratio: expected a number in [0, 1) (got 1.5)"
+    # Checks across flags name every flag they concern, not `vocabulary size` or `objective 'clm'`.
+    with pytest.raises(UserError) as err:
+        tokenizer_command("wordnet", "bpe", 10, tmp_path / "t")
+    assert str(err.value) == ("--vocab-size 10 is too small for --kind bpe; expected at least 261 (special tokens "
+                              "plus the 256 bytes)")
+    with pytest.raises(UserError) as err:
+        make_config(objective="clm", corpus="wordnet", steps=2, init="minilm")
+    assert str(err.value) == ("--init continues masked-LM pretraining; --objective clm builds its own model: "
+                              "expected --objective mlm or mlm-wwm, or no --init")
     assert list(tmp_path.iterdir()) == []

@@ -36,10 +36,10 @@ def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
 BAD_INPUT = {
     "corrupted-onnx": ["cannot load ONNX model", "model.onnx"],
     "unsupported-family": ["'gpt2'", "not supported", "distilbert"],
-    "option-of-another-mode": ["--quantize", "calibration applies to quantize mode static-int8, not dynamic-int8"],
+    "option-of-another-mode": ["--calibration applies to quantize mode static-int8, not dynamic-int8"],
     "onnx-as-source": ["is an ONNX model", "model.safetensors"],
     "options-without-quantize": ["--per-channel", "only meaningful with a --quantize mode"],
-    "linears-as-qoperator": ["--quantize", "scope linears is a QDQ graph"],
+    "linears-as-qoperator": ["--scope linears writes a QDQ graph; expected --format qdq with it, or --scope ops"],
     "skip-layernorm-unfused-graph": ["--skip-layernorm", "only meaningful with --optimize"],
 }
 IN_SUBPROCESS = ("int8", "corrupted-onnx", "unsupported-family")

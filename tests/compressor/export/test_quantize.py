@@ -39,7 +39,12 @@ def test_pass_records_the_precision_and_keeps_the_weights(tiny_bundle, tiny_task
     ({"calibration": "percentile"}, "calibration applies to quantize mode static-int8, not dynamic-int8"),
     ({"mode": "fp16", "per_channel": True}, "per_channel applies to quantize mode"),
     ({"mode": "static-int8", "block_size": 64}, "block_size applies to quantize mode int4-weight-only"),
-    ({"mode": "int4-weight-only", "block_size": 48}, "block_size must be a power of 2"),
+    # A check of the one field is that field's error (`--block-size` on the command line).
+    ({"mode": "int4-weight-only", "block_size": 48},
+     "quantize.block_size: expected a power of 2 >= 16, such as 32 or 64 (got 48)"),
+    # A check across fields names them as a recipe writes them (the command line: --scope linears).
+    ({"mode": "static-int8", "scope": "linears", "format": "qoperator"},
+     "quantize: scope: linears writes a QDQ graph; expected format: qdq with it, or scope: ops"),
 ])
 def test_options_of_another_mode_are_rejected(config, why):
     with pytest.raises(UserError) as err:

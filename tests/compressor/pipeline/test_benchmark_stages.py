@@ -182,7 +182,8 @@ def test_a_profile_file_with_a_wrong_field_names_it(tiny_bert_dir, tiny_csv, tmp
     bad.write_text("provider: CPUExecutionProvider\nthreads: many\n")
     raw = raw_recipe(tiny_bert_dir, tiny_csv)
     raw["benchmark"]["profiles"] = [str(bad)]
-    with pytest.raises(UserError, match=r"mine.yaml: threads: expected a positive integer or 'cores' \(got 'many'\)"):
+    with pytest.raises(UserError,
+                       match=r"mine.yaml: threads: expected an integer from 1 to 1024 or 'cores' \(got 'many'\)"):
         parse_recipe(raw)
 
 

@@ -367,6 +367,31 @@ def test_a_number_in_a_mapping_says_what_each_value_takes(tmp_path, distill, mes
     assert error_of(tmp_path, text) == f"{tmp_path / 'recipe.yaml'}: variants.v[1].{message}"
 
 
+def test_benchmark_iterations_are_bounded_as_a_profiles_are(tmp_path):
+    """The override replaces the profile's iterations: unbounded, a recipe asking for a billion
+    passed its validation and failed at the benchmark stage, after every variant was built."""
+    assert section_error(tmp_path, "variants:\n  v: []\nbenchmark: {iterations: 20000}\n") == \
+        f"{tmp_path / 'recipe.yaml'}: benchmark.iterations: expected an integer from 1 to 10000 (got 20000)"
+
+
+@pytest.mark.parametrize("section, message", [
+    # Not pydantic's "Input should be 'soft', 'hard', ...": which name, the ones taken, the nearest.
+    (f"variants:\n  v: [{STUDENT}, {{distill: {{weights: {{sofft: 1.0}}}}}}]\n",
+     "variants.v[1].distill.weights: unknown name 'sofft'; expected one of soft, hard, cosine, hidden, attention, "
+     "value-relation, progressive; did you mean 'soft'?"),
+    (f"variants:\n  v: [{STUDENT}, {{distill: {{losses: [soft, hidn]}}}}]\n",
+     "variants.v[1].distill.losses[1]: expected one of soft, hard, cosine, hidden, attention, value-relation, "
+     "progressive (got 'hidn'); did you mean 'hidden'?"),
+    ("variants:\n  v: [{finetune: {strategy: zzz}}]\n",          # nothing close: no guess
+     "variants.v[0].finetune.strategy: expected one of full, frozen, scalar-mix, adapters (got 'zzz')"),
+    ("variants:\n  v: []\nbenchmark: {baselines: [onnxruntime-fp33]}\n",
+     "benchmark.baselines[0]: expected one of pytorch-eager-fp32, onnxruntime-fp32, optimum-default-int8 (got "
+     "'onnxruntime-fp33'); did you mean 'onnxruntime-fp32'?"),
+])
+def test_a_name_a_field_does_not_take_gets_the_names_it_takes_and_the_nearest(tmp_path, section, message):
+    assert section_error(tmp_path, section) == f"{tmp_path / 'recipe.yaml'}: {message}"
+
+
 @pytest.mark.parametrize("section, message", [
     ("variants:\n  v: [{finetune: {max_length: abc}}]\n", "variants.v[0].finetune.max_length: expected an integer "
                                                          "from 8 to 512 (got 'abc')"),

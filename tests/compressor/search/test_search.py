@@ -462,6 +462,17 @@ def test_a_baseline_listed_twice_is_refused():
         SearchSettings(latency_budget_ms=5, baselines=["onnxruntime-fp32", "onnxruntime-fp32"])
 
 
+
+def test_a_recovery_or_precision_listed_twice_is_named():
+    """Not `a value is listed twice in ['int8', 'int8']`, which `--precisions` showed beside the
+    list again: the name, which the flag's error follows with the value as typed."""
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="int8 listed more than once; expected each once"):
+        SearchSettings(latency_budget_ms=5, precisions=("fp32", "int8", "int8"))
+    with pytest.raises(ValidationError, match="distill, theseus listed more than once"):
+        SearchSettings(latency_budget_ms=5, recoveries=("theseus", "distill", "theseus", "distill"))
+
+
 def test_a_search_draws_the_splits_with_the_seed_its_teacher_records(bert_bundle, tiny_csv, quick_profile, tmp_path,
                                                                       monkeypatch):
     """The search uses its teacher as is: splits drawn with another seed would score (and pick

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 import pytest
+from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from pretrain.data.tokenizers import (TokenizerConfig, save_tokenizer, smallest_vocab, tokenizer_metrics,
@@ -58,10 +59,12 @@ def test_unknown_rates_order_bpe_wordpiece_wordlevel(trained):
 
 
 def test_bad_vocabulary_size_and_empty_corpus(tmp_path, corpus):
-    with pytest.raises(UserError, match="too small"):
-        train_tokenizer(corpus, TokenizerConfig(kind="wordpiece", vocab_size=5))
-    with pytest.raises(UserError, match="256 bytes"):
-        train_tokenizer(corpus, TokenizerConfig(kind="bpe", vocab_size=smallest_vocab("bpe") - 1))
+    # A check across kind and vocab_size, made by the config: `compressor tokenizer` names the
+    # flags (--vocab-size 5 ... --kind wordpiece), Python the fields.
+    with pytest.raises(ValidationError, match="vocab_size: 5 is too small for kind: wordpiece; expected at least 6"):
+        TokenizerConfig(kind="wordpiece", vocab_size=5)
+    with pytest.raises(ValidationError, match="256 bytes"):
+        TokenizerConfig(kind="bpe", vocab_size=smallest_vocab("bpe") - 1)
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     with pytest.raises(UserError, match="no training text"):

@@ -128,6 +128,23 @@ def test_options_string():
             NoiseConfig.parse(bad)
 
 
+@pytest.mark.parametrize("options, message", [
+    # Not pydantic's "Input should be less than or equal to 1" / "a valid boolean": what the
+    # option takes, and the item as typed (an alias too: masking is mask).
+    ("mask=2", "dae noise option mask: expected a number in [0, 1] (got 'mask=2')"),
+    ("infilling,masking=lots", "dae noise option mask: expected a number in [0, 1] (got 'masking=lots')"),
+    ("delete=1", "dae noise option delete: expected a number in [0, 1) (got 'delete=1')"),
+    ("permute,poisson=-1", "dae noise option poisson: expected a positive number (got 'poisson=-1')"),
+    ("rotate=nan", "dae noise option rotate: expected a number in [0, 1] (got 'rotate=nan')"),
+    ("infill,whole_words=maybe", "dae noise option whole_words: expected 0 or 1 (got 'whole_words=maybe')"),
+])
+def test_a_bad_value_says_what_its_option_takes(options, message):
+    for parse in (NoiseConfig.parse, lambda text: compose_options(text, None)):     # --dae-noise's path too
+        with pytest.raises(UserError) as err:
+            parse(options)
+        assert str(err.value) == message
+
+
 def test_command_line_flags_compose_into_options():
     parse = NoiseConfig.parse
     assert parse(compose_options("infilling,permutation", 0.4)) == NoiseConfig(infill=0.4, permute=1.0)
