@@ -52,7 +52,7 @@ class PretrainConfig(BaseModel):
     lr: float = Field(5e-4, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
-    max_length: int = Field(128, ge=8)
+    max_length: int = Field(128, ge=8, le=MAX_POSITIONS)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     buffer_size: int = Field(10_000, ge=1)   # chunks held by the shuffle buffer
     # Continued pretraining (mlm, mlm-wwm): start from this BERT model's weights ('minilm' or an
@@ -101,9 +101,6 @@ def make_config(**settings) -> PretrainConfig:
         raise UserError(f"{'--' + name.replace('_', '-') if name else 'pretrain settings'}: {problem}") from None
     if cfg.size not in SIZES:
         raise UserError(f"unknown size {cfg.size!r}; expected one of {', '.join(SIZES)}")
-    if cfg.max_length > MAX_POSITIONS:
-        raise UserError(f"max length {cfg.max_length} is longer than the model's {MAX_POSITIONS} "
-                        "positions: expected at most 512")
     if cfg.init is not None and cfg.objective not in CONTINUABLE:
         raise UserError(f"--init continues masked-LM pretraining; --objective {cfg.objective} builds its own "
                         f"model: expected --objective {' or '.join(CONTINUABLE)}, or no --init")

@@ -159,7 +159,7 @@ def test_resume_with_other_settings_is_refused_and_keeps_the_checkpoint(corpus, 
 
 @pytest.mark.parametrize("settings, message", [
     ({"objective": "nope"}, "unknown objective"),
-    ({"max_length": 1024}, "512 positions"),
+    ({"max_length": 1024}, r"--max-length: expected an integer from 8 to 512 \(got 1024\)"),
     ({"size": "huge"}, "unknown size"),
     ({"objective": "nsp", "batch_size": 1}, "batch size of at least 2"),
 ])
@@ -198,6 +198,12 @@ def test_cli_tokenizer_and_pretrain_bad_input(corpus, tmp_path, capsys):
                     str(tok), "--warmup-ratio", "1.5", "--out", str(tmp_path / "p"))
     assert code == 2 and err == ("error: compressor pretrain: argument --warmup-ratio: expected a number in [0, 1) "
                                  "(got 1.5)\n")
+    assert not (tmp_path / "p").exists()
+    # Refused at the flag, as other numbers are, not later by the model's 512 positions.
+    code, err = cli(capsys, "pretrain", "--objective", "mlm", "--corpus", corpus, "--steps", "2", "--tokenizer",
+                    str(tok), "--max-length", "600", "--out", str(tmp_path / "p"))
+    assert code == 2 and err == ("error: compressor pretrain: argument --max-length: expected an integer from 8 to "
+                                 "512 (got 600)\n")
     assert not (tmp_path / "p").exists()
     code, err = cli(capsys, "embeddings", "--corpus", corpus, "--lr", "0", "--out", str(tmp_path / "e"))
     assert code == 2 and err == "error: compressor embeddings: argument --lr: expected a positive number (got 0)\n"
