@@ -45,7 +45,7 @@ from compressor.search.plans import (Plan, largest_plans, plan_params, plan_step
 from compressor.search.settings import SearchSettings
 from compressor.search.structures import fit_latency_model, teacher_shape
 from compressor.search.study import (ProxyRunner, completed, connect, default_storage, finalists, open_study,
-                                     progress_line, proxy_trials, seed_study)
+                                     progress_line, proxy_trials, reseed_sampler, seed_study)
 from pretrain.atomic import atomic_file, check_output
 from pretrain.data import TaskData, load_task, task_files
 from pretrain.errors import UserError
@@ -119,8 +119,12 @@ def study_for(settings: SearchSettings, out_dir: Path, teacher_dir: Path, data: 
                 "min_retention": settings.min_retention,
                 # proxies trained otherwise would not rank with the stored ones
                 "proxy": [settings.proxy_train_samples, settings.proxy_lr or "scaled", settings.validation_samples]}
-    seed = settings.seed if not join else settings.seed + 1 + os.getpid()   # joiners explore elsewhere
-    return open_study(storage, settings.study_name, identity, join, seed)
+    return open_study(storage, settings.study_name, identity, join, sampler_seed(settings, join))
+
+
+def sampler_seed(settings: SearchSettings, join: bool) -> int:
+    """The study's sampler seed in this process: joiners explore elsewhere than the lead."""
+    return settings.seed if not join else settings.seed + 1 + os.getpid()
 
 
 def check_inputs(teacher: str | Path, profile: str, settings: SearchSettings) -> tuple[Path, Profile]:
@@ -236,6 +240,7 @@ def run_proxies(study: optuna.Study, runner: ProxyRunner, deadline: float, join:
         return time.monotonic() + reserve >= deadline
 
     def enough(study: optuna.Study, trial) -> None:
+        reseed_sampler(study, sampler_seed(settings, join))
         done = completed(study)          # read once per trial, used for all below
         log(progress_line(done, trial, runner.budget_ms, deadline - time.monotonic()))
         if out_of_time(done) or study.user_attrs.get("phase") == "final" or \

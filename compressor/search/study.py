@@ -87,9 +87,6 @@ def open_study(storage: RDBStorage, name: str, identity: dict, join: bool, seed:
                         "without --join first (it fits the latency model and creates the study)")
     study = optuna.create_study(storage=storage, study_name=name, directions=list(DIRECTIONS),
                                 sampler=sampler_for(seed), load_if_exists=True)
-    # A resumed study's sampler, seeded as at the start, would propose its first trials again
-    # (its random start-up draws repeat): it continues from the draws it has already made.
-    study.sampler = sampler_for(seed + len(study.trials))
     made_for = study.user_attrs.get("identity")
     if made_for is None and not join:
         study.set_user_attr("identity", identity)
@@ -101,7 +98,26 @@ def open_study(storage: RDBStorage, name: str, identity: dict, join: bool, seed:
                         f"same teacher, task, profile, batch size, budget and floor, or another --study-name")
     if not join:
         retry_stopped_trials(study)
+    reseed_sampler(study, seed)
     return study
+
+
+def reseed_sampler(study: optuna.Study, seed: int) -> None:
+    """Seed the sampler for the study's next draw with `seed` plus the draws already made. Reseeded
+    after every trial (and on resume), a draw depends on how many came before it, not on which
+    process made them: a search stopped and resumed proposes the plans an uninterrupted one
+    does, where a sampler continuing one random stream would propose others after the stop (and
+    so, with few trials, pick other finalists). Seeded as at the start, it would repeat its
+    first draws."""
+    study.sampler = sampler_for(seed + drawn_trials(study.get_trials(deepcopy=False)))
+
+
+def drawn_trials(trials: list[FrozenTrial]) -> int:
+    """Trials whose plan the sampler drew, cut short or not: not a queued seed or a retry (ours
+    queue with `fixed_params`, Optuna's heartbeat retries carry `failed_trial`), nor one stopped
+    before its first draw."""
+    return sum(1 for t in trials if t.params and "fixed_params" not in t.system_attrs
+               and "failed_trial" not in t.system_attrs)
 
 
 def seed_study(study: optuna.Study, seeds: dict[str, dict]) -> None:

@@ -126,6 +126,31 @@ def test_a_resumed_study_does_not_propose_its_first_trials_again(tmp_path):
     assert not set(resumed) & set(started)
 
 
+def test_a_search_stopped_and_resumed_draws_the_plans_of_an_uninterrupted_one(tmp_path):
+    """The sampler is reseeded after every trial by the draws made so far: a stop (its trial
+    retried on resume) changes none of the later draws, so the finalists stay those of an
+    uninterrupted search."""
+    from optuna.trial import TrialState
+
+    from compressor.search.study import connect, open_study, reseed_sampler
+
+    def run(name: str, trials: int, stop_at: int | None = None) -> list[float]:
+        study = open_study(connect(f"sqlite:///{tmp_path / name}.db"), "s", {"task": "t"}, join=False, seed=0)
+        while len(study.get_trials(states=(TrialState.COMPLETE,))) < trials:
+            trial = study.ask()
+            x = trial.suggest_float("x", 0.0, 1.0)
+            if trial.number == stop_at:
+                trial.set_user_attr("stopped", True)       # as ProxyRunner.objective marks a Ctrl-C
+                study.tell(trial, state=TrialState.FAIL)
+                return []
+            study.tell(trial, [x, 1.0])
+            reseed_sampler(study, 0)                         # as run_proxies' callback does
+        return sorted(t.params["x"] for t in study.get_trials(states=(TrialState.COMPLETE,)))
+    uninterrupted = run("whole", 5)
+    run("stopped", 5, stop_at=2)
+    assert run("stopped", 5) == uninterrupted
+
+
 def test_a_resumed_lead_retries_the_trials_a_stop_cut_short(tmp_path):
     """A trial interrupted (Ctrl-C, SIGTERM) or left running by a process killed on this host
     is queued again, once, with its plan; a trial that failed of itself is not."""
