@@ -94,7 +94,7 @@ def student_shape(cfg: StudentConfig, known: Known) -> Shape:
     check_student_layers(cfg, source.layers)
     heads = tuple(source.heads[i] for i in cfg.layers) if source.heads else None
     return Shape(source.family, len(cfg.layers), heads, source.hidden, known.model.labels, source.vocab,
-                 source.embedding, embedding_rank=source.embedding_rank,
+                 source.embedding, embedding_rank=source.embedding_rank, heads_scored=source.heads_scored,
                  shared_attention=kept_groups(source.shared_attention, cfg.layers))
 
 

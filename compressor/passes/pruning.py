@@ -109,7 +109,7 @@ def pruned_heads_shape(cfg: PruneHeads, known: Known) -> Shape:
         return dataclasses.replace(shape, heads=None, layers=None, shared_attention=None)
     if removed is not None and cfg.per_layer is not None:
         return dataclasses.replace(shape, heads=tuple(h - n for h, n in zip(shape.heads, removed)))
-    return dataclasses.replace(shape, heads=None)
+    return dataclasses.replace(shape, heads=None, heads_scored=True)
 
 
 @register("prune-heads", PruneHeads, check_family=refuse_unsupported("prune-heads"), check_shape=pruned_heads_shape,

@@ -68,7 +68,28 @@ class QATConfig(FinetuneConfig):
         return self
 
 
-@register("qat", QATConfig, trains=True, names_layers=True, trains_embedding=word_embedding_training)
+def check_qat_family(cfg: QATConfig, family: str) -> None:
+    """Refuse a family whose blocks are not Linear layers (the BiLM's LSTMs, the CNN's
+    convolutions): QAT would train only the classifier head and word embedding quantized, and
+    its `scope: linears` export would keep the rest in float, larger than plain dynamic int8."""
+    if not has_linear_blocks(family):
+        raise UserError(f"qat: a {family!r} model has no Linear layers to train quantized but its classifier head "
+                        f"(its {blocks_of(family)} would stay float in the export it sets); expected quantize: "
+                        f"{{mode: dynamic-int8}} for a {family} model, or qat on a model with Linear layers in "
+                        f"every block (families {', '.join(TRANSFORMER_FAMILIES)})")
+
+
+def has_linear_blocks(family: str) -> bool:
+    return family in TRANSFORMER_FAMILIES or (family in FAMILIES and bool(FAMILIES[family].layer_groups))
+
+
+def blocks_of(family: str) -> str:
+    """What a family without Linear blocks computes with, for its refusals."""
+    return {"bilm": "LSTMs", "textcnn": "convolutions"}.get(family, "blocks")
+
+
+@register("qat", QATConfig, trains=True, names_layers=True, trains_embedding=word_embedding_training,
+          check_family=check_qat_family)
 def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
     """Q8BERT quantization-aware training, then an int8 export that uses the learned ranges.
 
@@ -114,9 +135,9 @@ def check_rankable(cfg: SensitivityConfig, family: str) -> None:
     quantization error arises, are not Linear layers, so a ranking would always keep the
     head in float and say nothing about the LSTMs.
     """
-    if family not in TRANSFORMER_FAMILIES and not (family in FAMILIES and FAMILIES[family].layer_groups):
+    if not has_linear_blocks(family):
         raise UserError(f"sensitivity: a {family!r} model has no Linear layers to rank but its classifier "
-                        f"head (its LSTMs are not scored); expected a model with Linear layers in every "
+                        f"head (its {blocks_of(family)} are not scored); expected a model with Linear layers in every "
                         f"block (families {', '.join(TRANSFORMER_FAMILIES)})")
 
 

@@ -127,6 +127,10 @@ class Shape:
     # Groups (2 or more) of layers that compute with one set of attention weights (share-layers),
     # which lose the same heads: () where none do, None where the steps before hide it.
     shared_attention: tuple[tuple[int, ...], ...] | None = ()
+    # A scored prune-heads (fraction, count, iterative) chose each layer's head count: where
+    # `heads` is None for that reason, layers may keep different counts (the same only within
+    # a shared_attention group), so sharing them can be refused before they are scored.
+    heads_scored: bool = False
 
 
 @dataclass(frozen=True)

@@ -72,9 +72,34 @@ def shared_shape(cfg: ShareLayers, known: Known) -> Shape:
     groups = checked_groups(cfg, shape.layers)
     if cfg.mode == "ffn":
         return shape
+    check_same_head_counts(groups, shape)
     # Sharing on top of sharing: what ties to what is known only once it has run.
     shared = tuple(tuple(g) for g in groups if len(g) > 1) if shape.shared_attention == () else None
     return dataclasses.replace(shape, shared_attention=shared)
+
+
+def check_same_head_counts(groups: list[list[int]], shape: Shape) -> None:
+    """Refuse up front a group whose layers keep different head counts (known from `per_layer`),
+    or may (a scored prune-heads chose them, and the group was not one attention then): the
+    pass itself would refuse it only once the steps before had run."""
+    for group in groups:
+        if shape.heads is not None:
+            counts = {shape.heads[i] for i in group}
+            if len(counts) > 1:
+                raise UserError(f"share-layers: layers {group[0]} to {group[-1]} keep different head counts "
+                                f"({', '.join(str(shape.heads[i]) for i in group)}) after the steps before; "
+                                "sharing needs layers of one shape: share before pruning, or give the layers "
+                                "of a group one count in prune-heads' per_layer")
+        elif shape.heads_scored and len(group) > 1 and not within_shared(group, shape.shared_attention):
+            raise UserError(f"share-layers: layers {group[0]} to {group[-1]} may keep different head counts: "
+                            "prune-heads before it chooses each layer's count by score; expected share-layers "
+                            "before prune-heads (which then prunes a group's layers alike), or prune-heads "
+                            "with per_layer giving the layers of a group one count")
+
+
+def within_shared(group: list[int], shared: tuple[tuple[int, ...], ...] | None) -> bool:
+    """Whether the layers of `group` already computed with one attention (so lost the same heads)."""
+    return shared is None or any(set(group) <= set(g) for g in shared)
 
 
 @register("share-layers", ShareLayers, check_family=check_shareable, check_shape=shared_shape)

@@ -53,8 +53,8 @@ NO_TRANSFORMER_LAYERS = frozenset(FAMILIES) - set(TRANSFORMER_FAMILIES)
 FAMILY_CHECKS: dict[str, tuple[dict, frozenset[str]]] = {
     "drop-layers": (EXAMPLE_CONFIGS["drop-layers"], NO_TRANSFORMER_LAYERS),
     # ALBERT's shared layers are Linear layers too (each ranked once, for every depth)
-    "sensitivity": (EXAMPLE_CONFIGS["sensitivity"], frozenset(f for f in NO_TRANSFORMER_LAYERS
-                                                              if not FAMILIES[f].layer_groups)),
+    **{name: (EXAMPLE_CONFIGS[name], frozenset(f for f in NO_TRANSFORMER_LAYERS if not FAMILIES[f].layer_groups))
+       for name in ("sensitivity", "qat")},
     # ALBERT: its layers are shared already
     "share-layers": (EXAMPLE_CONFIGS["share-layers"], NO_TRANSFORMER_LAYERS),
     "theseus": (EXAMPLE_CONFIGS["theseus"], NO_TRANSFORMER_LAYERS),

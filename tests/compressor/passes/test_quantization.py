@@ -65,6 +65,28 @@ def test_qat_refuses_mixed_precision():
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("family, blocks", [("bilm", "LSTMs"), ("textcnn", "convolutions")])
+def test_qat_and_sensitivity_refuse_families_without_linear_blocks_up_front(family, blocks):
+    """distill-structure then qat trained only the classifier head quantized, and the export it
+    set (`scope: linears`) kept the LSTMs in float: larger than plain dynamic int8. A recipe
+    refuses it before any stage runs (shape_after checks the family as the steps leave it)."""
+    from compressor.passes import check_pass_family
+    from compressor.passes.quantization import QATConfig, SensitivityConfig
+    from compressor.passes.registry import Known, Shape, shape_after
+    with pytest.raises(UserError, match=rf"^qat: a '{family}' model has no Linear layers to train quantized "
+                                        rf"but its classifier head \(its {blocks} would stay float.*expected "
+                                        r"quantize: \{mode: dynamic-int8\}") as err:
+        check_pass_family("qat", QATConfig(), family)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match=rf"^sensitivity: .*its {blocks} are not scored"):
+        check_pass_family("sensitivity", SensitivityConfig(), family)
+    shape = Shape(family)
+    with pytest.raises(UserError, match="^qat: "):
+        shape_after("qat", QATConfig(), Known(model=shape, teacher=shape))
+    for transformer in ("bert", "distilbert", "albert"):
+        check_pass_family("qat", QATConfig(), transformer)
+
+
 def test_qat_trains_with_the_loop_and_records_ranges_for_every_linear(bert_bundle, tiny_task):
     cfg = config("qat", epochs=1, batch_size=16, lr=1e-3, max_train_samples=48)
     out = apply_pass(bert_bundle, "qat", cfg, ctx(tiny_task))

@@ -210,3 +210,31 @@ def test_int8_plans_reach_every_layer_that_applies_a_shared_linear(bert_bundle, 
     found = linear_nodes(tmp_path / "graph.onnx", shared.model)
     assert len(found["bert.encoder.layer.2.intermediate.dense"]) == 4
     assert len({n.node for nodes in found.values() for n in nodes}) == 4 * 6 + 2   # + pooler, classifier
+
+
+def test_layers_pruned_to_different_head_counts_are_refused_before_any_step_runs():
+    """prune-heads then share-layers was refused only when share-layers ran, after the steps
+    before it (and any training among them) had run: the counts `per_layer` gives are known up
+    front, and scored ones may differ unless the layers already shared their attention."""
+    from compressor.passes.pruning import PruneHeads
+    from compressor.passes.registry import Known, Shape, shape_after
+    shape = Shape("bert", layers=4, heads=(4,) * 4, hidden=32)
+    start = Known(model=shape, teacher=shape)
+
+    def steps(*chain) -> Known:
+        known = start
+        for name, config in chain:
+            known = shape_after(name, config, known)
+        return known
+
+    uneven = ("prune-heads", PruneHeads(per_layer=(1, 2, 1, 2)))
+    with pytest.raises(UserError, match=r"^share-layers: layers 0 to 1 keep different head counts \(3, 2\)") as err:
+        steps(uneven, ("share-layers", ShareLayers(groups=2)))
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match=r"^share-layers: layers 0 to 3 may keep different head counts: prune-heads"):
+        steps(("prune-heads", PruneHeads(fraction=0.5)), ("share-layers", ShareLayers(mode="attention")))
+    # what can share: the FFN alone, layers of one count, or groups that were one attention when scored
+    steps(uneven, ("share-layers", ShareLayers(mode="ffn", groups=2)))
+    steps(("prune-heads", PruneHeads(per_layer=(1, 1, 2, 2))), ("share-layers", ShareLayers(groups=2)))
+    steps(("share-layers", ShareLayers(groups=2)), ("prune-heads", PruneHeads(fraction=0.5)),
+          ("share-layers", ShareLayers(groups=2)))

@@ -305,6 +305,8 @@ def test_late_user_error_before_any_stage_finished_leaves_no_dir(tiny_bert_dir, 
      r"v\[2\]: prune-heads: per_layer asks layers \[0, 1\] to lose \[1, 2\] heads, but they share their attention"),
     ([{"share-layers": {"groups": 1, "mode": "attention"}}, {"drop-layers": {"keep": [3, 0, 2]}},
       {"prune-heads": {"per_layer": [1, 1, 0], "samples": 8}}], r"layers \[0, 1, 2\] to lose \[1, 1, 0\] heads"),
+    ([{"prune-heads": {"fraction": 0.5, "samples": 8}}, {"finetune": {"epochs": 1}}, {"share-layers": {"groups": 2}}],
+     r"v\[2\]: share-layers: layers 0 to 1 may keep different head counts"),
     # widths and families
     ([{"student": {"shape": {"layers": 2, "hidden": 30}}}], "hidden width 30 is not a multiple of the 4 heads"),
     ([{"student": {"shape": {"layers": 2, "hidden": 64}}}, {"distill": {"losses": ["hidden"], "projection": False}}],
