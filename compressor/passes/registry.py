@@ -376,6 +376,18 @@ def pass_name_of(config: BaseModel) -> str:
     return names[0]
 
 
+def config_type_problem(name: str, config: BaseModel) -> str | None:
+    """Why `config` is not a config of pass `name` (None where it is): of another type, or of a
+    subtype another pass registers (QATConfig is a FinetuneConfig, but qat's), whose fields the
+    pass would take for its own. Subtypes no pass registers (the quantize modes) are the pass's."""
+    spec = get_pass(name)
+    owners = [s.name for s in _REGISTRY.values() if type(config) is s.config_type]
+    if isinstance(config, spec.config_type) and (not owners or name in owners):
+        return None
+    whose = f" (the config of pass {owners[0]!r})" if owners else ""
+    return f"pass {name!r} takes a {spec.config_type.__name__}, not {type(config).__name__}{whose}"
+
+
 def config_as_written(config: BaseModel) -> dict:
     """The fields a user set, as a recipe writes them: defaults stay defaults (a pass that
     trains takes the run's), but a type tag (a field of one literal value, as the quantize
@@ -397,9 +409,9 @@ def get_pass(name: str) -> PassSpec:
 def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) -> ModelBundle:
     """Run one pass and record it in the output's history."""
     spec = get_pass(name)
-    if not isinstance(config, spec.config_type):
-        raise UserError(f"pass {name!r} takes a {spec.config_type.__name__}, not {type(config).__name__}; "
-                        f"expected e.g. get_pass({name!r}).config_type(...)")
+    problem = config_type_problem(name, config)
+    if problem:
+        raise UserError(f"{problem}; expected e.g. get_pass({name!r}).config_type(...)")
     # The same refusals the pipeline gives up front, for passes called one by one.
     if spec.trains and ctx.task is not None and tuple(bundle.label_names) != tuple(ctx.task.label_names):
         raise UserError(f"pass {name!r} trains on task {ctx.task.name!r} but the model's head is for other labels "

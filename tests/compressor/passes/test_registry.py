@@ -178,6 +178,15 @@ def test_apply_pass_names_the_config_type_it_takes(bert_bundle, tiny_task):
         apply_pass(bert_bundle, "finetune", DropLayers(keep=(0,)), Context(task=tiny_task))
 
 
+def test_apply_pass_refuses_the_config_of_a_pass_whose_type_extends_its_own(bert_bundle, tiny_task):
+    # QATConfig is a FinetuneConfig, but qat's: taken by `finetune`, it trained without fake
+    # quantization and its history recorded qat's fields under finetune.
+    from compressor.passes.quantization import QATConfig
+    with pytest.raises(UserError, match="pass 'finetune' takes a FinetuneConfig, not QATConfig \\(the config of "
+                                        "pass 'qat'\\)"):
+        apply_pass(bert_bundle, "finetune", QATConfig(epochs=1), Context(task=tiny_task))
+
+
 def test_a_training_pass_refuses_a_model_of_another_task(bert_bundle, tiny_task):
     model = bert_bundle.copy_model()
     model.config.id2label = {i: f"x{i}" for i in range(model.config.num_labels)}
