@@ -193,6 +193,14 @@ def register(name: str, config_type: type[BaseModel], *, preserves_function: boo
              check_shape: ShapeCheck | None = None, names_layers: bool = False,
              renames_layers: bool | Callable[[BaseModel], bool] = False,
              trains_embedding: Callable[[BaseModel], str | None] | None = None) -> Callable[[PassFn], PassFn]:
+    """Decorator: register `fn(bundle, config, ctx) -> bundle` as the pass `name`, configured by
+    `config_type` (a PassConfig subclass). The keywords say what the pipeline must know of it to
+    refuse, before any stage runs, a recipe it cannot do (PassSpec's fields, README "Adding a pass"):
+    `check_family` / `check_tokenizer` (a one-line UserError for a family / tokenizer it cannot
+    work with), `check_shape` (the shape after the step; a pass that changes layers, heads or
+    widths without one leaves later steps checked against the shape before it), `names_layers` /
+    `renames_layers` (records naming Linear modules, passes that renumber layers),
+    `trains_embedding`, `trains` and `preserves_function`."""
     check_config_type(name, config_type)
 
     def decorate(fn: PassFn) -> PassFn:
