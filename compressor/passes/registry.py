@@ -75,6 +75,16 @@ class Context:
     # it once the step's output is written. None: no resume (a pass must cope).
     work_dir: Path | None = None
 
+    def __post_init__(self) -> None:
+        # Built by hand outside the pipeline: a task name or a teacher dir given as such would
+        # fail deep inside a pass (a str task read as a train split of one row).
+        if not isinstance(self.task, TaskData):
+            raise UserError(f"Context: task is a {type(self.task).__name__}; expected a TaskData, e.g. "
+                            "pretrain.data.load_task('wordnet-supersense')")
+        if self.teacher_source is not None and not isinstance(self.teacher_source, LazyTeacher):
+            raise UserError(f"Context: teacher_source is a {type(self.teacher_source).__name__}; expected a "
+                            "LazyTeacher, e.g. LazyTeacher.from_dir(path)")
+
     @property
     def teacher(self) -> ModelBundle:
         """The recipe's teacher (fine-tuned if the recipe says so), for inference only."""
@@ -416,12 +426,16 @@ def get_pass(name: str) -> PassSpec:
 
 def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) -> ModelBundle:
     """Run one pass and record it in the output's history."""
+    if not isinstance(bundle, ModelBundle) or not isinstance(ctx, Context):
+        wrong, expected = (bundle, "a ModelBundle, e.g. ModelBundle.load(path)") if not isinstance(bundle, ModelBundle) \
+            else (ctx, "a Context, e.g. Context(task=load_task(...))")
+        raise UserError(f"apply_pass({name!r}): got a {type(wrong).__name__}; expected {expected}")
     spec = get_pass(name)
     problem = config_type_problem(name, config)
     if problem:
         raise UserError(f"{problem}; expected e.g. get_pass({name!r}).config_type(...)")
     # The same refusals the pipeline gives up front, for passes called one by one.
-    if spec.trains and ctx.task is not None and tuple(bundle.label_names) != tuple(ctx.task.label_names):
+    if spec.trains and tuple(bundle.label_names) != tuple(ctx.task.label_names):
         raise UserError(f"pass {name!r} trains on task {ctx.task.name!r} but the model's head is for other labels "
                         f"({', '.join(bundle.label_names[:3])}, ... {len(bundle.label_names)}); expected a model "
                         f"of that task's {len(ctx.task.label_names)} labels, in its order")
