@@ -91,7 +91,9 @@ class Pipeline:
 
     def run(self, out_dir: str | Path, *, force: bool = False, rebenchmark: bool = False,
             show_progress: bool = True) -> dict:
-        """Run every stage into out_dir (cached and resumable, like `compressor run`); the report."""
+        """Run every stage into out_dir (cached and resumable, like `compressor run`); the report.
+        `force`: replace another recipe's results in out_dir (`--force`; a stage of this recipe is
+        never rebuilt for it); `rebenchmark`: time the models again (`--rebenchmark`)."""
         import torch
 
         from compressor.pipeline import run_recipe
