@@ -30,6 +30,10 @@ PROVENANCE_FILE = "compressor.json"
 
 @dataclass(frozen=True)
 class ModelBundle:
+    """What passes take and return: `ModelBundle.load(path)` reads a model dir, a pass changes a
+    copy (`copy_model()`) and returns `replace(model=...)`, never touching its input, and
+    `save(path)` writes an HF model dir plus compressor.json."""
+
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     task: Any                              # the task spec: a built-in name or a file spec dict

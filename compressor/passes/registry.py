@@ -75,6 +75,16 @@ class Context:
     # it once the step's output is written. None: no resume (a pass must cope).
     work_dir: Path | None = None
 
+    def __post_init__(self) -> None:
+        # Built by hand outside the pipeline: a task name or a teacher dir given as such would
+        # fail deep inside a pass (a str task read as a train split of one row).
+        if not isinstance(self.task, TaskData):
+            raise UserError(f"Context: task is a {type(self.task).__name__}; expected a TaskData, e.g. "
+                            "pretrain.data.load_task('wordnet-supersense')")
+        if self.teacher_source is not None and not isinstance(self.teacher_source, LazyTeacher):
+            raise UserError(f"Context: teacher_source is a {type(self.teacher_source).__name__}; expected a "
+                            "LazyTeacher, e.g. LazyTeacher.from_dir(path)")
+
     @property
     def teacher(self) -> ModelBundle:
         """The recipe's teacher (fine-tuned if the recipe says so), for inference only."""
@@ -197,6 +207,14 @@ def register(name: str, config_type: type[BaseModel], *, preserves_function: boo
              check_shape: ShapeCheck | None = None, names_layers: bool = False,
              renames_layers: bool | Callable[[BaseModel], bool] = False,
              trains_embedding: Callable[[BaseModel], str | None] | None = None) -> Callable[[PassFn], PassFn]:
+    """Decorator: register `fn(bundle, config, ctx) -> bundle` as the pass `name`, configured by
+    `config_type` (a PassConfig subclass). The keywords say what the pipeline must know of it to
+    refuse, before any stage runs, a recipe it cannot do (PassSpec's fields, README "Adding a pass"):
+    `check_family` / `check_tokenizer` (a one-line UserError for a family / tokenizer it cannot
+    work with), `check_shape` (the shape after the step; a pass that changes layers, heads or
+    widths without one leaves later steps checked against the shape before it), `names_layers` /
+    `renames_layers` (records naming Linear modules, passes that renumber layers),
+    `trains_embedding`, `trains` and `preserves_function`."""
     check_config_type(name, config_type)
 
     def decorate(fn: PassFn) -> PassFn:
@@ -380,6 +398,18 @@ def pass_name_of(config: BaseModel) -> str:
     return names[0]
 
 
+def config_type_problem(name: str, config: BaseModel) -> str | None:
+    """Why `config` is not a config of pass `name` (None where it is): of another type, or of a
+    subtype another pass registers (QATConfig is a FinetuneConfig, but qat's), whose fields the
+    pass would take for its own. Subtypes no pass registers (the quantize modes) are the pass's."""
+    spec = get_pass(name)
+    owners = [s.name for s in _REGISTRY.values() if type(config) is s.config_type]
+    if isinstance(config, spec.config_type) and (not owners or name in owners):
+        return None
+    whose = f" (the config of pass {owners[0]!r})" if owners else ""
+    return f"pass {name!r} takes a {spec.config_type.__name__}, not {type(config).__name__}{whose}"
+
+
 def config_as_written(config: BaseModel) -> dict:
     """The fields a user set, as a recipe writes them: defaults stay defaults (a pass that
     trains takes the run's), but a type tag (a field of one literal value, as the quantize
@@ -400,12 +430,16 @@ def get_pass(name: str) -> PassSpec:
 
 def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) -> ModelBundle:
     """Run one pass and record it in the output's history."""
+    if not isinstance(bundle, ModelBundle) or not isinstance(ctx, Context):
+        wrong, expected = (bundle, "a ModelBundle, e.g. ModelBundle.load(path)") if not isinstance(bundle, ModelBundle) \
+            else (ctx, "a Context, e.g. Context(task=load_task(...))")
+        raise UserError(f"apply_pass({name!r}): got a {type(wrong).__name__}; expected {expected}")
     spec = get_pass(name)
-    if not isinstance(config, spec.config_type):
-        raise UserError(f"pass {name!r} takes a {spec.config_type.__name__}, not {type(config).__name__}; "
-                        f"expected e.g. get_pass({name!r}).config_type(...)")
+    problem = config_type_problem(name, config)
+    if problem:
+        raise UserError(f"{problem}; expected e.g. get_pass({name!r}).config_type(...)")
     # The same refusals the pipeline gives up front, for passes called one by one.
-    if spec.trains and ctx.task is not None and tuple(bundle.label_names) != tuple(ctx.task.label_names):
+    if spec.trains and tuple(bundle.label_names) != tuple(ctx.task.label_names):
         raise UserError(f"pass {name!r} trains on task {ctx.task.name!r} but the model's head is for other labels "
                         f"({', '.join(bundle.label_names[:3])}, ... {len(bundle.label_names)}); expected a model "
                         f"of that task's {len(ctx.task.label_names)} labels, in its order")

@@ -154,13 +154,21 @@ class Recipe(Strict):
     @field_validator("variants")
     @classmethod
     def _variant_names(cls, variants: dict | None) -> dict | None:
+        # Names are compared case-folded: on a case-insensitive file system (macOS's and
+        # Windows' defaults) `Int8` and `int8`, or `Teacher` and `teacher`, are one dir.
+        reserved = {n.casefold() for n in RESERVED_NAMES}
+        seen: dict[str, str] = {}
         for name in variants or {}:
-            if not VARIANT_NAME.match(name) or name in RESERVED_NAMES:
+            if not VARIANT_NAME.match(name) or name.casefold() in reserved:
                 raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-', starting with a "
-                                 f"letter or digit, and not one of {sorted(RESERVED_NAMES)}")
+                                 f"letter or digit, and not one of {sorted(RESERVED_NAMES)} (in any case)")
             if len(name) > MAX_VARIANT_NAME:
                 raise ValueError(f"variant name {name[:20]!r}... has {len(name)} characters; expected at most "
                                  f"{MAX_VARIANT_NAME} (it names dirs, with room for their suffixes)")
+            first = seen.setdefault(name.casefold(), name)
+            if first != name:
+                raise ValueError(f"variant names {first!r} and {name!r} differ only in case, and name one dir on a "
+                                 "case-insensitive file system; expected names that differ in more than case")
         return variants
 
     @field_validator("export")
@@ -171,8 +179,9 @@ class Recipe(Strict):
         # `variants` and `passes` are declared before `export`, so they are validated by now.
         names = {"teacher", *(info.data.get("variants") or {}),
                  *(["main"] if info.data.get("passes") is not None else [])}
-        clashes = sorted((name + suffix, name) for name in names for suffix in (EXPORT_SUFFIX, TORCH_INT8_SUFFIX)
-                         if name + suffix in names)
+        folded = {name.casefold(): name for name in names}     # one dir on a case-insensitive file system
+        clashes = sorted((folded[(name + suffix).casefold()], name) for name in names
+                         for suffix in (EXPORT_SUFFIX, TORCH_INT8_SUFFIX) if (name + suffix).casefold() in folded)
         if clashes:
             raise ValueError(f"variant name {clashes[0][0]!r} is where {clashes[0][1]!r} may be "
                              f"exported; rename it (export dirs are <name>{EXPORT_SUFFIX}, or "

@@ -56,3 +56,30 @@ def test_a_missing_setting_is_found() -> None:
     row = table_rows()["prune-movement"].replace("scores_lr", "scores rate")
     config = get_pass("prune-movement").config_type
     assert undocumented(config, row, set(FinetuneConfig.model_fields)) == ["scores_lr"]
+
+
+def adding_a_pass_examples() -> list[str]:
+    """The Python blocks of the README's "Adding a pass", in order (later ones use the first's imports)."""
+    section = README.split("### Adding a pass", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_adding_a_pass_examples_run_as_written(monkeypatch, bert_bundle, tiny_task, tiny_bert_dir):
+    """A contributor copies them: every name they use is imported or defined there (the loss
+    aside, which the README says where to find), and the passes they register run."""
+    from compressor.passes import Context, LazyTeacher, apply_pass, registry
+    from tests.compressor.passes.test_registry import distill_loss
+    monkeypatch.setattr(registry, "_REGISTRY", {})     # the examples register names the real passes hold
+    blocks = adding_a_pass_examples()
+    assert len(blocks) == 2
+    namespace: dict = {}
+    exec(blocks[0], namespace)
+    exec(blocks[1], {**namespace, "distill_loss": distill_loss})
+    assert registry.pass_names() == ["drop-layers", "kd"]
+    student = apply_pass(bert_bundle, "drop-layers", namespace["DropLayers"](keep=(0, 2)), Context(task=tiny_task))
+    assert student.model.config.num_hidden_layers == 2
+    kd = registry.get_pass("kd")
+    cfg = kd.config_type(epochs=1, batch_size=16, max_train_samples=32)
+    out = apply_pass(student.replace(task=tiny_task.spec), "kd", cfg,
+                     Context(task=tiny_task, show_progress=False, teacher_source=LazyTeacher.from_dir(tiny_bert_dir)))
+    assert out.history[-1]["pass"] == "kd"

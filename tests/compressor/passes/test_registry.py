@@ -178,6 +178,15 @@ def test_apply_pass_names_the_config_type_it_takes(bert_bundle, tiny_task):
         apply_pass(bert_bundle, "finetune", DropLayers(keep=(0,)), Context(task=tiny_task))
 
 
+def test_apply_pass_refuses_the_config_of_a_pass_whose_type_extends_its_own(bert_bundle, tiny_task):
+    # QATConfig is a FinetuneConfig, but qat's: taken by `finetune`, it trained without fake
+    # quantization and its history recorded qat's fields under finetune.
+    from compressor.passes.quantization import QATConfig
+    with pytest.raises(UserError, match="pass 'finetune' takes a FinetuneConfig, not QATConfig \\(the config of "
+                                        "pass 'qat'\\)"):
+        apply_pass(bert_bundle, "finetune", QATConfig(epochs=1), Context(task=tiny_task))
+
+
 def test_a_training_pass_refuses_a_model_of_another_task(bert_bundle, tiny_task):
     model = bert_bundle.copy_model()
     model.config.id2label = {i: f"x{i}" for i in range(model.config.num_labels)}
@@ -307,3 +316,22 @@ def test_a_config_as_written_keeps_its_type_tag_and_leaves_defaults_out():
 
     assert config_as_written(Tagged()) == {"kind": "tagged"}
     assert config_as_written(Tagged(size=4)) == {"kind": "tagged", "size": 4}
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    # a task name read as a split: drop-layers then said the train split had one row
+    ({"task": "wordnet-supersense"}, "Context: task is a str; expected a TaskData, e.g. pretrain.data.load_task"),
+    ({"teacher_source": "teacher-dir"}, "Context: teacher_source is a str; expected a LazyTeacher, e.g. "
+                                        "LazyTeacher.from_dir"),
+])
+def test_a_context_of_the_wrong_kinds_is_refused_when_built(tiny_task, kwargs, expected):
+    with pytest.raises(UserError, match=expected):
+        Context(**{"task": tiny_task, **kwargs})
+
+
+def test_apply_pass_refuses_arguments_of_the_wrong_kinds(bert_bundle, tiny_task, tiny_bert_dir):
+    from compressor.passes.layers import DropLayers
+    with pytest.raises(UserError, match=r"apply_pass\('drop-layers'\): got a PosixPath; expected a ModelBundle"):
+        apply_pass(tiny_bert_dir, "drop-layers", DropLayers(keep=(0,)), Context(task=tiny_task))
+    with pytest.raises(UserError, match=r"apply_pass\('drop-layers'\): got a TaskData; expected a Context"):
+        apply_pass(bert_bundle, "drop-layers", DropLayers(keep=(0,)), tiny_task)

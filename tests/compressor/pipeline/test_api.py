@@ -123,3 +123,51 @@ def test_every_quantize_mode_reads_back_as_itself(config, tiny_bert_dir, tiny_cs
                                                             "mode": config.mode}}]
     assert pipe.validate()[1]["q"][0].config == config
     assert parse_recipe(yaml.safe_load(pipe.to_yaml()))[1]["q"][0].config == config
+
+
+def test_a_config_object_under_another_pass_name_is_refused(tiny_bert_dir, tiny_csv):
+    # Its fields would otherwise be read as the named pass's: a FinetuneConfig given as
+    # `distill` ran a distillation, a QATConfig given as `finetune` plain fine-tuning.
+    from compressor.passes.quantization import QATConfig
+    pipe = build(tiny_bert_dir, tiny_csv)
+    for step, expected in [(("distill", FinetuneConfig(epochs=1)), "pass 'distill' takes a DistillConfig"),
+                           (("finetune", QATConfig(epochs=1)), "pass 'finetune' takes a FinetuneConfig"),
+                           (("drop-layers", DynamicInt8Config()), "pass 'drop-layers' takes a DropLayers")]:
+        with pytest.raises(UserError, match=f"variant 'v': {expected}, not {type(step[1]).__name__}.*; expected "
+                                            "a .* or a dict of its fields$"):
+            pipe.variant("v", step)
+    with pytest.raises(UserError, match="variant 'v': unknown pass 'nope'"):
+        pipe.variant("v", ("nope", DropLayers(keep=(0,))))
+    assert "v" not in pipe.to_dict()["variants"]
+    # A config of the named pass's own type (a quantize mode's too), a dict or None is taken.
+    pipe.variant("v", ("quantize", DynamicInt8Config()), ("drop-layers", {"keep": [0]}), ("finetune", None))
+    assert [s.name for s in pipe.validate()[1]["v"]] == ["quantize", "drop-layers", "finetune"]
+
+
+@pytest.mark.parametrize("misuse, expected", [
+    (lambda pipe: pipe.variant("v", ("drop-layers", 5)), "pass 'drop-layers' takes a DropLayers or a dict of its fields, not int 5"),
+    (lambda pipe: pipe.variant("v", (5, {})), "a step's pass name is a int; expected a string"),
+    (lambda pipe: pipe.variant("v", DropLayers), r"a step is the class DropLayers \(expected an instance"),
+    (lambda pipe: pipe.export({"optimize": False}, onnx=True), "export: given both a settings object and the fields onnx"),
+    (lambda pipe: pipe.benchmark("cpu"), "benchmark: expected BenchmarkSettings .*got str 'cpu'"),
+    (lambda pipe: pipe.plan(5), "out_dir: expected a directory path .*got int 5"),
+    (lambda pipe: pipe.run(None), "out_dir: expected a directory path .*got NoneType"),
+], ids=["config-not-a-config", "name-not-a-string", "a-class", "settings-and-fields", "settings-not-settings",
+        "out-dir-int", "out-dir-none"])
+def test_arguments_of_the_wrong_kind_are_one_line_errors(tiny_bert_dir, tiny_csv, misuse, expected):
+    with pytest.raises(UserError, match=expected):
+        misuse(build(tiny_bert_dir, tiny_csv))
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"finetune": "full"}, "finetune: expected FinetuneConfig .*got str 'full'"),
+    ({"teacher": 5}, "teacher: expected minilm or a model dir .*got int 5"),
+])
+def test_constructor_arguments_of_the_wrong_kind_are_one_line_errors(tiny_csv, kwargs, expected):
+    with pytest.raises(UserError, match=expected):
+        Pipeline("api", task={"path": str(tiny_csv)}, **kwargs)
+
+
+def test_a_teacher_path_object_is_written_as_its_path(tiny_bert_dir, tiny_csv):
+    pipe = Pipeline("api", teacher=tiny_bert_dir, task={"path": str(tiny_csv)}).variant("same")
+    assert pipe.to_dict()["teacher"]["model"] == str(tiny_bert_dir)

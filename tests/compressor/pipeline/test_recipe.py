@@ -140,6 +140,22 @@ def test_bad_variant_name(tmp_path, name):
     assert "letters, digits" in message
 
 
+@pytest.mark.parametrize("variants, clash", [
+    ("{int8: [], Int8: []}", "'int8' and 'Int8' differ only in case"),
+    ("{Teacher: []}", "'Teacher' must be"),
+    ("{Report.JSON: []}", "'Report.JSON' must be"),
+])
+def test_variant_names_that_are_one_dir_on_a_case_insensitive_disk(tmp_path, variants, clash):
+    # macOS and Windows file systems fold case by default: the two would write one dir.
+    message = error_of(tmp_path, "name: r\n" + TEACHER + f"variants: {variants}\n")
+    assert clash in message and "\n" not in message
+
+
+def test_an_export_dir_that_clashes_in_another_case(tmp_path):
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "variants: {A: [], a-ONNX: []}\nexport: {onnx: true}\n")
+    assert "'a-ONNX' is where 'A' may be exported" in message
+
+
 def test_step_mapping_with_two_keys(tmp_path):
     message = error_of(tmp_path, "name: r\n" + TEACHER +
                        "variants:\n  v:\n    - {drop-layers: {keep: [0]}, finetune: {epochs: 1}}\n")
