@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from compressor.cli.stops import (first_rank, quiet_exit_after_command, stop_exit_code, stop_word, stops_as_interrupts,
                                   stops_held)
+from pretrain.child_process import end_with_launcher
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     pydantic and logging and the command the libraries (torch, transformers: seconds): a SIGTERM
     before the command's own handler was in place killed the process with no line (-15)."""
     with stops_as_interrupts():
+        end_with_launcher()
         try:
             command_main = imported_command()
         except KeyboardInterrupt as stop:

@@ -51,6 +51,20 @@ def ended_within(pid: int, seconds: float) -> bool:
     return True
 
 
+def children_running(pid: int, command: bytes) -> list[int]:
+    """The processes whose parent is `pid` and whose command line holds `command`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            line = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):     # a process that ended as we looked
+            continue
+        if ppid == pid and command in line:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def kill_left(pid: int) -> None:
     """A child the test failed to see end: killed, so that a failing test leaves no orphan."""
     if running(pid):
@@ -86,3 +100,26 @@ def test_elsewhere_than_linux_it_does_nothing():
             "end_with_parent(-1); print('still here')")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "still here\n")
+
+
+# The signal this process asked for on its parent's death after end_with_launcher (PR_GET_PDEATHSIG).
+ASKED = """
+import ctypes, signal
+from pretrain.child_process import end_with_launcher
+end_with_launcher()
+asked = ctypes.c_int()
+ctypes.CDLL(None).prctl(2, ctypes.byref(asked), 0, 0, 0)
+print(asked.value)
+"""
+
+
+@linux_only
+def test_only_a_process_torchrun_started_asks_to_end_with_its_parent():
+    asked = {}
+    for launched in (False, True):
+        env = {**ENV, "TORCHELASTIC_RUN_ID": "none"} if launched else {k: v for k, v in ENV.items()
+                                                                        if k != "TORCHELASTIC_RUN_ID"}
+        done = subprocess.run([sys.executable, "-c", ASKED], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=60, check=True)
+        asked[launched] = int(done.stdout)
+    assert asked == {False: 0, True: signal.SIGTERM}

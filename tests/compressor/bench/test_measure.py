@@ -14,7 +14,7 @@ import pytest
 from compressor.bench import measure
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable
-from tests.pretrain.test_child_process import ended_within, kill_left
+from tests.pretrain.test_child_process import children_running, ended_within, kill_left
 
 
 def test_any_models_are_measured_together_with_rankings(tiny_bert_dir, tiny_task, tokenizer, monkeypatch):
@@ -113,19 +113,6 @@ peak_rss_mb(Deployable("m", "torch", sys.argv[1], "fp32"), profile, [[batch]], c
 """
 
 
-def memory_probes_of(pid: int) -> list[int]:
-    probes = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            command = (stat.parent / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):     # a process that ended as we looked
-            continue
-        if ppid == pid and b"compressor.bench.memory_probe" in command:
-            probes.append(int(stat.parent.name))
-    return probes
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_memory_probe_ends_with_a_benchmark_killed_by_sigkill(tiny_bert_dir):
     """`kill -9` of a `compressor run` or `bench` left its memory-probe child running its calls."""
@@ -137,7 +124,7 @@ def test_the_memory_probe_ends_with_a_benchmark_killed_by_sigkill(tiny_bert_dir)
         deadline = time.monotonic() + 120
         while not probes and parent.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-            probes = memory_probes_of(parent.pid)
+            probes = children_running(parent.pid, b"compressor.bench.memory_probe")
         assert len(probes) == 1
         time.sleep(3)      # the probe well into its calls (or not yet: either way it must end)
         parent.kill()

@@ -724,6 +724,42 @@ def test_a_ctrl_c_as_pydantic_core_starts_is_one_line_and_exit_130(tmp_path):
     assert proc.stderr.endswith("\ninterrupted: nothing was written\n") and "Traceback" not in proc.stderr
 
 
+# A command under torchrun that would run for ten minutes: its export is a sleep.
+UNDER_TORCHRUN = """
+import sys, time
+from compressor.cli import export_command, main
+def slow(*args, **kwargs):
+    print("exporting", flush=True)
+    time.sleep(600)
+export_command.export_command = slow
+sys.exit(main(["export", "--model", "m", "--out", sys.argv[1]]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_command_under_torchrun_stops_in_order_when_torchrun_is_killed(tmp_path):
+    """torchrun passes on its own Ctrl-C or SIGTERM; killed by SIGKILL, its workers ran on to the end."""
+    from tests.pretrain.test_child_process import children_running, ended_within, kill_left
+    root = Path(__file__).resolve().parents[3]
+    (tmp_path / "worker.py").write_text(UNDER_TORCHRUN)
+    torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
+                                 str(tmp_path / "worker.py"), str(tmp_path / "out")], cwd=root,
+                                env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    workers = []
+    try:
+        assert torchrun.stdout.readline() == "exporting\n"
+        workers = children_running(torchrun.pid, b"worker.py")
+        torchrun.kill()
+        torchrun.wait(timeout=30)
+        assert len(workers) == 1 and ended_within(workers[0], 10)
+        assert f"terminated: nothing was written to {tmp_path / 'out'}\n" in torchrun.stderr.read()
+    finally:
+        torchrun.kill()
+        for worker in workers:
+            kill_left(worker)
+
+
 # A command stopped, and stopped again while it says so (its own process: a stop that escapes
 # main would end pytest's session).
 STOPPED_TWICE = """
