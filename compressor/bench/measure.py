@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -143,9 +144,10 @@ def peak_rss_mb(model: Deployable, profile: Profile, batch_sets: list[list[Feed]
         for n in order:
             inputs.append(str(Path(tmp) / f"set{n}.npz"))
             np.savez(inputs[-1], **{f"{i}:{k}": v for i, b in enumerate(batch_sets[n]) for k, v in b.items()})
+        # parent_pid: the child ends with this process, even one killed by SIGKILL (child_process.py)
         job = {"kind": model.kind, "path": str(model.path), "inputs": inputs, "calls": calls,
                "threads": profile.thread_count(), "provider": profile.provider, "device": profile.device,
-               "graph_optimization": profile.graph_optimization}
+               "graph_optimization": profile.graph_optimization, "parent_pid": os.getpid()}
         try:
             done = subprocess.run([sys.executable, "-m", "compressor.bench.memory_probe", json.dumps(job)],
                                   capture_output=True, text=True, timeout=900)

@@ -5,13 +5,16 @@ the model once the way the benchmark does (the same loader for PyTorch dirs, ada
 scalar mix included; the profile's threads and graph optimization level for ONNX), and for each set of batches resets the kernel's resident-memory
 high-water mark (/proc/self/clear_refs), runs the batches, and reads VmHWM: the resident
 memory a process serving this model at that batch size needs. Prints
-{"peak_rss_mb": [one reading per set]}.
+{"peak_rss_mb": [one reading per set]}. It ends with the benchmark that started it (a
+SIGKILL of `compressor run` or `bench` left it running until its calls were done).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+
+from pretrain.child_process import end_with_parent
 
 
 def vm_hwm_mb() -> float:
@@ -86,6 +89,7 @@ def torch_model(job: dict):
 
 def main() -> None:
     job = json.loads(sys.argv[1])
+    end_with_parent(job["parent_pid"])     # before the model loads: seconds of an orphan's work
     sets = [load_batches(path) for path in job["inputs"]]
     run = (onnx_model if job["kind"] == "onnx" else torch_model)(job)
     readings = []

@@ -4,18 +4,38 @@ module per command that does real work (finetune_command.py, export_command.py, 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+
+from compressor.cli.stops import (first_rank, quiet_exit_after_command, stop_exit_code, stop_word, stops_as_interrupts,
+                                  stops_held)
+from pretrain.child_process import end_with_launcher
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command (`python -m compressor`, and the `compressor` script pyproject.toml installs).
-    commands.py imports pydantic and logging before its own `main` can catch a Ctrl-C: one
-    then ended in a traceback, and Python, re-raising the signal, died of it (-2), not 130."""
-    try:
+
+    Ctrl-C and SIGTERM are caught from its first line (stops.py), before commands.py imports
+    pydantic and logging and the command the libraries (torch, transformers: seconds): a SIGTERM
+    before the command's own handler was in place killed the process with no line (-15)."""
+    with stops_as_interrupts():
+        end_with_launcher()
+        try:
+            command_main = imported_command()
+        except KeyboardInterrupt as stop:
+            with stops_held():
+                if first_rank():
+                    print(f"{stop_word(stop)}: nothing was written", file=sys.stderr)
+                quiet_exit_after_command()
+            return stop_exit_code(stop)
+        return command_main(argv)
+
+
+def imported_command() -> Callable[[list[str] | None], int]:
+    """commands.py's main. Its own block of stops_as_interrupts (inside main's): a stop that a
+    library turns into an error of its own as it imports leaves this block as the stop."""
+    with stops_as_interrupts():
         from compressor.cli.commands import main as command_main
-    except KeyboardInterrupt:
-        print("interrupted: nothing was written", file=sys.stderr)
-        return 130
-    return command_main(argv)
+    return command_main
 
 
 __all__ = ["main"]

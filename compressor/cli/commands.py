@@ -19,8 +19,9 @@ from pydantic import BaseModel
 
 from compressor import IMPORT_CHATTER
 from compressor.cli.flags import MAX_COUNT, bounded_int, config_number, positive_int, seed_value, thread_count
-from compressor.cli.lifecycle import (PrintVersion, Terminated, after_interrupt, first_rank, quiet_exit_after_command,
-                                      sigterm_as_interrupt, stops_held)
+from compressor.cli.lifecycle import PrintVersion, after_interrupt
+from compressor.cli.stops import (first_rank, quiet_exit_after_command, stop_exit_code, stop_word, stops_as_interrupts,
+                                  stops_held)
 from pretrain.atomic import write_failure
 from pretrain.errors import UserError, literal_values, number_kind
 
@@ -563,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     args = None      # until the command line is read (the libraries import first, for seconds)
     stopped: KeyboardInterrupt | None = None
     try:
-        with sigterm_as_interrupt():
+        with stops_as_interrupts():
             quiet_libraries()   # before the parser imports the configs (and with them torch)
             try:
                 args = build_parser().parse_args(argv)
@@ -584,12 +585,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as stop:
         stopped = stop
-        return 143 if isinstance(stop, Terminated) else 130     # the shell's codes for SIGTERM, SIGINT
+        return stop_exit_code(stop)
     finally:
         # The command is over: a second Ctrl-C (an impatient user) or SIGTERM now could only
         # end it in a traceback, past its line.
         with stops_held():
             if stopped is not None and first_rank():
-                print(f"{'terminated' if isinstance(stopped, Terminated) else 'interrupted'}: "
-                      f"{after_interrupt(args)}", file=sys.stderr)
+                print(f"{stop_word(stopped)}: {after_interrupt(args)}", file=sys.stderr)
             quiet_exit_after_command()      # the last at-exit call registered: the first to run

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from compressor.bench import measure
 from compressor.bench.profiles import load_profile
 from compressor.bench.runners import Deployable
+from tests.pretrain.test_child_process import children_running, ended_within, kill_left
 
 
 def test_any_models_are_measured_together_with_rankings(tiny_bert_dir, tiny_task, tokenizer, monkeypatch):
@@ -32,7 +40,6 @@ def test_any_models_are_measured_together_with_rankings(tiny_bert_dir, tiny_task
 def test_a_fixed_length_may_use_every_position_the_model_has(tokenizer, tiny_task):
     """Real batches are cut at the tool's max_length; a fixed benchmark length is bounded by
     the model's positions only (MiniLM: 512), and beyond them refused in one line."""
-    import pytest
 
     from compressor.bench.runners import input_batches
     from pretrain.errors import UserError
@@ -56,7 +63,6 @@ def test_a_fixed_length_may_use_every_position_the_model_has(tokenizer, tiny_tas
 
 def test_a_recipe_benchmark_length_past_the_teachers_positions_stops_before_training(tiny_bert_dir, tiny_csv,
                                                                                      tmp_path, run_raw):
-    import pytest
 
     from pretrain.errors import UserError
     raw = {"name": "long", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
@@ -69,7 +75,6 @@ def test_a_recipe_benchmark_length_past_the_teachers_positions_stops_before_trai
 
 def test_a_recipe_batch_larger_than_the_scored_test_rows_stops_before_training(tiny_bert_dir, tiny_csv, tmp_path,
                                                                               run_raw):
-    import pytest
 
     from pretrain.errors import UserError
     raw = {"name": "wide", "teacher": {"model": str(tiny_bert_dir), "task": {"path": str(tiny_csv)}},
@@ -81,7 +86,6 @@ def test_a_recipe_batch_larger_than_the_scored_test_rows_stops_before_training(t
 
 
 def test_a_profile_this_machine_skips_does_not_count_in_the_batch_check():
-    import pytest
 
     from compressor.bench.profiles import load_profile, unavailable_reason
     from compressor.pipeline.benchmark_stages import check_batches_fit
@@ -94,3 +98,39 @@ def test_a_profile_this_machine_skips_does_not_count_in_the_batch_check():
                                         r"expected batch sizes of at most 50$"):
         check_batches_fit(settings, 50, capped=False)
     check_batches_fit(BenchmarkSettings(profiles=["cpu", "gpu-cuda-fp16"]), 50, capped=True)   # cpu: [1, 8]
+
+
+# A benchmark reading a model's peak memory, for ever: its parent process, to be killed.
+MEASURING = """
+import sys
+import numpy as np
+from compressor.bench.measure import peak_rss_mb
+from compressor.bench.profiles import load_profile
+from compressor.bench.runners import Deployable
+batch = {"input_ids": np.full((1, 8), 5, dtype=np.int64), "attention_mask": np.ones((1, 8), dtype=np.int64)}
+profile = load_profile("cpu").model_copy(update={"threads": 1})
+peak_rss_mb(Deployable("m", "torch", sys.argv[1], "fp32"), profile, [[batch]], calls=10**9)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_memory_probe_ends_with_a_benchmark_killed_by_sigkill(tiny_bert_dir):
+    """`kill -9` of a `compressor run` or `bench` left its memory-probe child running its calls."""
+    root = Path(__file__).resolve().parents[3]
+    parent = subprocess.Popen([sys.executable, "-c", MEASURING, str(tiny_bert_dir)], cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+    probes = []
+    try:
+        deadline = time.monotonic() + 120
+        while not probes and parent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            probes = children_running(parent.pid, b"compressor.bench.memory_probe")
+        assert len(probes) == 1
+        time.sleep(3)      # the probe well into its calls (or not yet: either way it must end)
+        parent.kill()
+        parent.wait(timeout=30)
+        assert ended_within(probes[0], 5)
+    finally:
+        parent.kill()
+        for probe in probes:
+            kill_left(probe)

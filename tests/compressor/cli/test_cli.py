@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -658,6 +659,105 @@ def test_a_stop_while_the_command_imports_is_one_line_and_exit_130():
     assert (proc.returncode, proc.stderr) == (130, "interrupted: nothing was written\n")
     script = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]["compressor"]
     assert script == "compressor.cli:main"      # the function run above
+
+
+# A stop as `python -m compressor` imports the command's modules, sent by a sitecustomize (which
+# Python runs before the command): the command started as a user starts it.
+STOP_WHILE_IMPORTING = """
+import os, signal, sys, time
+class Stopping:
+    started = False
+    def find_spec(self, name, path=None, target=None):
+        Stopping.started = Stopping.started or name == "compressor.cli.commands"
+        if Stopping.started and name == "{module}":
+            sys.meta_path.remove(self)
+{stop}
+sys.meta_path.insert(0, Stopping())
+"""
+
+
+def run_stopped_while_importing(tmp_path: Path, stop: str, module: str = "compressor.cli.commands"
+                                ) -> subprocess.CompletedProcess:
+    """The stop runs as `module` is looked for, once commands.py has begun to import."""
+    site = STOP_WHILE_IMPORTING.replace("{module}", module).replace("{stop}", textwrap.indent(stop, " " * 12))
+    (tmp_path / "sitecustomize.py").write_text(site)
+    root = Path(__file__).resolve().parents[3]
+    return subprocess.run([sys.executable, "-m", "compressor", "--version"], cwd=root, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}"})
+
+
+def test_a_sigterm_while_the_command_imports_is_one_line_and_exit_143(tmp_path):
+    """SIGTERM's handler came with the command's, after pydantic and logging imported: one in
+    the first ~0.3 s killed the process with no line (-15)."""
+    proc = run_stopped_while_importing(tmp_path, "os.kill(os.getpid(), signal.SIGTERM); time.sleep(60)")
+    assert (proc.returncode, proc.stderr) == (143, "terminated: nothing was written\n")
+
+
+def test_a_ctrl_c_inside_an_exec_while_the_command_imports_exits_130(tmp_path):
+    """A Ctrl-C landing in an exec'd string, as every @dataclass makes (pydantic's, at import),
+    printed its line, and Python 3.11 then ended the process by SIGINT (-2), not 130."""
+    proc = run_stopped_while_importing(tmp_path, 'exec("os.kill(os.getpid(), signal.SIGINT)\\nwhile True: pass")')
+    assert (proc.returncode, proc.stderr) == (130, "interrupted: nothing was written\n")
+
+
+# A class whose attribute's __set_name__ (functools.cached_property has one) is cut short by a stop.
+STOP_AS_A_CLASS_IS_MADE = """
+class Slow:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.SIG{name}); time.sleep(60)
+type("Made", (), {"cache": Slow()})
+"""
+
+
+@pytest.mark.parametrize("name, code, line", [("INT", 130, "interrupted"), ("TERM", 143, "terminated")])
+def test_a_stop_as_a_class_is_made_while_the_command_imports_is_one_line(tmp_path, name, code, line):
+    """Python 3.11 wraps an exception raised in a __set_name__ in a RuntimeError: a traceback, exit 1."""
+    proc = run_stopped_while_importing(tmp_path, STOP_AS_A_CLASS_IS_MADE.replace("{name}", name))
+    assert (proc.returncode, proc.stderr) == (code, f"{line}: nothing was written\n")
+
+
+def test_a_ctrl_c_as_pydantic_core_starts_is_one_line_and_exit_130(tmp_path):
+    """pydantic-core, its import of `datetime` cut short, panicked: pyo3's PanicException, the
+    Ctrl-C lost, a traceback and exit 1. (Rust's own panic message, printed before, stays.)"""
+    proc = run_stopped_while_importing(tmp_path, "os.kill(os.getpid(), signal.SIGINT); time.sleep(60)", "datetime")
+    assert proc.returncode == 130
+    assert proc.stderr.endswith("\ninterrupted: nothing was written\n") and "Traceback" not in proc.stderr
+
+
+# A command under torchrun that would run for ten minutes: its export is a sleep.
+UNDER_TORCHRUN = """
+import sys, time
+from compressor.cli import export_command, main
+def slow(*args, **kwargs):
+    print("exporting", flush=True)
+    time.sleep(600)
+export_command.export_command = slow
+sys.exit(main(["export", "--model", "m", "--out", sys.argv[1]]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_command_under_torchrun_stops_in_order_when_torchrun_is_killed(tmp_path):
+    """torchrun passes on its own Ctrl-C or SIGTERM; killed by SIGKILL, its workers ran on to the end."""
+    from tests.pretrain.test_child_process import children_running, ended_within, kill_left
+    root = Path(__file__).resolve().parents[3]
+    (tmp_path / "worker.py").write_text(UNDER_TORCHRUN)
+    torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
+                                 str(tmp_path / "worker.py"), str(tmp_path / "out")], cwd=root,
+                                env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    workers = []
+    try:
+        assert torchrun.stdout.readline() == "exporting\n"
+        workers = children_running(torchrun.pid, b"worker.py")
+        torchrun.kill()
+        torchrun.wait(timeout=30)
+        assert len(workers) == 1 and ended_within(workers[0], 10)
+        assert f"terminated: nothing was written to {tmp_path / 'out'}\n" in torchrun.stderr.read()
+    finally:
+        torchrun.kill()
+        for worker in workers:
+            kill_left(worker)
 
 
 # A command stopped, and stopped again while it says so (its own process: a stop that escapes
