@@ -120,7 +120,7 @@ BAD_INPUT = {
         name in msg for name in ("'full'", "'frozen'", "'scalar-mix'", "'adapters'")),
     "intermediate-clash": lambda msg: "'clash'" in msg and "labels clash" in msg and "noun.animal" in msg,
     "missing-domain-corpus": lambda msg: "no-such-corpus.txt" in msg and "wordnet" in msg,
-    "domain-steps-without-corpus": lambda msg: msg.startswith("error: --domain-steps: ") and "domain_corpus" in msg,
+    "domain-steps-without-corpus": lambda msg: msg.startswith("error: --domain-steps: ") and "--domain-corpus" in msg,
     # Outputs that would lose an input or a user's files (each job names its own --out).
     "out-is-the-input": lambda msg: "would replace the input" in msg and "never modified" in msg,
     "out-holds-the-input": lambda msg: "would replace the input" in msg and "models" in msg,
