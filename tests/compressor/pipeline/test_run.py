@@ -307,6 +307,8 @@ def test_late_user_error_before_any_stage_finished_leaves_no_dir(tiny_bert_dir, 
       {"prune-heads": {"per_layer": [1, 1, 0], "samples": 8}}], r"layers \[0, 1, 2\] to lose \[1, 1, 0\] heads"),
     ([{"prune-heads": {"fraction": 0.5, "samples": 8}}, {"finetune": {"epochs": 1}}, {"share-layers": {"groups": 2}}],
      r"v\[2\]: share-layers: layers 0 to 1 may keep different head counts"),
+    ([{"prune-ffn": {"fraction": 0.5, "samples": 8}}, {"finetune": {"epochs": 1}}, {"share-layers": {"mode": "ffn"}}],
+     r"v\[2\]: share-layers: layers 0 to 3 may have different FFN widths"),
     # widths and families
     ([{"student": {"shape": {"layers": 2, "hidden": 30}}}], "hidden width 30 is not a multiple of the 4 heads"),
     ([{"student": {"shape": {"layers": 2, "hidden": 64}}}, {"distill": {"losses": ["hidden"], "projection": False}}],
