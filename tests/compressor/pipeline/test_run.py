@@ -272,6 +272,15 @@ def test_late_user_error_in_a_fresh_out_dir_keeps_the_finished_stages_for_the_re
     assert (out / "report.json").is_file()
 
 
+def test_a_step_refused_while_it_runs_names_the_recipe_file_as_one_refused_before_does(tiny_bert_dir, tiny_csv,
+                                                                                         tmp_path):
+    """The README promises every error about the recipe starts with its file: a step's refusal
+    found only when it ran started at `variants.`, without it."""
+    recipe, steps = parse_recipe(raw_recipe(tiny_bert_dir, tiny_csv, {"too-many": TOO_MANY_HEADS}))
+    with pytest.raises(UserError, match=r"^r\.yaml: variants\.too-many\[1\]: prune-heads: removing 5 of 6 heads"):
+        run_recipe(recipe, steps, tmp_path / "out", show_progress=False, source="r.yaml")
+
+
 def test_late_user_error_before_any_stage_finished_leaves_no_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
     out = tmp_path / "fresh"
     raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": []})
