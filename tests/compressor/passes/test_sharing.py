@@ -271,4 +271,5 @@ def test_layers_pruned_to_different_ffn_widths_are_refused_before_any_step_runs(
     for mode in ("all", "ffn"):
         steps(("share-layers", ShareLayers(mode=mode, groups=2)), scored,
               ("share-layers", ShareLayers(mode=mode, groups=2)))
-    steps(("share-layers", ShareLayers(mode="attention", groups=2)), scored, ("share-layers", ShareLayers(mode="attention")))
+    steps(("share-layers", ShareLayers(mode="attention", groups=2)), scored,
+          ("share-layers", ShareLayers(mode="attention")))
