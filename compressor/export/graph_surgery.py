@@ -29,6 +29,10 @@ def unshare_initializers(path: Path, quantized: set[str]) -> None:
     must not hand the LayerNorm an int32-rounded copy. A table that only quantized Gathers
     read stays shared (BART's encoder and decoder look up one embedding table): it is
     quantized once, with one scale, whichever Gather reads it.
+
+    A constant whose readers all got a copy (a weight of layers that share it, every one of
+    them a quantized Linear) goes: left unread, it would make every session built on the
+    graph, the quantizer's calibration session first, warn that it removes it.
     """
     import onnx
     model = onnx.load(str(path))
@@ -39,7 +43,7 @@ def unshare_initializers(path: Path, quantized: set[str]) -> None:
         for name in set(node.input):
             if name in initializers:
                 readers.setdefault(name, []).append(node)
-    changed = False
+    copied, unread = False, set()
     for name, nodes in readers.items():
         if all(n.op_type == "Gather" and n.input[0] == name and n.name in quantized for n in nodes):
             continue
@@ -50,9 +54,22 @@ def unshare_initializers(path: Path, quantized: set[str]) -> None:
                 copy.name = f"{name}/{node.name}"
                 graph.initializer.append(copy)
                 node.input[:] = [copy.name if i == name else i for i in node.input]
-                changed = True
-    if changed:
+                copied = True
+            if not still_read(graph, name):
+                unread.add(name)
+    if unread:
+        kept = [t for t in graph.initializer if t.name not in unread]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    if copied:
         onnx.save(model, str(path))
+
+
+def still_read(graph, name: str) -> bool:
+    """Whether a node (of the graph or a subgraph) reads `name`, or the graph has it as an
+    input (a constant a caller may override) or an output."""
+    return any(v.name == name for v in (*graph.input, *graph.output)) or \
+        any(name in node.input for node in all_nodes(graph))
 
 
 def deduplicate_initializers(path: Path) -> int:

@@ -90,12 +90,14 @@ def student_shape(cfg: StudentConfig, known: Known) -> Shape:
         if hidden is not None and heads is not None:
             check_head_size(hidden, heads)
         return Shape(source.family, layers, (heads,) * layers if heads and layers else None, hidden, known.model.labels,
-                     source.vocab)
+                     source.vocab)   # one FFN width (the config's) in every layer: ffn unknown, none scored
     check_student_layers(cfg, source.layers)
     heads = tuple(source.heads[i] for i in cfg.layers) if source.heads else None
+    ffn = tuple(source.ffn[i] for i in cfg.layers) if source.ffn else None
     return Shape(source.family, len(cfg.layers), heads, source.hidden, known.model.labels, source.vocab,
                  source.embedding, embedding_rank=source.embedding_rank, heads_scored=source.heads_scored,
-                 shared_attention=kept_groups(source.shared_attention, cfg.layers))
+                 shared_attention=kept_groups(source.shared_attention, cfg.layers), ffn=ffn,
+                 shared_ffn=kept_groups(source.shared_ffn, cfg.layers), ffn_scored=source.ffn_scored)
 
 
 def check_head_size(hidden: int, heads: int) -> None:

@@ -55,8 +55,10 @@ def dropped_shape(cfg: DropLayers, shape: Shape, train_examples: int | None) -> 
     if cfg.count is not None:
         check_train_rows(train_examples, cfg.samples, "drop-layers")
     heads = tuple(shape.heads[i] for i in cfg.keep) if cfg.keep is not None and shape.heads else None
-    return dataclasses.replace(shape, layers=layers, heads=heads,
-                               shared_attention=kept_groups(shape.shared_attention, cfg.keep))
+    ffn = tuple(shape.ffn[i] for i in cfg.keep) if cfg.keep is not None and shape.ffn else None
+    return dataclasses.replace(shape, layers=layers, heads=heads, ffn=ffn,
+                               shared_attention=kept_groups(shape.shared_attention, cfg.keep),
+                               shared_ffn=kept_groups(shape.shared_ffn, cfg.keep))
 
 
 @register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"),

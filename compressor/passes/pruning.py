@@ -106,7 +106,7 @@ def pruned_heads_shape(cfg: PruneHeads, known: Known) -> Shape:
     needed = cfg.samples + cfg.validation_samples if cfg.iterative else cfg.samples if needs_sample(cfg) else 0
     importance.check_train_rows(known.train_rows, needed, "prune-heads")
     if cfg.allow_drop_layers:       # an emptied layer goes whole: the rest are numbered anew
-        return dataclasses.replace(shape, heads=None, layers=None, shared_attention=None)
+        return dataclasses.replace(shape, heads=None, layers=None, shared_attention=None, ffn=None, shared_ffn=None)
     if removed is not None and cfg.per_layer is not None:
         return dataclasses.replace(shape, heads=tuple(h - n for h, n in zip(shape.heads, removed)))
     return dataclasses.replace(shape, heads=None, heads_scored=True)
@@ -244,9 +244,14 @@ def sample(bundle: ModelBundle, model: PreTrainedModel, ctx: Context, start: int
 # --- prune-ffn ---
 
 def pruned_ffn_shape(cfg: PruneFFN, known: Known) -> Shape:
-    """Widths are not followed; the sample the scores read must exist."""
+    """The sample the scores read must exist. `per_layer` takes the same share of every layer,
+    so the widths it leaves are known; a global ranking leaves widths only scoring tells."""
     importance.check_train_rows(known.train_rows, cfg.samples if needs_sample(cfg) else 0, "prune-ffn")
-    return known.model
+    shape = known.model
+    if cfg.scope == "global":
+        return dataclasses.replace(shape, ffn=None, ffn_scored=True)
+    ffn = tuple(width - min(round(cfg.fraction * width), width - 1) for width in shape.ffn) if shape.ffn else None
+    return dataclasses.replace(shape, ffn=ffn)
 
 
 @register("prune-ffn", PruneFFN, check_family=refuse_unsupported("prune-ffn"), check_shape=pruned_ffn_shape)

@@ -141,6 +141,12 @@ class Shape:
     # `heads` is None for that reason, layers may keep different counts (the same only within
     # a shared_attention group), so sharing them can be refused before they are scored.
     heads_scored: bool = False
+    # The same for the FFN: each layer's width (intermediate size), the groups of layers that
+    # compute with one FFN (share-layers, mode all or ffn), and whether a prune-ffn of global
+    # scope chose the widths (then they may differ, except within a shared_ffn group).
+    ffn: tuple[int, ...] | None = None
+    shared_ffn: tuple[tuple[int, ...], ...] | None = ()
+    ffn_scored: bool = False
 
 
 @dataclass(frozen=True)
@@ -263,16 +269,28 @@ def shape_of(path: Path, labels: tuple[str, ...] | None = None) -> Shape:
     width = getattr(config, "embedding_size", None) or hidden
     embedding = (config.vocab_size, width) if getattr(config, "vocab_size", None) and width else None
     return Shape(config.model_type, layers, heads, hidden, labels, vocabulary_of(path), embedding,
-                 shared_attention=recorded_attention_groups(config))
+                 shared_attention=recorded_groups(config, "attention"), ffn=ffn_widths(config, family, layers),
+                 shared_ffn=recorded_groups(config, "ffn"))
 
 
-def recorded_attention_groups(config) -> tuple[tuple[int, ...], ...]:
-    """The layers a saved model's structure record says share their attention: whole layers,
-    or the attention sublayer alone (a model shared by an earlier run)."""
+def ffn_widths(config, family, layers: int | None) -> tuple[int, ...] | None:
+    """Each layer's FFN width: the structure record's (a model pruned by an earlier run), else
+    the config's one width."""
+    from pretrain.structured import record_of
+    recorded = (record_of(config) or {}).get("intermediate_sizes")
+    if recorded:
+        return tuple(recorded)
+    width = getattr(config, family.intermediate_field, None) if family.intermediate_field else None
+    return (width,) * layers if width and layers is not None else None
+
+
+def recorded_groups(config, sublayer: str) -> tuple[tuple[int, ...], ...]:
+    """The layers a saved model's structure record says share `sublayer` ("attention" or "ffn"):
+    whole layers, or that sublayer alone (a model shared by an earlier run)."""
     from pretrain.structured import record_of
     record = record_of(config) or {}
-    attention = (record.get("shared_sublayers") or {}).get("attention") or {}
-    return tuple(sorted(tuple(g) for g in [*(record.get("shared_layers") or []), *attention.get("groups", [])]))
+    part = (record.get("shared_sublayers") or {}).get(sublayer) or {}
+    return tuple(sorted(tuple(g) for g in [*(record.get("shared_layers") or []), *part.get("groups", [])]))
 
 
 def vocabulary_of(path: Path) -> str | None:

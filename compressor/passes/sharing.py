@@ -64,18 +64,27 @@ def checked_groups(cfg: ShareLayers, n_layers: int) -> list[list[int]]:
 
 
 def shared_shape(cfg: ShareLayers, known: Known) -> Shape:
-    """The groups fit the layers; with the attention shared, they are its groups (pruning
-    then takes the same heads from every layer of one)."""
+    """The groups fit the layers; with the attention (or FFN) shared, they are its groups
+    (pruning then takes the same heads, or neurons, from every layer of one)."""
     shape = known.model
+    attention, ffn = cfg.mode in ("all", "attention"), cfg.mode in ("all", "ffn")
     if shape.layers is None:
-        return dataclasses.replace(shape, shared_attention=None) if cfg.mode != "ffn" else shape
+        return dataclasses.replace(shape, shared_attention=None if attention else shape.shared_attention,
+                                   shared_ffn=None if ffn else shape.shared_ffn)
     groups = checked_groups(cfg, shape.layers)
-    if cfg.mode == "ffn":
-        return shape
-    check_same_head_counts(groups, shape)
+    if attention:
+        check_same_head_counts(groups, shape)
+        shape = dataclasses.replace(shape, shared_attention=joined(groups, shape.shared_attention))
+    if ffn:
+        check_same_ffn_widths(groups, shape)
+        shape = dataclasses.replace(shape, shared_ffn=joined(groups, shape.shared_ffn))
+    return shape
+
+
+def joined(groups: list[list[int]], shared: tuple[tuple[int, ...], ...] | None) -> tuple[tuple[int, ...], ...] | None:
+    """The groups sharing a sublayer once these groups share it too."""
     # Sharing on top of sharing: what ties to what is known only once it has run.
-    shared = tuple(tuple(g) for g in groups if len(g) > 1) if shape.shared_attention == () else None
-    return dataclasses.replace(shape, shared_attention=shared)
+    return tuple(tuple(g) for g in groups if len(g) > 1) if shared == () else None
 
 
 def check_same_head_counts(groups: list[list[int]], shape: Shape) -> None:
@@ -97,8 +106,26 @@ def check_same_head_counts(groups: list[list[int]], shape: Shape) -> None:
                             "with per_layer giving the layers of a group one count")
 
 
+def check_same_ffn_widths(groups: list[list[int]], shape: Shape) -> None:
+    """As check_same_head_counts, for FFN widths: known (a per_layer prune-ffn, or the model's
+    record), or chosen by a global prune-ffn unless the group was one FFN then."""
+    for group in groups:
+        if shape.ffn is not None:
+            if len({shape.ffn[i] for i in group}) > 1:
+                raise UserError(f"share-layers: layers {group[0]} to {group[-1]} have different FFN widths "
+                                f"({', '.join(str(shape.ffn[i]) for i in group)}) after the steps before; "
+                                "sharing needs layers of one shape: expected share-layers before prune-ffn, "
+                                "or mode: attention")
+        elif shape.ffn_scored and len(group) > 1 and not within_shared(group, shape.shared_ffn):
+            raise UserError(f"share-layers: layers {group[0]} to {group[-1]} may have different FFN widths: "
+                            "prune-ffn before it with scope: global chooses each layer's width by score; "
+                            "expected share-layers before prune-ffn (which then prunes a group's layers "
+                            "alike), or prune-ffn with scope: per_layer")
+
+
 def within_shared(group: list[int], shared: tuple[tuple[int, ...], ...] | None) -> bool:
-    """Whether the layers of `group` already computed with one attention (so lost the same heads)."""
+    """Whether the layers of `group` already computed with one sublayer (so lost the same units);
+    `shared` are the groups sharing it, None where unknown."""
     return shared is None or any(set(group) <= set(g) for g in shared)
 
 

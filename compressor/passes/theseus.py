@@ -180,12 +180,16 @@ def theseus_shape(cfg: TheseusConfig, known: Known) -> Shape:
     shape = known.model
     # Successors start from the layers' own tensors: whether shared ones stay tied, only the run tells.
     shared = () if shape.shared_attention == () else None
+    shared_ffn = () if shape.shared_ffn == () else None
     if shape.layers is not None:
         k = block_size(shape.layers, cfg.successor_layers)
         starts = init_layers(cfg, k)
         heads = tuple(shape.heads[i] for i in starts) if shape.heads else None
-        return dataclasses.replace(shape, layers=cfg.successor_layers, heads=heads, shared_attention=shared)
-    return dataclasses.replace(shape, layers=cfg.successor_layers, heads=None, shared_attention=shared)
+        ffn = tuple(shape.ffn[i] for i in starts) if shape.ffn else None
+        return dataclasses.replace(shape, layers=cfg.successor_layers, heads=heads, ffn=ffn, shared_attention=shared,
+                                   shared_ffn=shared_ffn)
+    return dataclasses.replace(shape, layers=cfg.successor_layers, heads=None, ffn=None, shared_attention=shared,
+                               shared_ffn=shared_ffn)
 
 
 @register("theseus", TheseusConfig, trains=True, check_family=check_theseus_family, check_shape=theseus_shape,

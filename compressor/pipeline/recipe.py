@@ -151,6 +151,22 @@ class Recipe(Strict):
     benchmark: BenchmarkSettings | None = None            # omitted: no benchmark
     search: SearchSettings | None = None                  # a search to a latency budget from the teacher
 
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _variants_with_steps(cls, variants: Any) -> Any:
+        """`a:` with nothing under it is YAML's null, which pydantic would call an invalid list."""
+        for name, steps in variants.items() if isinstance(variants, dict) else ():
+            if steps is None:
+                raise UserError(f"variants.{name}: no steps under it; {EXPECTED_STEPS}")
+        return variants
+
+    @field_validator("passes", mode="before")
+    @classmethod
+    def _passes_with_steps(cls, passes: Any) -> Any:
+        if passes is None:        # written `passes:` with nothing under it
+            raise UserError(f"passes: no steps under it; {EXPECTED_STEPS}")
+        return passes
+
     @field_validator("variants")
     @classmethod
     def _variant_names(cls, variants: dict | None) -> dict | None:
@@ -204,6 +220,9 @@ class Recipe(Strict):
         raw = raw_variants(self.variants, self.passes)
         return {name: [parse_step(item, f"variants.{name}[{i}]") for i, item in enumerate(steps)]
                 for name, steps in raw.items()}
+
+
+EXPECTED_STEPS = "expected a list of steps, or [] for the teacher as it is"
 
 
 def raw_variants(variants: dict | None, passes: list | None) -> dict[str, list]:

@@ -138,7 +138,8 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
             ctx = pass_context(recipe, task, teacher, show_progress)
             variants: list[Stage] = []
             for name, variant_steps in steps.items():
-                variants.append(variant_stage(name, variant_steps, teacher, variants, recipe, task, out_dir, ctx))
+                variants.append(variant_stage(name, variant_steps, teacher, variants, recipe, task, out_dir, ctx,
+                                              source))
             exports = {}
             if recipe.export is not None and recipe.export.onnx:
                 exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir)

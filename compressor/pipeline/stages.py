@@ -119,7 +119,11 @@ def pass_context(recipe: Recipe, task: TaskData, teacher: Stage, show_progress: 
 
 
 def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[Stage], recipe: Recipe,
-                  task: TaskData, out_dir: Path, ctx: Context) -> Stage:
+                  task: TaskData, out_dir: Path, ctx: Context, source: str = "") -> Stage:
+    """The variant's model, built step by step (`source`: the recipe file, which a step's
+    refusal names, as the checks before the run do)."""
+    file = f"{source}: " if source else ""
+
     def key_of(prefix: list[Step]) -> str:
         return variant_key(teacher.key, recipe, prefix)
 
@@ -133,7 +137,7 @@ def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[St
             try:
                 bundle = apply_pass(bundle, steps[i].name, steps[i].config, step_ctx)
             except UserError as err:      # found only now: say where, as the checks before the run do
-                raise type(err)(f"variants.{name}[{i}]: {err}") from None
+                raise type(err)(f"{file}variants.{name}[{i}]: {err}") from None
             if get_pass(steps[i].name).trains and i + 1 < len(steps):
                 keep_prefix(bundle, out_dir / PREFIXES_DIR / key_of(steps[:i + 1]))
         return bundle

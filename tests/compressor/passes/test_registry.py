@@ -288,6 +288,23 @@ def test_a_saved_model_s_shape_names_the_layers_that_share_their_attention(bert_
     assert registry.shape_of(bert_bundle.save(tmp_path / "plain")).shared_attention == ()
 
 
+def test_a_saved_model_s_shape_has_its_ffn_widths_and_the_layers_that_share_an_ffn(bert_bundle, tiny_task, tmp_path):
+    """A teacher pruned or shared by an earlier run: sharing its layers' FFN is checked against
+    their recorded widths up front."""
+    from compressor.passes.pruning import PruneFFN
+    from compressor.passes.sharing import ShareLayers
+    ctx = Context(task=tiny_task)
+    plain = registry.shape_of(bert_bundle.save(tmp_path / "plain"))
+    width = bert_bundle.model.config.intermediate_size
+    assert plain.ffn == (width,) * 4 and plain.shared_ffn == ()
+    pruned = apply_pass(bert_bundle, "prune-ffn", PruneFFN(fraction=0.5, importance="magnitude"), ctx)
+    widths = tuple(layer.intermediate.dense.out_features for layer in pruned.model.bert.encoder.layer)
+    assert registry.shape_of(pruned.save(tmp_path / "pruned")).ffn == widths
+    shared = apply_pass(bert_bundle, "share-layers", ShareLayers(groups=2, mode="ffn"), ctx)
+    assert registry.shape_of(shared.save(tmp_path / "shared")).shared_ffn == ((0, 1), (2, 3))
+    assert registry.shape_of(shared.save(tmp_path / "shared")).shared_attention == ()
+
+
 def test_a_training_pass_trains_at_its_input_models_length_unless_it_sets_one(bert_bundle, tiny_task):
     """A model fine-tuned at 64 tokens: a training step trains (and its output records) 64,
     not the config's default 128; a step's own max_length wins; a pass that trains nothing

@@ -238,3 +238,38 @@ def test_layers_pruned_to_different_head_counts_are_refused_before_any_step_runs
     steps(("prune-heads", PruneHeads(per_layer=(1, 1, 2, 2))), ("share-layers", ShareLayers(groups=2)))
     steps(("share-layers", ShareLayers(groups=2)), ("prune-heads", PruneHeads(fraction=0.5)),
           ("share-layers", ShareLayers(groups=2)))
+
+
+def test_layers_pruned_to_different_ffn_widths_are_refused_before_any_step_runs():
+    """prune-ffn then share-layers (mode all or ffn) was refused only when share-layers ran: a
+    global prune-ffn may leave every layer its own width, and per_layer widths are known up
+    front; a group that already shared its FFN when pruned stays one width."""
+    from compressor.passes.pruning import PruneFFN
+    from compressor.passes.registry import Known, Shape, shape_after
+    shape = Shape("bert", layers=4, heads=(4,) * 4, hidden=32, ffn=(64, 64, 48, 48))
+    start = Known(model=shape, teacher=shape, train_rows=1000)
+
+    def steps(*chain) -> Known:
+        known = start
+        for name, config in chain:
+            known = shape_after(name, config, known)
+        return known
+
+    scored = ("prune-ffn", PruneFFN(fraction=0.5))
+    for mode in ("all", "ffn"):
+        with pytest.raises(UserError, match=r"^share-layers: layers 0 to 3 may have different FFN widths: "
+                                            r"prune-ffn before it with scope: global") as err:
+            steps(scored, ("share-layers", ShareLayers(mode=mode)))
+        assert "\n" not in str(err.value)
+    per_layer = ("prune-ffn", PruneFFN(fraction=0.5, scope="per_layer"))
+    with pytest.raises(UserError, match=r"^share-layers: layers 0 to 3 have different FFN widths \(32, 32, 24, 24\)"):
+        steps(per_layer, ("share-layers", ShareLayers(mode="ffn")))
+    # what can share: the attention alone, layers of one width, or groups that were one FFN when pruned
+    steps(scored, ("share-layers", ShareLayers(mode="attention")))
+    assert steps(per_layer).model.ffn == (32, 32, 24, 24)
+    steps(per_layer, ("share-layers", ShareLayers(groups=2)))
+    for mode in ("all", "ffn"):
+        steps(("share-layers", ShareLayers(mode=mode, groups=2)), scored,
+              ("share-layers", ShareLayers(mode=mode, groups=2)))
+    steps(("share-layers", ShareLayers(mode="attention", groups=2)), scored,
+          ("share-layers", ShareLayers(mode="attention")))

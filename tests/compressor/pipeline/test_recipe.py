@@ -163,6 +163,15 @@ def test_step_mapping_with_two_keys(tmp_path):
     assert "drop-layers" in message and "finetune" in message
 
 
+@pytest.mark.parametrize("text, where", [
+    ("variants:\n  a:\n", "variants.a"), ("variants:\n  same: []\n  b:\n", "variants.b"), ("passes:\n", "passes")])
+def test_a_variant_with_nothing_under_it_says_what_a_variant_takes(tmp_path, text, where):
+    """`a:` with nothing under it is null in YAML: pydantic's `Input should be a valid list
+    (got None)` did not say that an empty variant is written []."""
+    assert error_of(tmp_path, "name: r\n" + TEACHER + text) == \
+        f"{tmp_path / 'recipe.yaml'}: {where}: no steps under it; expected a list of steps, or [] for the teacher as it is"
+
+
 def test_no_variants_at_all(tmp_path):
     message = error_of(tmp_path, "name: r\n" + TEACHER)
     assert "variants" in message and "passes" in message

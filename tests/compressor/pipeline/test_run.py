@@ -272,6 +272,15 @@ def test_late_user_error_in_a_fresh_out_dir_keeps_the_finished_stages_for_the_re
     assert (out / "report.json").is_file()
 
 
+def test_a_step_refused_while_it_runs_names_the_recipe_file_as_one_refused_before_does(tiny_bert_dir, tiny_csv,
+                                                                                         tmp_path):
+    """The README promises every error about the recipe starts with its file: a step's refusal
+    found only when it ran started at `variants.`, without it."""
+    recipe, steps = parse_recipe(raw_recipe(tiny_bert_dir, tiny_csv, {"too-many": TOO_MANY_HEADS}))
+    with pytest.raises(UserError, match=r"^r\.yaml: variants\.too-many\[1\]: prune-heads: removing 5 of 6 heads"):
+        run_recipe(recipe, steps, tmp_path / "out", show_progress=False, source="r.yaml")
+
+
 def test_late_user_error_before_any_stage_finished_leaves_no_dir(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch):
     out = tmp_path / "fresh"
     raw = raw_recipe(tiny_bert_dir, tiny_csv, {"same": []})
@@ -307,6 +316,8 @@ def test_late_user_error_before_any_stage_finished_leaves_no_dir(tiny_bert_dir, 
       {"prune-heads": {"per_layer": [1, 1, 0], "samples": 8}}], r"layers \[0, 1, 2\] to lose \[1, 1, 0\] heads"),
     ([{"prune-heads": {"fraction": 0.5, "samples": 8}}, {"finetune": {"epochs": 1}}, {"share-layers": {"groups": 2}}],
      r"v\[2\]: share-layers: layers 0 to 1 may keep different head counts"),
+    ([{"prune-ffn": {"fraction": 0.5, "samples": 8}}, {"finetune": {"epochs": 1}}, {"share-layers": {"mode": "ffn"}}],
+     r"v\[2\]: share-layers: layers 0 to 3 may have different FFN widths"),
     # widths and families
     ([{"student": {"shape": {"layers": 2, "hidden": 30}}}], "hidden width 30 is not a multiple of the 4 heads"),
     ([{"student": {"shape": {"layers": 2, "hidden": 64}}}, {"distill": {"losses": ["hidden"], "projection": False}}],
