@@ -95,9 +95,9 @@ def student_shape(cfg: StudentConfig, known: Known) -> Shape:
     heads = tuple(source.heads[i] for i in cfg.layers) if source.heads else None
     ffn = tuple(source.ffn[i] for i in cfg.layers) if source.ffn else None
     return Shape(source.family, len(cfg.layers), heads, source.hidden, known.model.labels, source.vocab,
-                 source.embedding, embedding_rank=source.embedding_rank, heads_scored=source.heads_scored,
+                 source.embedding, embedding_rank=source.embedding_rank, heads_vary=source.heads_vary,
                  shared_attention=kept_groups(source.shared_attention, cfg.layers), ffn=ffn,
-                 shared_ffn=kept_groups(source.shared_ffn, cfg.layers), ffn_scored=source.ffn_scored)
+                 shared_ffn=kept_groups(source.shared_ffn, cfg.layers), ffn_vary=source.ffn_vary)
 
 
 def check_head_size(hidden: int, heads: int) -> None:

@@ -54,11 +54,33 @@ def dropped_shape(cfg: DropLayers, shape: Shape, train_examples: int | None) -> 
     layers = kept_depth(cfg, shape.layers)
     if cfg.count is not None:
         check_train_rows(train_examples, cfg.samples, "drop-layers")
-    heads = tuple(shape.heads[i] for i in cfg.keep) if cfg.keep is not None and shape.heads else None
-    ffn = tuple(shape.ffn[i] for i in cfg.keep) if cfg.keep is not None and shape.ffn else None
-    return dataclasses.replace(shape, layers=layers, heads=heads, ffn=ffn,
-                               shared_attention=kept_groups(shape.shared_attention, cfg.keep),
-                               shared_ffn=kept_groups(shape.shared_ffn, cfg.keep))
+    if cfg.keep is not None:
+        heads = tuple(shape.heads[i] for i in cfg.keep) if shape.heads else None
+        ffn = tuple(shape.ffn[i] for i in cfg.keep) if shape.ffn else None
+        return dataclasses.replace(shape, layers=layers, heads=heads, ffn=ffn,
+                                   shared_attention=kept_groups(shape.shared_attention, cfg.keep),
+                                   shared_ffn=kept_groups(shape.shared_ffn, cfg.keep))
+    # A measurement chooses the layers: layers of one count or width keep it; of several, the
+    # kept ones may differ, which a later share-layers must refuse before the measurement runs.
+    return dataclasses.replace(shape, layers=layers, heads=uniform(shape.heads, layers), ffn=uniform(shape.ffn, layers),
+                               heads_vary=shape.heads_vary or varied(shape.heads, "head counts"),
+                               ffn_vary=shape.ffn_vary or varied(shape.ffn, "FFN widths"),
+                               shared_attention=kept_groups(shape.shared_attention, None),
+                               shared_ffn=kept_groups(shape.shared_ffn, None))
+
+
+def uniform(sizes: tuple[int, ...] | None, layers: int) -> tuple[int, ...] | None:
+    """Each kept layer's size where every layer had one size; unknown otherwise."""
+    return (sizes[0],) * layers if sizes and len(set(sizes)) == 1 else None
+
+
+def varied(sizes: tuple[int, ...] | None, what: str) -> str | None:
+    """Why a later share-layers may meet layers of different sizes, where the layers differ now."""
+    if not sizes or len(set(sizes)) == 1:
+        return None
+    return (f"drop-layers before it keeps the layers a measurement chooses (count), among layers of different "
+            f"{what} ({', '.join(map(str, sizes))}); expected drop-layers with keep: naming the layers, so that "
+            f"their {what} are known")
 
 
 @register("drop-layers", DropLayers, check_family=lambda cfg, family: check_transformer_family(family, "drop-layers"),

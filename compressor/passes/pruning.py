@@ -109,7 +109,10 @@ def pruned_heads_shape(cfg: PruneHeads, known: Known) -> Shape:
         return dataclasses.replace(shape, heads=None, layers=None, shared_attention=None, ffn=None, shared_ffn=None)
     if removed is not None and cfg.per_layer is not None:
         return dataclasses.replace(shape, heads=tuple(h - n for h, n in zip(shape.heads, removed)))
-    return dataclasses.replace(shape, heads=None, heads_scored=True)
+    return dataclasses.replace(shape, heads=None, heads_vary=(
+        "prune-heads before it chooses each layer's count by score; expected share-layers before prune-heads "
+        "(which then prunes a group's layers alike), or prune-heads with per_layer giving the layers of a group "
+        "one count"))
 
 
 @register("prune-heads", PruneHeads, check_family=refuse_unsupported("prune-heads"), check_shape=pruned_heads_shape,
@@ -249,7 +252,9 @@ def pruned_ffn_shape(cfg: PruneFFN, known: Known) -> Shape:
     importance.check_train_rows(known.train_rows, cfg.samples if needs_sample(cfg) else 0, "prune-ffn")
     shape = known.model
     if cfg.scope == "global":
-        return dataclasses.replace(shape, ffn=None, ffn_scored=True)
+        return dataclasses.replace(shape, ffn=None, ffn_vary=(
+            "prune-ffn before it with scope: global chooses each layer's width by score; expected share-layers "
+            "before prune-ffn (which then prunes a group's layers alike), or prune-ffn with scope: per_layer"))
     ffn = tuple(width - min(round(cfg.fraction * width), width - 1) for width in shape.ffn) if shape.ffn else None
     return dataclasses.replace(shape, ffn=ffn)
 

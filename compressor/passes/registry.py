@@ -137,16 +137,17 @@ class Shape:
     # Groups (2 or more) of layers that compute with one set of attention weights (share-layers),
     # which lose the same heads: () where none do, None where the steps before hide it.
     shared_attention: tuple[tuple[int, ...], ...] | None = ()
-    # A scored prune-heads (fraction, count, iterative) chose each layer's head count: where
-    # `heads` is None for that reason, layers may keep different counts (the same only within
-    # a shared_attention group), so sharing them can be refused before they are scored.
-    heads_scored: bool = False
+    # Why layers may keep different head counts where `heads` is None (the same only within a
+    # shared_attention group), and what to do instead: the step that chooses them when it runs
+    # (a scored prune-heads; drop-layers by count among layers of different counts), so that
+    # sharing them is refused before that step runs. None where nothing makes them differ.
+    heads_vary: str | None = None
     # The same for the FFN: each layer's width (intermediate size), the groups of layers that
-    # compute with one FFN (share-layers, mode all or ffn), and whether a prune-ffn of global
-    # scope chose the widths (then they may differ, except within a shared_ffn group).
+    # compute with one FFN (share-layers, mode all or ffn), and why the widths may differ
+    # (a prune-ffn of global scope chose them; except within a shared_ffn group).
     ffn: tuple[int, ...] | None = None
     shared_ffn: tuple[tuple[int, ...], ...] | None = ()
-    ffn_scored: bool = False
+    ffn_vary: str | None = None
 
 
 @dataclass(frozen=True)

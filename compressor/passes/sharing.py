@@ -99,11 +99,9 @@ def check_same_head_counts(groups: list[list[int]], shape: Shape) -> None:
                                 f"({', '.join(str(shape.heads[i]) for i in group)}) after the steps before; "
                                 "sharing needs layers of one shape: share before pruning, or give the layers "
                                 "of a group one count in prune-heads' per_layer")
-        elif shape.heads_scored and len(group) > 1 and not within_shared(group, shape.shared_attention):
+        elif shape.heads_vary and len(group) > 1 and not within_shared(group, shape.shared_attention):
             raise UserError(f"share-layers: layers {group[0]} to {group[-1]} may keep different head counts: "
-                            "prune-heads before it chooses each layer's count by score; expected share-layers "
-                            "before prune-heads (which then prunes a group's layers alike), or prune-heads "
-                            "with per_layer giving the layers of a group one count")
+                            f"{shape.heads_vary}")
 
 
 def check_same_ffn_widths(groups: list[list[int]], shape: Shape) -> None:
@@ -116,11 +114,9 @@ def check_same_ffn_widths(groups: list[list[int]], shape: Shape) -> None:
                                 f"({', '.join(str(shape.ffn[i]) for i in group)}) after the steps before; "
                                 "sharing needs layers of one shape: expected share-layers before prune-ffn, "
                                 "or mode: attention")
-        elif shape.ffn_scored and len(group) > 1 and not within_shared(group, shape.shared_ffn):
+        elif shape.ffn_vary and len(group) > 1 and not within_shared(group, shape.shared_ffn):
             raise UserError(f"share-layers: layers {group[0]} to {group[-1]} may have different FFN widths: "
-                            "prune-ffn before it with scope: global chooses each layer's width by score; "
-                            "expected share-layers before prune-ffn (which then prunes a group's layers "
-                            "alike), or prune-ffn with scope: per_layer")
+                            f"{shape.ffn_vary}")
 
 
 def within_shared(group: list[int], shared: tuple[tuple[int, ...], ...] | None) -> bool:
