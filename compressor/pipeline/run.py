@@ -121,11 +121,14 @@ def with_teacher_finetune(recipe: Recipe, finetune_cfg) -> Recipe:
 
 def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
                base_dir: Path = Path("."), show_progress: bool = True, force: bool = False,
-               rebenchmark: bool = False, held: bool = False, source: str = "") -> dict:
+               rebenchmark: bool = False, held: bool = False, source: str = "", threads: int | None = None,
+               deadline: float | None = None) -> dict:
     """Run every stage of a validated recipe into out_dir and return the report (`held`: the
     caller holds out_dir's lock, see `claimed_out_dir`; `source`: the recipe file, which the
-    errors of its checks name)."""
-    set_threads(None)
+    errors of its checks name; `threads`: torch's threads for training and scoring, default
+    every core; `deadline`: time.monotonic() by which the benchmark ends, with fewer timed
+    calls where its profiles' would run past it)."""
+    set_threads(threads)
     # The report's warnings name the scored test examples whose text train holds (data_warnings).
     prepared = prepare(recipe, steps, out_dir, base_dir, source, scored="test")
     recipe, steps, task, presets = prepared.recipe, prepared.steps, prepared.task, prepared.presets

@@ -93,7 +93,7 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
         if join:
             return {"worker": "joined", "trials": len(proxy_trials(completed(study)))}
         return run_finals(study, runner, teacher_dir, task, profile, settings, out_dir, show_progress, deadline,
-                          log)
+                          log, threads)
 
 
 def split_seed(teacher_dir: Path, task: str | dict, seed: int, log: Callable[[str], None]) -> int:
@@ -295,7 +295,8 @@ def training_samples(items: list, default: int) -> float:
 
 
 def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task: str | dict, profile: str,
-               settings: SearchSettings, out_dir: Path, show_progress: bool, deadline: float, log) -> dict:
+               settings: SearchSettings, out_dir: Path, show_progress: bool, deadline: float, log,
+               threads: int | None = None) -> dict:
     from compressor.pipeline.run import run_recipe
     picks = finalists(completed(study), runner.budget_ms, settings)
     if not picks:
@@ -305,7 +306,8 @@ def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task
     log(f"search: finals: {', '.join(p.name for p in plans)} ({(deadline - time.monotonic()) / 60:.1f} min left)")
     raw = finals_recipe(plans, teacher_dir, task, profile, settings, runner.depth)
     recipe, steps = parse_recipe(raw, source="the search's finals")
-    report = run_recipe(recipe, steps, out_dir, show_progress=show_progress, held=True)   # run_search holds it
+    report = run_recipe(recipe, steps, out_dir, show_progress=show_progress, held=True,   # run_search holds it
+                        threads=threads)
     section = search_section(report, picks, plans, study, runner, settings)
     report["search"] = section
     if (contended := latency_model_warning(runner.latency.contention)) is not None:

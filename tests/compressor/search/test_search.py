@@ -15,15 +15,18 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 import yaml
 
 from compressor.bench import measure
 from compressor.cli.commands import main
+from compressor.pipeline import run as pipeline_run
 from compressor.pipeline.recipe import load_recipe
 from compressor.search import SearchSettings, run_search
 from compressor.search import structures as structures_module
 from compressor.search import study as study_module
 from compressor.search.run import measured_front, outcome
+from pretrain import models as models_module
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = dict(time_budget_min=10, finalists=2, proxy_train_samples=32, validation_samples=30, train_samples=64,
@@ -61,16 +64,40 @@ def searched(tiny_bert_dir, tiny_csv, quick_profile, cache_dir, tmp_path_factory
     patch.setattr(structures_module, "BATCHES", 2)
     patch.setattr(structures_module, "CALLS_PER_BATCH", 2)
     patch.setattr(measure, "peak_rss_mb", no_memory_probe)
+    # "every core" made more than the one thread asked for, so that a phase that drops --threads shows
+    patch.setattr(models_module, "usable_cpus", lambda: 3)
+    threads = ThreadsSeen()
+    patch.setattr(pipeline_run, "variant_stage", threads.recorded(pipeline_run.variant_stage, "finals"))
+    patch.setattr(study_module.ProxyRunner, "train_proxy", threads.recorded(study_module.ProxyRunner.train_proxy,
+                                                                             "proxies"))
     out = tmp_path_factory.mktemp("search") / "run"
     settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=4, compare=COMPARED, **TINY)
     result = run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), settings, out,
                         threads=1, show_progress=False, log=lambda _: None)
-    yield out, settings, result
+    yield out, settings, result, threads.seen
     patch.undo()
 
 
+class ThreadsSeen:
+    """torch's thread count when each phase's work starts."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[int]] = {}
+
+    def recorded(self, function, phase: str):
+        def counted(*args, **kwargs):
+            self.seen.setdefault(phase, set()).add(torch.get_num_threads())
+            return function(*args, **kwargs)
+        return counted
+
+
+def test_threads_asked_for_hold_in_every_phase(searched):
+    """`--threads 1` held for the proxies, then the finals' run reset torch to every core."""
+    assert searched[3] == {"proxies": {1}, "finals": {1}}
+
+
 def test_search_meets_a_loose_budget_and_reports_it(searched):
-    out, settings, result = searched
+    out, settings, result, _ = searched
     assert result["chosen"] and result["outcome"].startswith("met:")
     report = json.loads((out / "report.json").read_text())
     assert report["search"]["chosen"] == result["chosen"]
@@ -140,7 +167,7 @@ def test_a_latency_model_fitted_under_contention_is_warned_about(searched, tiny_
 
 
 def test_hand_written_variants_are_measured_in_the_same_run_against_the_searched_model(searched):
-    out, _, result = searched
+    out, _, result, _ = searched
     report = json.loads((out / "report.json").read_text())
     assert "two-layers" in {m["name"] for m in report["models"]}
     (row,) = report["search"]["compared"]
@@ -195,7 +222,7 @@ def test_a_compared_variant_may_not_take_a_plan_name(tiny_bert_dir, tiny_csv, tm
 
 
 def test_the_written_recipe_rebuilds_the_chosen_model(searched):
-    out, _, result = searched
+    out, _, result, _ = searched
     recipe, steps = load_recipe(out / result["recipe_file"])
     assert list(steps) == [result["chosen"]]
     assert recipe.benchmark.batch_sizes == [8] and recipe.export.onnx
@@ -207,7 +234,7 @@ def test_the_written_recipe_rebuilds_the_chosen_model(searched):
 
 def test_rerun_resumes_from_the_storage_without_training_again(searched, tiny_bert_dir, tiny_csv, quick_profile,
                                                                monkeypatch, cache_dir):
-    out, settings, result = searched
+    out, settings, result, _ = searched
     monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
     monkeypatch.setattr(study_module.ProxyRunner, "train_proxy", lambda *a: pytest.fail("a proxy trained again"))
     monkeypatch.setattr(structures_module, "measure", lambda *a, **k: pytest.fail("latency measured again"))
@@ -229,7 +256,7 @@ def test_a_resumed_search_asking_for_a_precision_its_latency_model_lacks_is_refu
                                                                                      quick_profile, cache_dir,
                                                                                      monkeypatch):
     from pretrain.errors import UserError
-    out, settings, _ = searched
+    out, settings, _, _ = searched
     monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
     wider = settings.model_copy(update={"precisions": ("fp32", "int8")})
     with pytest.raises(UserError, match="fitted for fp32 and has no int8 measurements; expected --precisions") as err:
