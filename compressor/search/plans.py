@@ -171,7 +171,11 @@ def smallest_plans(depth: int, recoveries: Sequence[Recovery], precisions: Seque
 
 
 def largest_plans(depth: int, recoveries: Sequence[Recovery], precisions: Sequence[Precision]) -> list[Plan]:
-    """The largest plan of each recovery and precision: every layer, nothing pruned (theseus:
-    its most successor layers)."""
-    return [Plan(layers=theseus_depths(depth)[-1] if r == "theseus" else depth, recovery=r, precision=p)
-            for r in usable_recoveries(depth, recoveries) for p in precisions]
+    """The largest plan of each recovery and precision: every layer, nothing pruned. Theseus
+    replaces blocks of two or more layers, so its largest plan (the most successor layers,
+    half the teacher's at most) is smaller than the teacher: it is listed only where theseus is
+    the one recovery, else the accuracy end of the space would be a half-depth model."""
+    whole = [r for r in usable_recoveries(depth, recoveries) if r != "theseus"]
+    if not whole:
+        return [Plan(layers=theseus_depths(depth)[-1], recovery="theseus", precision=p) for p in precisions]
+    return [Plan(layers=depth, recovery=r, precision=p) for r in whole for p in precisions]
