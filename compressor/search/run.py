@@ -257,8 +257,8 @@ def run_proxies(study: optuna.Study, runner: ProxyRunner, deadline: float, join:
 def seed_plans(runner: ProxyRunner) -> dict[str, Plan]:
     """The plans the lead queues before the sampler draws, in this order: the fastest the latency
     model predicts (the budget is never below it, so however few the trials, a plan is trained),
-    then the largest it predicts fastest (the accuracy end of the space, free when predicted over
-    the budget: it is not trained)."""
+    then the largest (every layer, nothing pruned: plans.largest_plans) it predicts fastest (the
+    accuracy end of the space, free when predicted over the budget: it is not trained)."""
     settings = runner.settings
     space = (runner.depth, settings.recoveries, settings.precisions)
     return {"fastest": runner.fastest(smallest_plans(*space)), "largest": runner.fastest(largest_plans(*space))}
