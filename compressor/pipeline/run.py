@@ -152,7 +152,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
                              for name in baselines_to_build(recipe.benchmark)]
                 deployables = [baseline_deployable(b) for b in baselines] + \
                     [variant_deployable(stage, exports.get(stage.name)) for stage in variants]
-                benchmark = benchmark_stage(deployables, teacher, recipe, task, out_dir, rebenchmark)
+                benchmark = benchmark_stage(deployables, teacher, recipe, task, out_dir, rebenchmark, deadline)
         except WriteError:
             raise   # finished stages are complete and cached: keep them for the rerun
         except UserError as err:
