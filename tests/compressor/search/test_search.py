@@ -531,3 +531,69 @@ def test_a_teacher_fine_tuned_on_the_other_shape_of_input_is_refused(shape_tuned
                                  "single texts: expected a task with a text_pair column, or a model fine-tuned on "
                                  "single texts"), err
     assert not out.exists()
+
+
+def test_finalists_the_time_left_cannot_fit_are_left_out_but_never_the_first():
+    from compressor.search.budget import FinalsRates, finals_seconds
+    from compressor.search.run import fitting_finalists
+    from compressor.search.plans import Plan
+    from compressor.search.study import completed
+    from tests.compressor.search.test_study import study_of, trial
+    settings = SearchSettings(latency_budget_ms=10, finalists=3, proxy_train_samples=100, train_samples=1000)
+    rates = FinalsRates(benchmark_calls=100, scoring_calls=10, teacher_torch_ms=50.0, teacher_onnx_ms={"fp32": 20.0})
+    picks = list(completed(study_of(trial(Plan(layers=3), 0.6, 9.0), trial(Plan(layers=2), 0.5, 8.0),
+                                    trial(Plan(layers=1), 0.4, 5.0))))
+    two = finals_seconds(picks[:2], settings, rates, [], count=2)
+    kept, seconds = fitting_finalists(picks, settings, rates, [], time.monotonic() + two + 5)
+    assert kept == picks[:2] and seconds == two
+    assert fitting_finalists(picks, settings, rates, [], time.monotonic() + 1e6)[0] == picks
+    assert fitting_finalists(picks, settings, rates, [], time.monotonic() - 1)[0] == picks[:1]
+
+
+def test_the_time_budget_cuts_the_finals_benchmark_and_the_report_says_so(searched, tiny_bert_dir, tiny_csv,
+                                                                          quick_profile, cache_dir, tmp_path,
+                                                                          monkeypatch):
+    """The finals had no deadline: a benchmark of the profile's calls ran on past the budget (14
+    minutes on a loaded 2-core machine). A profile of 10,000 calls a model, a budget of half a
+    minute, the finals estimated at nothing (so that the proxies run): the benchmark is cut."""
+    from compressor.search import run as search_run
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))       # the latency model of the first search
+    monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
+    monkeypatch.setattr(search_run, "finals_seconds", lambda *a, **k: 0.0)
+    slow = tmp_path / "slow-cpu.yaml"
+    slow.write_text(yaml.safe_dump({**yaml.safe_load(quick_profile.read_text()), "iterations": 10_000}))
+    settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=1,
+                              **{**TINY, "finalists": 1, "time_budget_min": 0.5})
+    out = tmp_path / "run"
+    start = time.monotonic()
+    result = run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(slow), settings, out, threads=1,
+                        show_progress=False, log=lambda _: None)
+    assert time.monotonic() - start < 30 + 30     # 10,000 calls of each of 3 models alone take a minute or more
+    assert result["time"]["benchmark_time_limited"] and result["time"]["finalists_dropped"] == []
+    report = json.loads((out / "report.json").read_text())
+    (cut,) = report["benchmark"]["time_limited"]["timing"]
+    assert cut["iterations"] == 10_000 and 3 <= cut["timed"] < 10_000
+    assert any(w.startswith("the time budget cut the benchmark on quick-cpu") for w in report["warnings"])
+    assert "the time budget cut the finals' benchmark short" in (out / "report.md").read_text()
+
+
+def test_the_search_section_says_what_was_searched_and_every_key_is_documented(searched):
+    """report.json's `search` had neither the space searched nor a row per trial (only study.db
+    held them), and the README's list of its fields missed some it wrote."""
+    out, settings, result, _ = searched
+    space = result["space"]
+    assert space["recoveries"] == list(settings.recoveries) and space["precisions"] == ["fp32"]
+    assert space["layers"] == [1, 4] and space["heads_removed"] == [0.0, 0.75] and space["ffn_removed"] == [0.0, 0.9]
+    assert space["max_trials"] == 4 and space["finalists"] == 2
+    table = result["trial_table"]
+    assert len(table) == result["trials"]["total"] and [r["number"] for r in table] == sorted(r["number"] for r in table)
+    plans = {r["number"]: r["plan"] for r in table}
+    assert all(plans[f["trial"]] == f["name"] for f in result["finalists"])      # a row per trial, finalists too
+    assert result["met"] is True and result["time"]["finalists_dropped"] == []
+    md = (out / "report.md").read_text()
+    assert "Search trials" in md and "space: recoveries" in md
+    section = (ROOT / "README.md").read_text().split("## Search to a latency budget")[1].split("\n## ")[0]
+    nested = [result, result["budget"], result["space"], result["trials"], result["time"], result["finalists"][0],
+              table[0]]
+    undocumented = sorted({key for part in nested for key in part if f"`{key}`" not in section})
+    assert undocumented == []
