@@ -191,7 +191,7 @@ def recipe_search(recipe: Recipe, teacher: Stage, base_dir: Path, out_dir: Path,
     profile = recipe.benchmark.profiles[0] if recipe.benchmark is not None else "cpu"
     result = run_search(teacher.path, resolve_task_paths(recipe.teacher.task, base_dir), profile, recipe.search,
                         out_dir / SEARCH_DIR, show_progress=show_progress)
-    return {"dir": SEARCH_DIR, **{k: result[k] for k in ("outcome", "chosen", "best_effort", "recipe_file")}}
+    return {"dir": SEARCH_DIR, **{k: result[k] for k in ("met", "outcome", "chosen", "best_effort", "recipe_file")}}
 
 
 def check_inputs_exist(config, label: str) -> None:

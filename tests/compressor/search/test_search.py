@@ -460,6 +460,7 @@ def test_a_recipe_search_section_runs_from_the_teacher_stage(searched, tiny_bert
     assert steps == {} and recipe.search.max_trials == 2
     report = run_recipe(recipe, steps, tmp_path / "run", show_progress=False)
     assert report["search"]["dir"] == "search" and report["search"]["outcome"].startswith("met:")
+    assert report["search"]["met"] is True                 # machine-readable, beside the outcome line
     inner = json.loads((tmp_path / "run" / "search" / "report.json").read_text())
     assert inner["search"]["chosen"] == report["search"]["chosen"]
     for human in ("report.md", "report.html"):      # the run's own reports show the search too
