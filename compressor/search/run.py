@@ -323,7 +323,8 @@ def run_finals(study: optuna.Study, runner: ProxyRunner, rates: FinalsRates, tea
     settings = runner.settings
     found = finalists(completed(study), runner.budget_ms, settings)
     if not found:
-        raise UserError(no_plan_trained(study, settings, deadline))
+        raise UserError(no_plan_trained(study, settings, deadline,
+                                        finals_seconds([], settings, rates, compared_training_samples(settings))))
     study.set_user_attr("phase", "final")     # joined workers stop after their current trial
     picks, estimate = fitting_finalists(found, settings, rates, compared_training_samples(settings), deadline)
     plans = [Plan.model_validate(t.user_attrs["plan"]) for t in picks]
@@ -357,15 +358,18 @@ def run_finals(study: optuna.Study, runner: ProxyRunner, rates: FinalsRates, tea
     return section
 
 
-def no_plan_trained(study: optuna.Study, settings: SearchSettings, deadline: float) -> str:
-    """Why the finals have no plan: the time ran out, or every trial was predicted over the budget."""
+def no_plan_trained(study: optuna.Study, settings: SearchSettings, deadline: float, finals_s: float) -> str:
+    """Why the finals have no plan: the time ran out (the finals' fixed part, `finals_s`, said
+    how much they need), or every trial was predicted over the budget."""
     predicted = [t.user_attrs.get("predicted_ms") for t in study.trials if t.user_attrs.get("predicted_ms")]
     if time.monotonic() < deadline and predicted:
         return (f"no plan was trained: all {len(predicted)} trials (--max-trials {settings.max_trials}) were predicted "
                 f"over the {settings.latency_budget_ms:g} ms budget (the fastest {min(predicted):.2f} ms); expected a "
                 f"budget of at least {min(predicted):.2f} ms or more trials")
-    return (f"no plan was trained within the time budget ({settings.time_budget_min:g} min); expected enough time "
-            "for at least one proxy and the finals: give a larger time budget")
+    return (f"no plan was trained within the time budget ({settings.time_budget_min:g} min): the finals' teacher, "
+            f"baselines and benchmark alone are estimated at {finals_s / 60:.1f} min on this machine; expected enough "
+            "time for at least one proxy and the finals: give a larger time budget (or a profile with fewer "
+            "iterations, or fewer --baselines)")
 
 
 def finals_recipe(plans: list[Plan], teacher_dir: Path, task: str | dict, profile: str, settings: SearchSettings,

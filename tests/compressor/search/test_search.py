@@ -598,3 +598,18 @@ def test_the_search_section_says_what_was_searched_and_every_key_is_documented(s
               table[0]]
     undocumented = sorted({key for part in nested for key in part if f"`{key}`" not in section})
     assert undocumented == []
+
+
+def test_a_time_budget_the_finals_alone_exceed_says_what_they_need(searched, tiny_bert_dir, tiny_csv, quick_profile,
+                                                                   cache_dir, tmp_path, monkeypatch):
+    """Nothing fits: the error says how long the finals' fixed part was estimated at, measured here."""
+    from compressor.search import budget
+    from pretrain.errors import UserError
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
+    monkeypatch.setattr(budget, "EXPORT_S", 600.0)          # the teacher's export alone is over the budget
+    settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=1,
+                              **{**TINY, "time_budget_min": 1.0})
+    with pytest.raises(UserError, match=r"no plan was trained within the time budget \(1 min\): the finals' teacher, "
+                                        r"baselines and benchmark alone are estimated at \d+\.\d min"):
+        run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), settings, tmp_path / "run", threads=1,
+                   show_progress=False, log=lambda _: None)
