@@ -23,7 +23,8 @@ import logging
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -47,34 +48,53 @@ class Measurement:
     rows: list[dict]       # one per model and setting: latency statistics and peak memory
     rankings: list[dict]   # one per setting: the models grouped by speed, ties kept together
     calls: list[dict]      # every timed call, so that anyone can recompute the statistics
+    # What a deadline cut: settings timed with fewer calls than the profile's, models whose
+    # memory was not probed (TIME_LIMITED's keys); empty without a deadline.
+    time_limited: dict = field(default_factory=dict)
+
+
+TIME_LIMITED = ("timing", "memory_not_probed")
+PROBE_RESERVE_S = 10.0     # a memory probe's child process: start, imports, model load, its calls
+PROBE_CALLS = 20           # calls per set of batches in a memory probe
+PROBE_TIMEOUT_S = 900.0
 
 
 PROGRESS = logging.getLogger(__name__).info
 
 
 def run_benchmarks(models: list[Deployable], settings, tokenizer, test: Split, log: Callable[[str], None] = PROGRESS,
-                   max_length: int = MAX_LENGTH, positions: int | None = None) -> dict:
+                   max_length: int = MAX_LENGTH, positions: int | None = None, deadline: float | None = None) -> dict:
     """A recipe's benchmark: every model on each of `settings`' profiles.
 
     {"profiles": [...measured], "skipped": [...], "measurements": [...], "rankings": [...],
-    "timings": [...every timed call], "environment": ...}. Inputs are cut at `max_length`
-    tokens (the teacher's `usable_length`: every variant has its positions)."""
+    "timings": [...every timed call], "environment": ...}, and `time_limited` (Measurement's)
+    where a `deadline` (time.monotonic()) cut the calls: the time left is shared evenly among
+    the profiles still to measure. Inputs are cut at `max_length` tokens (the teacher's
+    `usable_length`: every variant has its positions)."""
     measured, skipped, rows, rankings, calls, timed = [], [], [], [], [], []
+    limited: dict[str, list] = {key: [] for key in TIME_LIMITED}
+    available = [p for p in settings.profile_objects() if unavailable_reason(p) is None]
     for profile in settings.profile_objects():
         reason = unavailable_reason(profile)
         if reason is not None:
             skipped.append({"profile": profile.name, "reason": reason})
             log(f"benchmark: profile {profile.name} skipped: {reason}")
             continue
+        left = len(available) - len(timed)
+        share = None if deadline is None else time.monotonic() + (deadline - time.monotonic()) / left
         result = measure_models(models, profile, tokenizer, test, log=log, max_length=max_length,
-                                positions=positions)
+                                positions=positions, deadline=share)
         rows += result.rows
         rankings += result.rankings
         calls += result.calls
+        for key, entries in result.time_limited.items():
+            limited[key] += entries
         measured.append(profile.model_dump(mode="json"))
         timed.append(profile)
+    cut = {key: entries for key, entries in limited.items() if entries}
     return {"harness_version": HARNESS_VERSION, "profiles": measured, "skipped": skipped, "measurements": rows,
-            "rankings": rankings, "timings": calls, "environment": measuring_environment(timed)}
+            "rankings": rankings, "timings": calls, "environment": measuring_environment(timed),
+            **({"time_limited": cut} if cut else {})}
 
 
 def measuring_environment(profiles: list[Profile]) -> dict:
@@ -86,11 +106,15 @@ def measuring_environment(profiles: list[Profile]) -> dict:
 
 def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: Split, *,
                    log: Callable[[str], None] = PROGRESS, max_length: int = MAX_LENGTH,
-                   positions: int | None = None) -> Measurement:
+                   positions: int | None = None, deadline: float | None = None) -> Measurement:
     """Time `models` together, interleaved, at each of the profile's settings; then their memory.
 
     The profile must be available here (`unavailable_reason(profile) is None`). Batches are
-    the test split's texts, cut at `max_length` tokens.
+    the test split's texts, cut at `max_length` tokens. With a `deadline` (time.monotonic()),
+    each setting gets an even share of the time left less PROBE_RESERVE_S per model for the
+    memory probes, and times as many calls as fit in it (timing.time_interleaved); a probe
+    gets an even share of what is left then, and none starts past the deadline. Each cut is
+    logged and listed in `time_limited`.
     """
     models = [m.on(profile.name) for m in models]
     ids = {m.name: id_translation(m, tokenizer) for m in models}   # a trimmed vocabulary's renumbering
@@ -98,13 +122,19 @@ def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: 
     settings = [(b, n) for b in profile.batch_sizes for n in profile.sequence_lengths]
     batch_sets = [input_batches(tokenizer, test, b, n, max_length=max_length, positions=positions)
                   for b, n in settings]
-    rows, rankings, calls = [], [], []
+    rows, rankings, calls, cut = [], [], [], []
     try:
-        for (batch_size, length), batches in zip(settings, batch_sets):
+        for done, ((batch_size, length), batches) in enumerate(zip(settings, batch_sets)):
             log(f"benchmark: {profile.name} batch {batch_size} sequence {length}: "
                 f"{len(models)} models, {profile.iterations} iterations each")
-            timings = time_interleaved(runners, batches, profile)
+            timings = time_interleaved(runners, batches, profile,
+                                       deadline=timing_deadline(deadline, len(settings) - done, len(models)))
             setting = {"profile": profile.name, "batch_size": batch_size, "sequence_length": length}
+            timed = len(next(iter(timings.times.values())))
+            if deadline is not None and timed < profile.iterations:
+                cut.append({**setting, "iterations": profile.iterations, "timed": timed})
+                log(f"benchmark: {profile.name} batch {batch_size} sequence {length}: {timed} of "
+                    f"{profile.iterations} calls per model timed, to end within the time budget")
             rows += [{"model": m.name, **setting, "kind": m.kind, "precision": m.precision,
                       **summarize(list(timings.times[m.name]), timings.samples[m.name]),
                       "contention": rounded(timings.contention.get(m.name))}
@@ -120,15 +150,37 @@ def measure_models(models: list[Deployable], profile: Profile, tokenizer, test: 
         gc.collect()
     # Memory after timing, one child process per model, so the children never share the
     # cores with a latency measurement.
-    memory = {m.name: peak_rss_mb(m, profile, [[translated(feed, ids[m.name]) for feed in batches]
-                                                for batches in batch_sets]) for m in models}
+    memory, not_probed = {}, []
+    for done, m in enumerate(models):
+        timeout = PROBE_TIMEOUT_S if deadline is None else \
+            min(PROBE_TIMEOUT_S, (deadline - time.monotonic()) / (len(models) - done))
+        if timeout <= 0:
+            memory[m.name] = [None] * len(batch_sets)
+        else:
+            memory[m.name] = peak_rss_mb(m, profile, [[translated(feed, ids[m.name]) for feed in batches]
+                                                      for batches in batch_sets], timeout=timeout)
+        if deadline is not None and all(r is None for r in memory[m.name]):
+            not_probed.append({"profile": profile.name, "model": m.name})
+    if not_probed:
+        log(f"benchmark: {profile.name}: peak memory of {', '.join(e['model'] for e in not_probed)} not read "
+            "within the time budget")
     for row in rows:
         row["peak_rss_mb"] = memory[row["model"]][settings.index((row["batch_size"], row["sequence_length"]))]
-    return Measurement(rows, rankings, calls)
+    limited = {"timing": cut, "memory_not_probed": not_probed}
+    return Measurement(rows, rankings, calls, {key: entries for key, entries in limited.items() if entries})
+
+
+def timing_deadline(deadline: float | None, settings_left: int, models: int) -> float | None:
+    """The deadline of the next setting's timed calls: an even share of what is left after
+    the memory probes' reserve."""
+    if deadline is None:
+        return None
+    now = time.monotonic()
+    return now + max(0.0, deadline - now - models * PROBE_RESERVE_S) / settings_left
 
 
 def peak_rss_mb(model: Deployable, profile: Profile, batch_sets: list[list[Feed]],
-                calls: int = 20) -> list[float | None]:
+                calls: int = PROBE_CALLS, timeout: float = PROBE_TIMEOUT_S) -> list[float | None]:
     """Peak RSS of a fresh process serving `model`, one reading per set of batches.
 
     The child loads the model once; before each set it resets the kernel's high-water mark
@@ -136,7 +188,7 @@ def peak_rss_mb(model: Deployable, profile: Profile, batch_sets: list[list[Feed]
     `calls` batches. The mark resets only to what the process holds now, arenas a larger set
     left included, so the sets run smallest first: each reading is then the one a process
     serving that set alone would show, whatever order the profile lists them in. Readings
-    (in `batch_sets`' order) are None if the child fails.
+    (in `batch_sets`' order) are None if the child fails or runs past `timeout` seconds.
     """
     order = sorted(range(len(batch_sets)), key=lambda n: max(b["input_ids"].size for b in batch_sets[n]))
     with scratch_dir("mem") as tmp:
@@ -150,7 +202,7 @@ def peak_rss_mb(model: Deployable, profile: Profile, batch_sets: list[list[Feed]
                "graph_optimization": profile.graph_optimization, "parent_pid": os.getpid()}
         try:
             done = subprocess.run([sys.executable, "-m", "compressor.bench.memory_probe", json.dumps(job)],
-                                  capture_output=True, text=True, timeout=900)
+                                  capture_output=True, text=True, timeout=timeout)
             readings = json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_mb"]
             by_set = dict(zip(order, (float(r) for r in readings), strict=True))
             return [by_set[n] for n in range(len(batch_sets))]

@@ -75,7 +75,8 @@ class Timings:
 
 
 def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: Profile,
-                     round_calls: int = ROUND_CALLS, order_seed: int = ORDER_SEED) -> Timings:
+                     round_calls: int = ROUND_CALLS, order_seed: int = ORDER_SEED,
+                     deadline: float | None = None) -> Timings:
     """Time every runner on the same batches in short interleaved rounds (A B C, C A B, ...).
 
     Short rounds spread slow drift in machine load evenly over the models; the untimed
@@ -84,22 +85,36 @@ def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: P
     drawn from `order_seed`, so which model precedes which varies from round to round.
     Around each model's timed calls the CPUs' counters are read, for the share of them other
     processes used meanwhile (`Timings.contention`).
+
+    With a `deadline` (time.monotonic()), the timed calls are as many of the profile's
+    `iterations` as the warm-up calls' times say fit before it (at least MIN_ROUNDS rounds'
+    worth), and no round starts past it once MIN_ROUNDS have run: a caller compares the calls
+    timed with the profile's to see a cut.
     """
     import torch
     prepared = {name: [runner.prepare(b) for b in batches] for name, runner in runners.items()}
     sizes = [len(next(iter(b.values()))) for b in batches]
     times: dict[str, list[float]] = {name: [] for name in runners}
-    rounds = round_spans(profile.iterations, round_calls)
     rng = np.random.default_rng(order_seed)
-    orders = [[str(name) for name in rng.permutation(list(runners))] for _ in rounds]
+    # Drawn for the profile's rounds before any cut, so that a cut keeps the uncut run's first orders.
+    orders = [[str(name) for name in rng.permutation(list(runners))]
+              for _ in round_spans(profile.iterations, round_calls)]
     cpus = our_cpus()
     spent: dict[str, CpuTime | None] = {name: CpuTime(0.0, 0.0, 0.0, len(cpus or ())) for name in runners}
     threads = torch.get_num_threads()
     torch.set_num_threads(profile.thread_count())
     try:
-        for name, runner in runners.items():
-            timed_calls(runner.run, prepared[name], 0, profile.warmup)
-        for span, order in zip(rounds, orders):
+        # Under a deadline one warm-up call at least: its time says how many calls fit.
+        warmup = profile.warmup if deadline is None else max(profile.warmup, 1)
+        warm = {name: timed_calls(runner.run, prepared[name], 0, warmup) for name, runner in runners.items()}
+        iterations = profile.iterations if deadline is None else \
+            fitted_iterations(warm, profile.iterations, round_calls, deadline - time.monotonic())
+        rounds = round_spans(iterations, round_calls)
+        orders = orders[:len(rounds)]          # fewer calls never make more rounds
+        for done, (span, order) in enumerate(zip(rounds, orders)):
+            if deadline is not None and done >= MIN_ROUNDS and time.monotonic() > deadline:
+                rounds, orders = rounds[:done], orders[:done]      # the load rose past the estimate
+                break
             for name in order:
                 run = runners[name].run
                 timed_calls(run, prepared[name], span.start, ROUND_WARMUP)
@@ -108,9 +123,29 @@ def time_interleaved(runners: dict[str, Runner], batches: list[Feed], profile: P
                 spent[name] = added(spent[name], before, read_cpu_time(cpus))
     finally:
         torch.set_num_threads(threads)
-    samples = sum(sizes[i % len(sizes)] for i in range(profile.iterations))
+    samples = sum(sizes[i % len(sizes)] for i in range(rounds[-1].stop if rounds else 0))
     return Timings({name: np.asarray(t) for name, t in times.items()}, dict.fromkeys(runners, samples), rounds,
                    orders, order_seed, {name: others_share(total) for name, total in spent.items()})
+
+
+def fitted_iterations(warm_ms: dict[str, list[float]], iterations: int, round_calls: int, seconds: float) -> int:
+    """The most timed calls per model, up to `iterations`, whose rounds (each with its
+    ROUND_WARMUP calls) fit in `seconds` at the warm-up calls' median times; at least
+    MIN_ROUNDS calls (a measurement with fewer rounds has no interval to report)."""
+    per_call_s = sum(float(np.median(t)) for t in warm_ms.values() if len(t)) / 1e3     # one call of each model
+    least = min(MIN_ROUNDS, iterations)
+    if per_call_s <= 0:
+        return iterations
+    calls = iterations
+    while calls > least and (calls + ROUND_WARMUP * round_count(calls, round_calls)) * per_call_s > seconds:
+        calls -= 1
+    return calls
+
+
+def round_count(iterations: int, round_calls: int) -> int:
+    """len(round_spans(iterations, round_calls)), without listing them."""
+    full = math.ceil(iterations / round_calls)
+    return full if full >= MIN_ROUNDS else min(MIN_ROUNDS, iterations)
 
 
 def added(total: CpuTime | None, before: CpuTime | None, after: CpuTime | None) -> CpuTime | None:

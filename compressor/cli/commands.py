@@ -253,7 +253,9 @@ def add_search_command(sub) -> None:
     se.add_argument("--recoveries", type=name_list, help="e.g. finetune,distill (default: finetune,distill,theseus)")
     se.add_argument("--precisions", type=name_list, help="e.g. int8 (default: fp32,int8)")
     se.add_argument("--max-eval-samples", **from_config(SearchSettings, "max_eval_samples"))
-    se.add_argument("--threads", type=thread_count, help="torch and ONNX Runtime threads (default: every core)")
+    se.add_argument("--threads", type=thread_count,
+                    help="torch threads for training and scoring, every phase (default: every core; timed calls "
+                         "run at the profile's threads)")
     se.add_argument("--seed", type=seed_value, default=0)
     se.add_argument("--quiet", action="store_true", help="no progress bars")
     se.set_defaults(handler=cmd_search)

@@ -69,7 +69,8 @@ def build_report(recipe: Recipe, teacher: Stage, variants: list[Stage], exports:
         # this one where and when the latencies were measured.
         report["benchmark"] = {"harness_version": benchmark["harness_version"],
                                "environment": benchmark.get("environment"), "profiles": benchmark["profiles"],
-                               "skipped": benchmark["skipped"], "rankings": benchmark.get("rankings", [])}
+                               "skipped": benchmark["skipped"], "rankings": benchmark.get("rankings", []),
+                               **({"time_limited": benchmark["time_limited"]} if "time_limited" in benchmark else {})}
         if not benchmark["profiles"]:     # every profile skipped: the baselines were not built
             built = {b["name"] for b in baselines}
             report["benchmark"]["baselines_not_built"] = [n for n in recipe.benchmark.baselines if n not in built]

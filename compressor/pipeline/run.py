@@ -121,11 +121,14 @@ def with_teacher_finetune(recipe: Recipe, finetune_cfg) -> Recipe:
 
 def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
                base_dir: Path = Path("."), show_progress: bool = True, force: bool = False,
-               rebenchmark: bool = False, held: bool = False, source: str = "") -> dict:
+               rebenchmark: bool = False, held: bool = False, source: str = "", threads: int | None = None,
+               deadline: float | None = None) -> dict:
     """Run every stage of a validated recipe into out_dir and return the report (`held`: the
     caller holds out_dir's lock, see `claimed_out_dir`; `source`: the recipe file, which the
-    errors of its checks name)."""
-    set_threads(None)
+    errors of its checks name; `threads`: torch's threads for training and scoring, default
+    every core; `deadline`: time.monotonic() by which the benchmark ends, with fewer timed
+    calls where its profiles' would run past it)."""
+    set_threads(threads)
     # The report's warnings name the scored test examples whose text train holds (data_warnings).
     prepared = prepare(recipe, steps, out_dir, base_dir, source, scored="test")
     recipe, steps, task, presets = prepared.recipe, prepared.steps, prepared.task, prepared.presets
@@ -150,7 +153,7 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
                              for name in baselines_to_build(recipe.benchmark)]
                 deployables = [baseline_deployable(b) for b in baselines] + \
                     [variant_deployable(stage, exports.get(stage.name)) for stage in variants]
-                benchmark = benchmark_stage(deployables, teacher, recipe, task, out_dir, rebenchmark)
+                benchmark = benchmark_stage(deployables, teacher, recipe, task, out_dir, rebenchmark, deadline)
         except WriteError:
             raise   # finished stages are complete and cached: keep them for the rerun
         except UserError as err:
@@ -189,7 +192,7 @@ def recipe_search(recipe: Recipe, teacher: Stage, base_dir: Path, out_dir: Path,
     profile = recipe.benchmark.profiles[0] if recipe.benchmark is not None else "cpu"
     result = run_search(teacher.path, resolve_task_paths(recipe.teacher.task, base_dir), profile, recipe.search,
                         out_dir / SEARCH_DIR, show_progress=show_progress)
-    return {"dir": SEARCH_DIR, **{k: result[k] for k in ("outcome", "chosen", "best_effort", "recipe_file")}}
+    return {"dir": SEARCH_DIR, **{k: result[k] for k in ("met", "outcome", "chosen", "best_effort", "recipe_file")}}
 
 
 def check_inputs_exist(config, label: str) -> None:

@@ -169,7 +169,20 @@ def runtime_warnings(report: dict) -> list[str]:
         saved = compute_saved(m, report["teacher"])
         for key in measurement_keys([m]):
             warnings += measurement_warnings(m, models, reference, saved, key, speedups.get(key))
-    return warnings + contention_warnings(models)
+    return warnings + contention_warnings(models) + time_limited_warnings(report.get("benchmark", {}))
+
+
+def time_limited_warnings(benchmark: dict) -> list[str]:
+    """What a deadline (a search's time budget) cut from the benchmark, one line per cut."""
+    limited = benchmark.get("time_limited", {})
+    lines = [f"the time budget cut the benchmark on {e['profile']} at batch {e['batch_size']} (sequence "
+             f"{e['sequence_length']}) to {e['timed']} of the profile's {e['iterations']} timed calls per model: "
+             "its percentiles and ties rest on fewer calls" for e in limited.get("timing", [])]
+    skipped = limited.get("memory_not_probed", [])
+    if skipped:
+        models = ", ".join(f"{e['model']} ({e['profile']})" for e in skipped)
+        lines.append(f"the time budget left no time to read the peak memory of {models}: peak_rss_mb is null")
+    return lines
 
 
 def contention_warnings(models: list[dict]) -> list[str]:

@@ -67,6 +67,37 @@ def search_table(search: dict) -> Table:
     return head, rows
 
 
+def trials_table(search: dict) -> Table:
+    """Every trial of a search, compact: what it proposed, was predicted and scored."""
+    head = ["trial", "plan", "status", "predicted p50 ms", "proxy accuracy", "proxy retention"]
+    rows = [[str(r["number"]), r["plan"] or "", r["status"], fmt(r["predicted_p50_ms"], 2),
+             fmt(r["proxy_accuracy"], 4), fmt(r["proxy_retention"], 3)] for r in search.get("trial_table", [])]
+    return head, rows
+
+
+def space_line(space: dict) -> str:
+    """The search space in one line."""
+    parts = [f"recoveries {', '.join(space['recoveries'])}", f"precisions {', '.join(space['precisions'])}"]
+    if space.get("layers"):
+        parts.append(f"layers {space['layers'][0]}-{space['layers'][1]}, heads removed "
+                     f"{space['heads_removed'][0]:g}-{space['heads_removed'][1]:g}, FFN removed "
+                     f"{space['ffn_removed'][0]:g}-{space['ffn_removed'][1]:g} (steps of {space['removed_step']:g})")
+    if space.get("theseus_successor_layers"):
+        parts.append(f"theseus successor layers {', '.join(map(str, space['theseus_successor_layers']))}")
+    limit = f"at most {space['max_trials']} trials" if space.get("max_trials") else "trials until the time budget"
+    return f"space: {'; '.join(parts)}; {limit}, {space['finalists']} finalists"
+
+
+def time_lines(timing: dict) -> list[str]:
+    lines = [f"finals: estimated {timing['finals_estimated_min']:.1f} min, took {timing['finals_min']:.1f} min "
+             f"({timing['minutes_left_at_finals']:.1f} min of the time budget left when they began)"]
+    if timing["finalists_dropped"]:
+        lines.append(f"left out of the finals to keep the time budget: {', '.join(timing['finalists_dropped'])}")
+    if timing["benchmark_time_limited"]:
+        lines.append("the time budget cut the finals' benchmark short (fewer timed calls; see the warnings)")
+    return lines
+
+
 def compared_table(search: dict) -> Table:
     """Hand-written variants measured in the search's finals, against the searched model."""
     head = ["hand-written variant", "measured p50 ms", "test accuracy", "retention", "searched model",
@@ -87,6 +118,10 @@ def search_lines(search: dict) -> list[str]:
              f"trials: {trials['total']} ({trials['trained']} trained briefly, {trials['not_trained_over_budget']} "
              f"predicted over budget and not trained, {trials['failed']} failed"
              + (f", {trials['stopped']} stopped by an interrupt" if trials.get("stopped") else "") + ")"]
+    if "space" in search:
+        lines.append(space_line(search["space"]))
+    if "time" in search:
+        lines += time_lines(search["time"])
     if held_out:
         lines.append(f"latency model: median error {held_out['median_abs_relative_error']:.1%} on "
                      f"{held_out['structures']} held-out structures, rank correlation {fmt(held_out['spearman'], 3)}")
@@ -292,6 +327,8 @@ def sections(report: dict) -> list[tuple[str, str, object]]:
         out.append(("table", "Search finalists (predicted beside measured latency)", search_table(search)))
         if search.get("compared"):
             out.append(("table", "Searched model against hand-written variants (same run)", compared_table(search)))
+        if search.get("trial_table"):
+            out.append(("table", "Search trials (proxies: predicted latency, brief training)", trials_table(search)))
     elif search:
         out.append(("lines", "Search to a latency budget",
                     [search["outcome"], f"its own report: {search['dir']}/report.json"]))

@@ -25,8 +25,9 @@ INT8_STEP = {"quantize": {"mode": "dynamic-int8", "per_channel": True}}
 DISTILL_LOSSES = {"losses": ["soft", "hard"], "temperature": 2.0}   # DistilBERT's pair, weights 1
 SCORING_SAMPLES = 512         # the pruning passes' own default
 PROXY_LR_GAIN_CAP = 10.0      # a proxy's rate is at most this multiple of its pass's default
-MAX_HEADS_REMOVED = 0.75      # the search space's bounds (steps of 0.05)
+MAX_HEADS_REMOVED = 0.75      # the search space's bounds (steps of REMOVED_STEP)
 MAX_FFN_REMOVED = 0.9
+REMOVED_STEP = 0.05
 
 
 class Plan(BaseModel):
@@ -125,8 +126,8 @@ def suggest_plan(trial, depth: int, recoveries: Sequence[Recovery], precisions: 
         layers, heads, ffn = trial.suggest_categorical("successor_layers", theseus_depths(depth)), 0.0, 0.0
     else:
         layers = trial.suggest_int("layers", 1, depth)
-        heads = trial.suggest_float("heads_removed", 0.0, MAX_HEADS_REMOVED, step=0.05)
-        ffn = trial.suggest_float("ffn_removed", 0.0, MAX_FFN_REMOVED, step=0.05)
+        heads = trial.suggest_float("heads_removed", 0.0, MAX_HEADS_REMOVED, step=REMOVED_STEP)
+        ffn = trial.suggest_float("ffn_removed", 0.0, MAX_FFN_REMOVED, step=REMOVED_STEP)
     precision = trial.suggest_categorical(*categorical("precision", precisions, PRECISIONS))
     return Plan(layers=layers, heads_removed=round(heads, 2), ffn_removed=round(ffn, 2), recovery=recovery,
                 precision=precision)
@@ -171,7 +172,23 @@ def smallest_plans(depth: int, recoveries: Sequence[Recovery], precisions: Seque
 
 
 def largest_plans(depth: int, recoveries: Sequence[Recovery], precisions: Sequence[Precision]) -> list[Plan]:
-    """The largest plan of each recovery and precision: every layer, nothing pruned (theseus:
-    its most successor layers)."""
-    return [Plan(layers=theseus_depths(depth)[-1] if r == "theseus" else depth, recovery=r, precision=p)
-            for r in usable_recoveries(depth, recoveries) for p in precisions]
+    """The largest plan of each recovery and precision: every layer, nothing pruned. Theseus
+    replaces blocks of two or more layers, so its largest plan (the most successor layers,
+    half the teacher's at most) is smaller than the teacher: it is listed only where theseus is
+    the one recovery, else the accuracy end of the space would be a half-depth model."""
+    whole = [r for r in usable_recoveries(depth, recoveries) if r != "theseus"]
+    if not whole:
+        return [Plan(layers=theseus_depths(depth)[-1], recovery="theseus", precision=p) for p in precisions]
+    return [Plan(layers=depth, recovery=r, precision=p) for r in whole for p in precisions]
+
+
+def search_space(depth: int, recoveries: Sequence[Recovery], precisions: Sequence[Precision]) -> dict:
+    """What `suggest_plan` draws from for this teacher, as the report records it: the ranges
+    (inclusive) of the pruning plans, theseus' successor depths, recoveries and precisions."""
+    usable = usable_recoveries(depth, recoveries)
+    pruning = [r for r in usable if r != "theseus"]
+    return {"recoveries": usable, "precisions": list(precisions),
+            "layers": [1, depth] if pruning else None,
+            "heads_removed": [0.0, MAX_HEADS_REMOVED] if pruning else None,
+            "ffn_removed": [0.0, MAX_FFN_REMOVED] if pruning else None, "removed_step": REMOVED_STEP,
+            "theseus_successor_layers": theseus_depths(depth) if "theseus" in usable else None}

@@ -39,9 +39,10 @@ from compressor.pipeline.outdir import claimed_out_dir, disk_errors
 from compressor.pipeline.recipe import RESERVED_NAMES, VARIANT_NAME, parse_recipe, parse_step
 from compressor.report.analysis import latency_model_warning, latency_row, ties_by_measurement, undominated
 from compressor.report.render import write_reports
+from compressor.search.budget import REPORT_S, FinalsRates, benchmark_calls, finals_seconds
 from compressor.search.latency import LatencyModel
-from compressor.search.plans import (Plan, largest_plans, plan_params, plan_steps, smallest_plans, theseus_depths,
-                                     usable_recoveries)
+from compressor.search.plans import (Plan, largest_plans, plan_params, plan_steps, search_space, smallest_plans,
+                                     theseus_depths, usable_recoveries)
 from compressor.search.settings import SearchSettings
 from compressor.search.structures import fit_latency_model, teacher_shape
 from compressor.search.study import (ProxyRunner, completed, connect, default_storage, finalists, open_study,
@@ -53,8 +54,6 @@ from pretrain.finetune import evaluate
 from pretrain.models import check_model_ref, read_model_type, set_threads
 
 RECIPE_NAME = "search"           # the out dir's owner (run.json), as for `compressor run`
-FINALIST_EXPORT_S = 60.0         # a finalist's export and gate, beside its training
-FINALS_OVERHEAD_S = 300.0        # teacher scoring, baselines, benchmark, report
 LATENCY_WAIT_S = 2.0
 STRUCTURES_DIR = ".latency-structures"   # the latency model's timed exports, while the search runs
 PLAN_NAME = re.compile(r"^L\d+-")   # Plan.name's form: compared variants may not look like one
@@ -88,12 +87,13 @@ def run_search(teacher: str | Path, task: str | dict, profile: str, settings: Se
                 shutil.rmtree(out_dir, ignore_errors=True)
             raise
         runner = proxy_runner(study, bundle, teacher_dir, data, target, settings, out_dir, join, deadline, log)
+        rates = finals_rates(runner, target, study)
         if study.user_attrs.get("phase") != "final":
-            run_proxies(study, runner, deadline, join, log)
+            run_proxies(study, runner, rates, deadline, join, log)
         if join:
             return {"worker": "joined", "trials": len(proxy_trials(completed(study)))}
-        return run_finals(study, runner, teacher_dir, task, profile, settings, out_dir, show_progress, deadline,
-                          log)
+        return run_finals(study, runner, rates, teacher_dir, task, profile, out_dir, show_progress, deadline,
+                          log, threads)
 
 
 def split_seed(teacher_dir: Path, task: str | dict, seed: int, log: Callable[[str], None]) -> int:
@@ -188,7 +188,10 @@ def proxy_runner(study: optuna.Study, bundle: ModelBundle, teacher_dir: Path, da
         # The timed structure exports (hundreds of MB) served the model, now saved here, in
         # the study and in the cache: nothing later reads them, even if the search fails.
         shutil.rmtree(out_dir / STRUCTURES_DIR, ignore_errors=True)
+        start = time.perf_counter()
         metrics, _ = evaluate(bundle.model, bundle.tokenizer, validation, bundle.max_length)
+        # The teacher's PyTorch speed here: the finals score and time it as a baseline (budget.py).
+        study.set_user_attr("teacher_validation_seconds", time.perf_counter() - start)
         study.set_user_attr("teacher_validation_accuracy", metrics["accuracy"])
     while "latency_model" not in study.user_attrs or "teacher_validation_accuracy" not in study.user_attrs:
         if time.monotonic() > deadline:
@@ -231,12 +234,27 @@ def latency_cache(target: Profile, bundle: ModelBundle, settings: SearchSettings
     return root / "latency" / f"{target.name}-{teacher}-{fitting}.json"
 
 
-def run_proxies(study: optuna.Study, runner: ProxyRunner, deadline: float, join: bool, log) -> None:
+def finals_rates(runner: ProxyRunner, target: Profile, study: optuna.Study) -> FinalsRates:
+    """What this search measured that the finals' cost is estimated from (budget.py): the
+    teacher's per-call times, exported (the latency model's prediction) and in PyTorch (its
+    validation scoring, timed when the lead scored it; as exported in a study made before
+    that was recorded)."""
+    teacher = Plan(layers=runner.depth)
+    onnx = {p: runner.predicted_ms(teacher.model_copy(update={"precision": p})) for p in runner.latency.coefficients}
+    onnx.setdefault("fp32", max(onnx.values()))     # a model fitted for int8 only
+    seconds = study.user_attrs.get("teacher_validation_seconds")
+    torch_ms = seconds / len(runner.validation) * runner.settings.batch_size * 1e3 if seconds else onnx["fp32"]
+    return FinalsRates(benchmark_calls=benchmark_calls(target), scoring_calls=len(runner.shapes),
+                       teacher_torch_ms=torch_ms, teacher_onnx_ms=onnx)
+
+
+def run_proxies(study: optuna.Study, runner: ProxyRunner, rates: FinalsRates, deadline: float, join: bool,
+                log) -> None:
     settings = runner.settings
     compared = compared_training_samples(settings)      # parsed once, not at every trial
 
     def out_of_time(done: list) -> bool:
-        reserve = 0.0 if join else finals_reserve(done, runner, compared)
+        reserve = 0.0 if join else finals_reserve(done, runner, rates, compared)
         return time.monotonic() + reserve >= deadline
 
     def enough(study: optuna.Study, trial) -> None:
@@ -257,27 +275,31 @@ def run_proxies(study: optuna.Study, runner: ProxyRunner, deadline: float, join:
 def seed_plans(runner: ProxyRunner) -> dict[str, Plan]:
     """The plans the lead queues before the sampler draws, in this order: the fastest the latency
     model predicts (the budget is never below it, so however few the trials, a plan is trained),
-    then the largest it predicts fastest (the accuracy end of the space, free when predicted over
-    the budget: it is not trained)."""
+    then the largest (every layer, nothing pruned: plans.largest_plans) it predicts fastest (the
+    accuracy end of the space, free when predicted over the budget: it is not trained)."""
     settings = runner.settings
     space = (runner.depth, settings.recoveries, settings.precisions)
     return {"fastest": runner.fastest(smallest_plans(*space)), "largest": runner.fastest(largest_plans(*space))}
 
 
-def finals_reserve(done: list, runner: ProxyRunner, compared_samples: list[float]) -> float:
-    """Seconds the finals will take: each finalist's full training, scaled from its proxy's
-    measured training time, plus its export, plus the benchmark and report; `compared_samples`
-    is each compared variant's training examples (compared_training_samples)."""
-    settings = runner.settings
-    picks = finalists(done, runner.budget_ms, settings)
-    scale = settings.train_samples / settings.proxy_train_samples * settings.epochs
-    times = [t.user_attrs["prep_seconds"] + t.user_attrs["train_seconds"] * scale + FINALIST_EXPORT_S for t in picks]
-    if not times:       # nothing timed yet: the first proxy runs, then the estimate has data
-        return FINALS_OVERHEAD_S
-    # A compared variant is not a plan: its training is timed at the slowest finalist's rate.
-    per_sample = max(t.user_attrs["train_seconds"] for t in picks) / settings.proxy_train_samples
-    compared = sum(per_sample * samples + FINALIST_EXPORT_S for samples in compared_samples)
-    return sum(times) + (settings.finalists - len(times)) * max(times) + compared + FINALS_OVERHEAD_S
+def finals_reserve(done: list, runner: ProxyRunner, rates: FinalsRates, compared_samples: list[float]) -> float:
+    """Seconds the finals of the finalists `done` points to will take (budget.finals_seconds);
+    `compared_samples` is each compared variant's training examples (compared_training_samples)."""
+    return finals_seconds(finalists(done, runner.budget_ms, runner.settings), runner.settings, rates,
+                          compared_samples)
+
+
+def fitting_finalists(picks: list, settings: SearchSettings, rates: FinalsRates, compared_samples: list[float],
+                      deadline: float) -> tuple[list, float]:
+    """The best of `picks` whose finals fit the time left (the first one always), and their
+    estimated seconds. A stop at the first proxies' estimate, a slower machine since, or a
+    resumed search with little time leave fewer finalists, not an overrun."""
+    kept = list(picks)
+    while True:
+        seconds = finals_seconds(kept, settings, rates, compared_samples, count=len(kept))
+        if len(kept) == 1 or time.monotonic() + seconds <= deadline:
+            return kept, seconds
+        kept.pop()
 
 
 def compared_training_samples(settings: SearchSettings) -> list[float]:
@@ -294,19 +316,32 @@ def training_samples(items: list, default: int) -> float:
     return total
 
 
-def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task: str | dict, profile: str,
-               settings: SearchSettings, out_dir: Path, show_progress: bool, deadline: float, log) -> dict:
+def run_finals(study: optuna.Study, runner: ProxyRunner, rates: FinalsRates, teacher_dir: Path, task: str | dict,
+               profile: str, out_dir: Path, show_progress: bool, deadline: float, log,
+               threads: int | None = None) -> dict:
     from compressor.pipeline.run import run_recipe
-    picks = finalists(completed(study), runner.budget_ms, settings)
-    if not picks:
-        raise UserError(no_plan_trained(study, settings, deadline))
+    settings = runner.settings
+    found = finalists(completed(study), runner.budget_ms, settings)
+    if not found:
+        raise UserError(no_plan_trained(study, settings, deadline,
+                                        finals_seconds([], settings, rates, compared_training_samples(settings))))
     study.set_user_attr("phase", "final")     # joined workers stop after their current trial
+    picks, estimate = fitting_finalists(found, settings, rates, compared_training_samples(settings), deadline)
     plans = [Plan.model_validate(t.user_attrs["plan"]) for t in picks]
-    log(f"search: finals: {', '.join(p.name for p in plans)} ({(deadline - time.monotonic()) / 60:.1f} min left)")
+    dropped = [Plan.model_validate(t.user_attrs["plan"]).name for t in found[len(picks):]]
+    left = deadline - time.monotonic()
+    log(f"search: finals: {', '.join(p.name for p in plans)} ({left / 60:.1f} min left, estimated "
+        f"{estimate / 60:.1f} min)" + (f"; left out to keep the time budget: {', '.join(dropped)}" if dropped else ""))
     raw = finals_recipe(plans, teacher_dir, task, profile, settings, runner.depth)
     recipe, steps = parse_recipe(raw, source="the search's finals")
-    report = run_recipe(recipe, steps, out_dir, show_progress=show_progress, held=True)   # run_search holds it
-    section = search_section(report, picks, plans, study, runner, settings)
+    started = time.monotonic()
+    # The benchmark ends in time for the report; run_search holds out_dir.
+    report = run_recipe(recipe, steps, out_dir, show_progress=show_progress, held=True, threads=threads,
+                        deadline=deadline - REPORT_S)
+    timing = {"finals_estimated_min": estimate / 60, "finals_min": (time.monotonic() - started) / 60,
+              "minutes_left_at_finals": left / 60, "finalists_dropped": dropped,
+              "benchmark_time_limited": "time_limited" in report.get("benchmark", {})}
+    section = search_section(report, picks, plans, study, runner, settings, timing)
     report["search"] = section
     if (contended := latency_model_warning(runner.latency.contention)) is not None:
         report["warnings"].append(contended)
@@ -323,15 +358,18 @@ def run_finals(study: optuna.Study, runner: ProxyRunner, teacher_dir: Path, task
     return section
 
 
-def no_plan_trained(study: optuna.Study, settings: SearchSettings, deadline: float) -> str:
-    """Why the finals have no plan: the time ran out, or every trial was predicted over the budget."""
+def no_plan_trained(study: optuna.Study, settings: SearchSettings, deadline: float, finals_s: float) -> str:
+    """Why the finals have no plan: the time ran out (the finals' fixed part, `finals_s`, said
+    how much they need), or every trial was predicted over the budget."""
     predicted = [t.user_attrs.get("predicted_ms") for t in study.trials if t.user_attrs.get("predicted_ms")]
     if time.monotonic() < deadline and predicted:
         return (f"no plan was trained: all {len(predicted)} trials (--max-trials {settings.max_trials}) were predicted "
                 f"over the {settings.latency_budget_ms:g} ms budget (the fastest {min(predicted):.2f} ms); expected a "
                 f"budget of at least {min(predicted):.2f} ms or more trials")
-    return (f"no plan was trained within the time budget ({settings.time_budget_min:g} min); expected enough time "
-            "for at least one proxy and the finals: give a larger time budget")
+    return (f"no plan was trained within the time budget ({settings.time_budget_min:g} min): the finals' teacher, "
+            f"baselines and benchmark alone are estimated at {finals_s / 60:.1f} min on this machine; expected enough "
+            "time for at least one proxy and the finals: give a larger time budget (or a profile with fewer "
+            "iterations, or fewer --baselines)")
 
 
 def finals_recipe(plans: list[Plan], teacher_dir: Path, task: str | dict, profile: str, settings: SearchSettings,
@@ -367,10 +405,27 @@ def trial_counts(trials: list[optuna.trial.FrozenTrial]) -> dict[str, int]:
             "stopped": len(stopped)}
 
 
+def trial_table(trials: list[optuna.trial.FrozenTrial]) -> list[dict]:
+    """One row per trial started (study.db holds the rest): its plan, what it was predicted
+    and scored, and what became of it."""
+    rows = []
+    for t in trials:
+        if t.state == optuna.trial.TrialState.WAITING:
+            continue
+        plan = Plan.model_validate(t.user_attrs["plan"]).name if "plan" in t.user_attrs else None
+        status = "stopped" if t.user_attrs.get("stopped") else t.user_attrs.get("status", t.state.name.lower())
+        rows.append({"number": t.number, "plan": plan, "state": t.state.name.lower(), "status": status,
+                     "predicted_p50_ms": t.user_attrs.get("predicted_ms"),
+                     "proxy_accuracy": t.user_attrs.get("proxy_accuracy"),
+                     "proxy_retention": t.user_attrs.get("proxy_retention")})
+    return rows
+
+
 def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, runner: ProxyRunner,
-                   settings: SearchSettings) -> dict:
-    """What the search did and found: budget, latency model, trials, every finalist measured,
-    the measured front, the choice (or which constraint failed and by how much)."""
+                   settings: SearchSettings, timing: dict) -> dict:
+    """What the search did and found: budget, the space searched, latency model, trials (their
+    tally and each one), the time the finals took (`timing`), every finalist measured, the
+    measured front, the choice (or which constraint failed and by how much)."""
     by_name = {m["name"]: m for m in report["models"]}
     profile = report["benchmark"]["profiles"][0]["name"]
     rows = []
@@ -394,6 +449,9 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
         "budget": {"latency_ms": settings.latency_budget_ms, "batch_size": settings.batch_size,
                    "min_retention": settings.min_retention, "time_budget_min": settings.time_budget_min,
                    "searched_for_ms": runner.budget_ms},
+        "space": {**search_space(runner.depth, settings.recoveries, settings.precisions),
+                  "max_trials": settings.max_trials, "finalists": settings.finalists,
+                  "latency_slack": settings.latency_slack},
         "latency_model": {"key": latency.key, "points": latency.points,
                           "held_out": {k: v for k, v in (latency.held_out or {}).items() if k != "rows"},
                           "contention": latency.contention},
@@ -401,6 +459,8 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
                    "teacher_validation_accuracy": runner.teacher_accuracy,
                    "validation_samples": settings.validation_samples,
                    "proxy_train_samples": settings.proxy_train_samples, "proxy_lr": settings.proxy_lr},
+        "trial_table": trial_table(trials),
+        "time": timing,
         "finalists": rows,
         "front": measured_front(rows, ties_by_measurement(report["benchmark"]["rankings"]).get(
             (profile, settings.batch_size, "real"), ())),
@@ -408,6 +468,7 @@ def search_section(report: dict, picks, plans: list[Plan], study: optuna.Study, 
         "predicted_p50_ms": {r["name"]: r["predicted_p50_ms"] for r in rows},
         "chosen": chosen["name"] if chosen else None,
         "best_effort": best_effort["name"] if best_effort else None,
+        "met": chosen is not None,
         "outcome": outcome(chosen, best_effort, settings),
         "recipe_file": "chosen.yaml" if chosen else "best-effort.yaml",
     }

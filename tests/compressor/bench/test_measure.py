@@ -20,7 +20,7 @@ from tests.pretrain.test_child_process import children_running, ended_within, ki
 def test_any_models_are_measured_together_with_rankings(tiny_bert_dir, tiny_task, tokenizer, monkeypatch):
     """A candidate timed beside a reference (what a latency search does): a row per model and
     setting, one ranking per setting naming both, and every timed call kept."""
-    monkeypatch.setattr(measure, "peak_rss_mb", lambda model, profile, batch_sets: [None] * len(batch_sets))
+    monkeypatch.setattr(measure, "peak_rss_mb", lambda model, profile, batch_sets, **k: [None] * len(batch_sets))
     profile = load_profile("cpu").model_copy(update={"batch_sizes": [1, 4], "sequence_lengths": ["real"],
                                                      "iterations": 4, "warmup": 1, "threads": 1})
     models = [Deployable("reference", "torch", tiny_bert_dir, "fp32"),
@@ -134,3 +134,39 @@ def test_the_memory_probe_ends_with_a_benchmark_killed_by_sigkill(tiny_bert_dir)
         parent.kill()
         for probe in probes:
             kill_left(probe)
+
+
+def test_a_deadline_cuts_the_timed_calls_and_the_memory_probes_and_says_so(tiny_bert_dir, tiny_task, tokenizer,
+                                                                           monkeypatch):
+    """A search's final benchmark had no deadline: on a loaded machine it ran 14 minutes past a
+    small time budget. With one, the calls are cut to what fits, every cut listed."""
+    import time
+    probed = []
+    monkeypatch.setattr(measure, "peak_rss_mb", lambda model, profile, batch_sets, **k: probed.append(k["timeout"])
+                        or [50.0] * len(batch_sets))
+    monkeypatch.setattr(measure, "PROBE_RESERVE_S", 0.0)
+    profile = load_profile("cpu").model_copy(update={"batch_sizes": [1, 4], "iterations": 10_000, "warmup": 1,
+                                                     "threads": 1})
+    models = [Deployable("a", "torch", tiny_bert_dir, "fp32"), Deployable("b", "torch", tiny_bert_dir, "fp32")]
+    lines = []
+    start = time.monotonic()
+    result = measure.measure_models(models, profile, tokenizer, tiny_task.split("test"), log=lines.append,
+                                    deadline=start + 2.0)
+    assert time.monotonic() - start < 8      # 10,000 calls of each model at two batch sizes take minutes
+    timing = result.time_limited["timing"]
+    assert [(e["batch_size"], e["iterations"]) for e in timing] == [(1, 10_000), (4, 10_000)]
+    assert all(3 <= e["timed"] < 10_000 for e in timing)
+    assert [row["iterations"] for row in result.rows] == [e["timed"] for e in timing for _ in models]
+    assert sum("calls per model timed, to end within the time budget" in line for line in lines) == 2
+    if probed:      # the probes start only while the deadline has not passed
+        assert all(0 < t <= 2.0 for t in probed)
+    not_probed = [e["model"] for e in result.time_limited.get("memory_not_probed", [])]
+    assert len(probed) + len(not_probed) == 2
+
+
+def test_without_a_deadline_nothing_is_cut(tiny_bert_dir, tiny_task, tokenizer, monkeypatch):
+    monkeypatch.setattr(measure, "peak_rss_mb", lambda model, profile, batch_sets, **k: [None] * len(batch_sets))
+    profile = load_profile("cpu").model_copy(update={"batch_sizes": [1], "iterations": 5, "warmup": 0, "threads": 1})
+    result = measure.measure_models([Deployable("a", "torch", tiny_bert_dir, "fp32")], profile, tokenizer,
+                                    tiny_task.split("test"), log=lambda message: None)
+    assert result.time_limited == {} and result.rows[0]["iterations"] == 5

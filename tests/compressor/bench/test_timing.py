@@ -168,3 +168,37 @@ def test_other_processes_spinning_on_our_cpu_show_as_contention(tiny_bert_dir, t
         os.sched_setaffinity(0, affinity)
     assert contended > 0.5
     assert contended > quiet + 0.15
+
+
+def test_a_deadline_times_as_many_calls_as_fit_before_it():
+    """With a deadline the calls are cut to what the warm-up's times say fits, the rounds'
+    orders those of the uncut measurement's first rounds."""
+    profile = load_profile("cpu").model_copy(update={"warmup": 1, "iterations": 1000})
+
+    def runner(seconds):
+        return Runner(prepare=lambda feed: feed, run=lambda feed: time.sleep(seconds))
+    runners = {"a": runner(0.002), "b": runner(0.003)}
+    start = time.monotonic()
+    timings = time_interleaved(runners, [{"id": np.array([0])}], profile, deadline=start + 0.5)
+    took = time.monotonic() - start
+    timed = [len(t) for t in timings.times.values()]
+    assert timed[0] == timed[1] and 3 <= timed[0] < 1000 and took < 2.0     # 1,000 calls each take 6 s
+    assert timings.rounds[-1].stop == timed[0] and timings.samples["a"] == timed[0]
+    uncut = time_interleaved({"a": runner(0.0), "b": runner(0.0)}, [{"id": np.array([0])}], profile)
+    assert timings.orders == uncut.orders[:len(timings.orders)]
+
+
+def test_a_deadline_already_past_still_times_a_few_calls_of_each():
+    profile = load_profile("cpu").model_copy(update={"warmup": 0, "iterations": 100})
+    runners = {"a": Runner(prepare=lambda feed: feed, run=lambda feed: None)}
+    timings = time_interleaved(runners, [{"id": np.array([0])}], profile, deadline=time.monotonic() - 1)
+    assert len(timings.times["a"]) == 3 and len(timings.rounds) == 3
+
+
+def test_fitted_iterations_count_each_rounds_warm_up_calls():
+    from compressor.bench.timing import fitted_iterations
+    warm = {"a": [10.0, 10.0], "b": [30.0]}          # 40 ms for one call of each
+    # 20 timed calls in 3 rounds (7, 7, 6 calls) plus 3 * ROUND_WARMUP: 26 * 0.04 s = 1.04 s
+    assert fitted_iterations(warm, 100, 10, 26 * 0.04) == 20
+    assert fitted_iterations(warm, 100, 10, 1000.0) == 100
+    assert fitted_iterations(warm, 100, 10, 0.0) == 3

@@ -126,7 +126,7 @@ def test_rerun_reuses_the_measurements_unless_asked(done, tmp_path, monkeypatch,
     from compressor.bench.timing import Timings
     calls = []
 
-    def counted(runners, batches, profile):
+    def counted(runners, batches, profile, **kwargs):
         calls.append(1)
         return Timings({name: np.array([1.0, 2.0]) for name in runners},
                        dict.fromkeys(runners, 2 * len(batches[0]["input_ids"])), [slice(0, 1), slice(1, 2)])
@@ -355,3 +355,28 @@ def test_timings_taken_under_other_instruction_set_limits_are_not_reused(monkeyp
     assert set(measuring_machine()) == {"cpu", "packages"}
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert measuring_machine()["isa_limits"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def test_a_benchmark_a_deadline_cut_says_so_and_is_measured_again_by_the_next_run(done, tmp_path, monkeypatch,
+                                                                                   run_raw):
+    """A search's finals pass their time budget's deadline: the calls that did not fit are
+    cut, the report's benchmark and warnings say what was cut, and the cut benchmark is not
+    the cache's answer to a rerun (which may have the time for every call)."""
+    import shutil
+    import time
+    raw, out, _ = done
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    monkeypatch.setattr(measure, "peak_rss_mb", lambda model, profile, batch_sets, *a, **k: [100.0] * len(batch_sets))
+    cut = run_raw(raw, copy, rebenchmark=True, deadline=time.monotonic() - 1)
+    limited = cut["benchmark"]["time_limited"]
+    assert [(e["profile"], e["batch_size"], e["iterations"], e["timed"]) for e in limited["timing"]] == \
+        [("cpu", 1, 10, 3), ("cpu", 4, 10, 3)]
+    assert len(limited["memory_not_probed"]) == 5          # past the deadline no probe starts
+    assert all(row["iterations"] == 3 and row["peak_rss_mb"] is None for m in cut["models"] for row in m["latency"])
+    assert sum("the time budget cut the benchmark on cpu" in w for w in cut["warnings"]) == 2
+    assert any("no time to read the peak memory of" in w and "same (cpu)" in w for w in cut["warnings"])
+    assert undocumented_keys(cut) == []
+    whole = run_raw(raw, copy)
+    assert "time_limited" not in whole["benchmark"]
+    assert all(row["iterations"] == 10 for m in whole["models"] for row in m["latency"])

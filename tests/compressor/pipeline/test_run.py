@@ -899,7 +899,7 @@ def test_a_recipe_search_runs_on_the_benchmarks_first_profile_else_on_cpu(benchm
     recipe, _ = parse_recipe(raw)
     asked = []
     monkeypatch.setattr(search_run, "run_search", lambda teacher, task, target, *args, **kwargs: asked.append(target)
-                        or dict.fromkeys(("outcome", "chosen", "best_effort", "recipe_file")))
+                        or dict.fromkeys(("met", "outcome", "chosen", "best_effort", "recipe_file")))
     pipeline_run.recipe_search(recipe, SimpleNamespace(path=tmp_path), tmp_path, tmp_path / "out", False)
     assert asked == [profile]
 

@@ -78,7 +78,9 @@ def test_the_smallest_and_largest_plans_cover_every_recovery_and_precision_asked
                                                             ("theseus", "fp32"), ("theseus", "int8")]
     assert len(plan_structure(smallest[1], SHAPE).heads) == 1 and smallest[1].ffn_removed == 0.9
     assert smallest[2].layers == 1                                        # theseus: one successor
-    assert [p.layers for p in largest_plans(6, ("finetune", "theseus"), ("fp32",))] == [6, 3]
+    # Every layer, nothing pruned: theseus' largest (3 of 6 layers) only where it is the one recovery.
+    assert [(p.layers, p.recovery) for p in largest_plans(6, ("finetune", "theseus"), ("fp32",))] == [(6, "finetune")]
+    assert [(p.layers, p.recovery) for p in largest_plans(6, ("theseus",), ("fp32",))] == [(3, "theseus")]
     assert [p.recovery for p in smallest_plans(1, ("theseus", "finetune"), ("fp32",))] == ["finetune"]
 
 

@@ -15,15 +15,18 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 import yaml
 
 from compressor.bench import measure
 from compressor.cli.commands import main
+from compressor.pipeline import run as pipeline_run
 from compressor.pipeline.recipe import load_recipe
 from compressor.search import SearchSettings, run_search
 from compressor.search import structures as structures_module
 from compressor.search import study as study_module
 from compressor.search.run import measured_front, outcome
+from pretrain import models as models_module
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = dict(time_budget_min=10, finalists=2, proxy_train_samples=32, validation_samples=30, train_samples=64,
@@ -61,16 +64,40 @@ def searched(tiny_bert_dir, tiny_csv, quick_profile, cache_dir, tmp_path_factory
     patch.setattr(structures_module, "BATCHES", 2)
     patch.setattr(structures_module, "CALLS_PER_BATCH", 2)
     patch.setattr(measure, "peak_rss_mb", no_memory_probe)
+    # "every core" made more than the one thread asked for, so that a phase that drops --threads shows
+    patch.setattr(models_module, "usable_cpus", lambda: 3)
+    threads = ThreadsSeen()
+    patch.setattr(pipeline_run, "variant_stage", threads.recorded(pipeline_run.variant_stage, "finals"))
+    patch.setattr(study_module.ProxyRunner, "train_proxy", threads.recorded(study_module.ProxyRunner.train_proxy,
+                                                                             "proxies"))
     out = tmp_path_factory.mktemp("search") / "run"
     settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=4, compare=COMPARED, **TINY)
     result = run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), settings, out,
                         threads=1, show_progress=False, log=lambda _: None)
-    yield out, settings, result
+    yield out, settings, result, threads.seen
     patch.undo()
 
 
+class ThreadsSeen:
+    """torch's thread count when each phase's work starts."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[int]] = {}
+
+    def recorded(self, function, phase: str):
+        def counted(*args, **kwargs):
+            self.seen.setdefault(phase, set()).add(torch.get_num_threads())
+            return function(*args, **kwargs)
+        return counted
+
+
+def test_threads_asked_for_hold_in_every_phase(searched):
+    """`--threads 1` held for the proxies, then the finals' run reset torch to every core."""
+    assert searched[3] == {"proxies": {1}, "finals": {1}}
+
+
 def test_search_meets_a_loose_budget_and_reports_it(searched):
-    out, settings, result = searched
+    out, settings, result, _ = searched
     assert result["chosen"] and result["outcome"].startswith("met:")
     report = json.loads((out / "report.json").read_text())
     assert report["search"]["chosen"] == result["chosen"]
@@ -140,7 +167,7 @@ def test_a_latency_model_fitted_under_contention_is_warned_about(searched, tiny_
 
 
 def test_hand_written_variants_are_measured_in_the_same_run_against_the_searched_model(searched):
-    out, _, result = searched
+    out, _, result, _ = searched
     report = json.loads((out / "report.json").read_text())
     assert "two-layers" in {m["name"] for m in report["models"]}
     (row,) = report["search"]["compared"]
@@ -195,7 +222,7 @@ def test_a_compared_variant_may_not_take_a_plan_name(tiny_bert_dir, tiny_csv, tm
 
 
 def test_the_written_recipe_rebuilds_the_chosen_model(searched):
-    out, _, result = searched
+    out, _, result, _ = searched
     recipe, steps = load_recipe(out / result["recipe_file"])
     assert list(steps) == [result["chosen"]]
     assert recipe.benchmark.batch_sizes == [8] and recipe.export.onnx
@@ -207,7 +234,7 @@ def test_the_written_recipe_rebuilds_the_chosen_model(searched):
 
 def test_rerun_resumes_from_the_storage_without_training_again(searched, tiny_bert_dir, tiny_csv, quick_profile,
                                                                monkeypatch, cache_dir):
-    out, settings, result = searched
+    out, settings, result, _ = searched
     monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
     monkeypatch.setattr(study_module.ProxyRunner, "train_proxy", lambda *a: pytest.fail("a proxy trained again"))
     monkeypatch.setattr(structures_module, "measure", lambda *a, **k: pytest.fail("latency measured again"))
@@ -229,7 +256,7 @@ def test_a_resumed_search_asking_for_a_precision_its_latency_model_lacks_is_refu
                                                                                      quick_profile, cache_dir,
                                                                                      monkeypatch):
     from pretrain.errors import UserError
-    out, settings, _ = searched
+    out, settings, _, _ = searched
     monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
     wider = settings.model_copy(update={"precisions": ("fp32", "int8")})
     with pytest.raises(UserError, match="fitted for fp32 and has no int8 measurements; expected --precisions") as err:
@@ -433,6 +460,7 @@ def test_a_recipe_search_section_runs_from_the_teacher_stage(searched, tiny_bert
     assert steps == {} and recipe.search.max_trials == 2
     report = run_recipe(recipe, steps, tmp_path / "run", show_progress=False)
     assert report["search"]["dir"] == "search" and report["search"]["outcome"].startswith("met:")
+    assert report["search"]["met"] is True                 # machine-readable, beside the outcome line
     inner = json.loads((tmp_path / "run" / "search" / "report.json").read_text())
     assert inner["search"]["chosen"] == report["search"]["chosen"]
     for human in ("report.md", "report.html"):      # the run's own reports show the search too
@@ -504,3 +532,84 @@ def test_a_teacher_fine_tuned_on_the_other_shape_of_input_is_refused(shape_tuned
                                  "single texts: expected a task with a text_pair column, or a model fine-tuned on "
                                  "single texts"), err
     assert not out.exists()
+
+
+def test_finalists_the_time_left_cannot_fit_are_left_out_but_never_the_first():
+    from compressor.search.budget import FinalsRates, finals_seconds
+    from compressor.search.run import fitting_finalists
+    from compressor.search.plans import Plan
+    from compressor.search.study import completed
+    from tests.compressor.search.test_study import study_of, trial
+    settings = SearchSettings(latency_budget_ms=10, finalists=3, proxy_train_samples=100, train_samples=1000)
+    rates = FinalsRates(benchmark_calls=100, scoring_calls=10, teacher_torch_ms=50.0, teacher_onnx_ms={"fp32": 20.0})
+    picks = list(completed(study_of(trial(Plan(layers=3), 0.6, 9.0), trial(Plan(layers=2), 0.5, 8.0),
+                                    trial(Plan(layers=1), 0.4, 5.0))))
+    two = finals_seconds(picks[:2], settings, rates, [], count=2)
+    kept, seconds = fitting_finalists(picks, settings, rates, [], time.monotonic() + two + 5)
+    assert kept == picks[:2] and seconds == two
+    assert fitting_finalists(picks, settings, rates, [], time.monotonic() + 1e6)[0] == picks
+    assert fitting_finalists(picks, settings, rates, [], time.monotonic() - 1)[0] == picks[:1]
+
+
+def test_the_time_budget_cuts_the_finals_benchmark_and_the_report_says_so(searched, tiny_bert_dir, tiny_csv,
+                                                                          quick_profile, cache_dir, tmp_path,
+                                                                          monkeypatch):
+    """The finals had no deadline: a benchmark of the profile's calls ran on past the budget (14
+    minutes on a loaded 2-core machine). A profile of 10,000 calls a model, a budget of half a
+    minute, the finals estimated at nothing (so that the proxies run): the benchmark is cut."""
+    from compressor.search import run as search_run
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))       # the latency model of the first search
+    monkeypatch.setattr(measure, "peak_rss_mb", no_memory_probe)
+    monkeypatch.setattr(search_run, "finals_seconds", lambda *a, **k: 0.0)
+    slow = tmp_path / "slow-cpu.yaml"
+    slow.write_text(yaml.safe_dump({**yaml.safe_load(quick_profile.read_text()), "iterations": 10_000}))
+    settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=1,
+                              **{**TINY, "finalists": 1, "time_budget_min": 0.5})
+    out = tmp_path / "run"
+    start = time.monotonic()
+    result = run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(slow), settings, out, threads=1,
+                        show_progress=False, log=lambda _: None)
+    assert time.monotonic() - start < 30 + 30     # 10,000 calls of each of 3 models alone take a minute or more
+    assert result["time"]["benchmark_time_limited"] and result["time"]["finalists_dropped"] == []
+    report = json.loads((out / "report.json").read_text())
+    (cut,) = report["benchmark"]["time_limited"]["timing"]
+    assert cut["iterations"] == 10_000 and 3 <= cut["timed"] < 10_000
+    assert any(w.startswith("the time budget cut the benchmark on quick-cpu") for w in report["warnings"])
+    assert "the time budget cut the finals' benchmark short" in (out / "report.md").read_text()
+
+
+def test_the_search_section_says_what_was_searched_and_every_key_is_documented(searched):
+    """report.json's `search` had neither the space searched nor a row per trial (only study.db
+    held them), and the README's list of its fields missed some it wrote."""
+    out, settings, result, _ = searched
+    space = result["space"]
+    assert space["recoveries"] == list(settings.recoveries) and space["precisions"] == ["fp32"]
+    assert space["layers"] == [1, 4] and space["heads_removed"] == [0.0, 0.75] and space["ffn_removed"] == [0.0, 0.9]
+    assert space["max_trials"] == 4 and space["finalists"] == 2
+    table = result["trial_table"]
+    assert len(table) == result["trials"]["total"] and [r["number"] for r in table] == sorted(r["number"] for r in table)
+    plans = {r["number"]: r["plan"] for r in table}
+    assert all(plans[f["trial"]] == f["name"] for f in result["finalists"])      # a row per trial, finalists too
+    assert result["met"] is True and result["time"]["finalists_dropped"] == []
+    md = (out / "report.md").read_text()
+    assert "Search trials" in md and "space: recoveries" in md
+    section = (ROOT / "README.md").read_text().split("## Search to a latency budget")[1].split("\n## ")[0]
+    nested = [result, result["budget"], result["space"], result["trials"], result["time"], result["finalists"][0],
+              table[0]]
+    undocumented = sorted({key for part in nested for key in part if f"`{key}`" not in section})
+    assert undocumented == []
+
+
+def test_a_time_budget_the_finals_alone_exceed_says_what_they_need(searched, tiny_bert_dir, tiny_csv, quick_profile,
+                                                                   cache_dir, tmp_path, monkeypatch):
+    """Nothing fits: the error says how long the finals' fixed part was estimated at, measured here."""
+    from compressor.search import budget
+    from pretrain.errors import UserError
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(cache_dir))
+    monkeypatch.setattr(budget, "EXPORT_S", 600.0)          # the teacher's export alone is over the budget
+    settings = SearchSettings(latency_budget_ms=1000, min_retention=0.5, max_trials=1,
+                              **{**TINY, "time_budget_min": 1.0})
+    with pytest.raises(UserError, match=r"no plan was trained within the time budget \(1 min\): the finals' teacher, "
+                                        r"baselines and benchmark alone are estimated at \d+\.\d min"):
+        run_search(tiny_bert_dir, {"path": str(tiny_csv)}, str(quick_profile), settings, tmp_path / "run", threads=1,
+                   show_progress=False, log=lambda _: None)

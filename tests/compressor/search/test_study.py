@@ -56,23 +56,6 @@ def test_progress_line_names_the_best_proxy_within_budget():
     assert "best proxy within budget 0.5000 (L2-" in line and "2 trials, 2 trained" in line and "10.0 min left" in line
 
 
-def test_finals_reserve_counts_compared_variants_by_their_own_training():
-    from types import SimpleNamespace
-
-    from compressor.search.run import (FINALIST_EXPORT_S, FINALS_OVERHEAD_S, compared_training_samples,
-                                       finals_reserve)
-    plain = SearchSettings(latency_budget_ms=10, finalists=1, proxy_train_samples=100, train_samples=1000)
-    compared = plain.model_copy(update={"compare": {"mine": [{"drop-layers": {"keep": [0]}},
-                                                              {"finetune": {"max_train_samples": 500, "epochs": 2}}]}})
-    done = completed(study_of(trial(Plan(layers=2), 0.5, 9.0)))     # prep 1 s, 2 s per 100 examples
-    runner = SimpleNamespace(budget_ms=10, settings=plain)
-    assert compared_training_samples(plain) == []
-    assert finals_reserve(done, runner, []) == 1 + 2 * 10 + FINALIST_EXPORT_S + FINALS_OVERHEAD_S
-    runner.settings = compared                                       # + 1,000 examples at 0.02 s each
-    assert compared_training_samples(compared) == [1000]
-    assert finals_reserve(done, runner, [1000]) == 1 + 2 * 10 + 2 * FINALIST_EXPORT_S + 20 + FINALS_OVERHEAD_S
-
-
 def test_a_stored_identity_is_matched_on_the_keys_it_has(tmp_path):
     """A study made before a key joined the identity resumes; a different value is refused."""
     import pytest
