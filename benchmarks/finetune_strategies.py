@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from pretrain.child_process import ends_with_this_process
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -74,7 +76,7 @@ def run_one(name: str, argv: list[str], out_dir: Path, max_eval: int | None) -> 
         cmd += ["--max-eval-samples", str(max_eval)]
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, preexec_fn=ends_with_this_process())
     wall = time.perf_counter() - start
     shown = " ".join(["python", "-m", *argv, "--out", str(display_path(out))]
                      + (["--max-eval-samples", str(max_eval)] if max_eval else []))

@@ -31,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pretrain.child_process import ends_with_this_process  # noqa: E402
+
 
 IN_PROCESS = ["compressor"]
 
@@ -55,7 +57,7 @@ def run(cmd: list[str], log: list[dict], done: Path | None = None) -> None:
     else:
         # Cores here are shared: idle OpenMP threads must not spin against other jobs.
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-        subprocess.run(cmd, check=True, cwd=ROOT, env=env)
+        subprocess.run(cmd, check=True, cwd=ROOT, env=env, preexec_fn=ends_with_this_process())
     log.append({"command": " ".join(cmd), "seconds": round(time.time() - start, 1)})
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from compressor.bench.environment import environment
 from compressor.search.run import measured_p50
 from pretrain.atomic import write_json
+from pretrain.child_process import ends_with_this_process
 
 OPTIMUM = "optimum-default-int8"
 PROFILE = "cpu"
@@ -51,7 +52,7 @@ def main() -> int:
                "--latency-budget-ms", f"{budget:.3f}", "--min-retention", str(args.min_retention),
                "--time-budget-min", str(args.time_budget_min), "--out", str(args.out_dir), *args.extra]
     start = time.time()
-    code = subprocess.call(command)
+    code = subprocess.call(command, preexec_fn=ends_with_this_process())
     if code != 0:
         return code
     report = json.loads((args.out_dir / "report.json").read_text())

@@ -25,6 +25,7 @@ import optuna
 
 from compressor.bench.environment import environment
 from pretrain.atomic import write_json
+from pretrain.child_process import ends_with_this_process
 
 
 def search_command(args, name: str, work: Path, join: bool) -> list[str]:
@@ -64,10 +65,10 @@ def main() -> int:
     args.work.mkdir(parents=True)
 
     start = time.time()
-    subprocess.check_call(search_command(args, "one", args.work, join=False))
+    subprocess.check_call(search_command(args, "one", args.work, join=False), preexec_fn=ends_with_this_process())
     one = storage_timing(args.work, "one", args.trials)
-    lead = subprocess.Popen(search_command(args, "two", args.work, join=False))
-    worker = subprocess.Popen(search_command(args, "two", args.work, join=True))
+    lead = subprocess.Popen(search_command(args, "two", args.work, join=False), preexec_fn=ends_with_this_process())
+    worker = subprocess.Popen(search_command(args, "two", args.work, join=True), preexec_fn=ends_with_this_process())
     if lead.wait() or worker.wait():
         return 1
     two = storage_timing(args.work, "two", args.trials)

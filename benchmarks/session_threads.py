@@ -31,6 +31,7 @@ from compressor.bench.timing import timed_calls
 from compressor.cli.commands import task_arg
 from compressor.export.onnx import ONNX_FILE
 from pretrain.atomic import write_json
+from pretrain.child_process import ends_with_this_process
 from pretrain.data import load_task
 from pretrain.models import load_tokenizer
 
@@ -86,7 +87,8 @@ def spinning(args) -> list[dict]:
             command = [sys.executable, __file__, *map(str, args.models), "--task", args.task, "--child", setting,
                        "--rounds", str(args.rounds), "--threads", str(args.threads),
                        "--batch-size", str(args.batch_size)]
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            done = subprocess.run(command, capture_output=True, text=True, check=True,
+                                  preexec_fn=ends_with_this_process())
             child = json.loads(done.stdout.strip().splitlines()[-1])
             p50 = child["p50_ms"]
             first, second = (p50[f"{m.name}@{args.threads}"] for m in args.models)

@@ -38,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pretrain.child_process import ends_with_this_process  # noqa: E402
+
 
 def generate(path: Path, size_mb: float, source: str = "wordnet") -> int:
     """Write the corpus (once) from the documents of `source` (a built-in corpus or a text
@@ -145,7 +147,7 @@ def main() -> None:
         else:
             proc = subprocess.run([sys.executable, __file__, "--measure", str(path), "--skip-docs", str(skip),
                                    "--buffer-size", str(args.buffer_size)],
-                                  check=True, capture_output=True, text=True)
+                                  check=True, capture_output=True, text=True, preexec_fn=ends_with_this_process())
             measured = json.loads(proc.stdout.splitlines()[-1])
         row = {"corpus_mb": size, "bytes": path.stat().st_size, "documents": docs,
                "mode": (f"read whole, tokenize last {docs - skip} documents (resume path)" if skip

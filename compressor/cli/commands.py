@@ -513,9 +513,9 @@ def stage_lines(shown: bool) -> Iterator[None]:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from compressor.cli.flags import validated
-    from compressor.pipeline.recipe import compared_variant
+    from compressor.pipeline.recipe import compared_variants
     from compressor.search import SearchSettings, run_search
-    compare = dict(compared_variant(spec) for spec in args.compare or [])
+    compare = compared_variants(args.compare or [])
     fields = {"latency_budget_ms": args.latency_budget_ms, "batch_size": args.batch_size,
               "min_retention": args.min_retention, "time_budget_min": args.time_budget_min,
               "storage": args.storage, "study_name": args.study_name, "finalists": args.finalists,

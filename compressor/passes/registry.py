@@ -74,6 +74,9 @@ class Context:
     # step resumes; the pipeline gives each step its own (same step, same dir) and removes
     # it once the step's output is written. None: no resume (a pass must cope).
     work_dir: Path | None = None
+    # The pass this context is given to (apply_pass sets it), so that an error about what the
+    # context lacks names the pass that needed it. None: a context not yet given to a pass.
+    pass_name: str | None = None
 
     def __post_init__(self) -> None:
         # Built by hand outside the pipeline: a task name or a teacher dir given as such would
@@ -89,7 +92,8 @@ class Context:
     def teacher(self) -> ModelBundle:
         """The recipe's teacher (fine-tuned if the recipe says so), for inference only."""
         if self.teacher_source is None:
-            raise UserError("this pass learns from the teacher, but no teacher was given to it; "
+            which = f"pass {self.pass_name!r}" if self.pass_name else "this pass"
+            raise UserError(f"{which} learns from the teacher, but no teacher was given to it; "
                             "expected Context(teacher_source=LazyTeacher(...)) (the pipeline passes the recipe's)")
         return self.teacher_source.get()
 
@@ -467,7 +471,7 @@ def apply_pass(bundle: ModelBundle, name: str, config: BaseModel, ctx: Context) 
     check_layer_names_hold(name, config, [h["pass"] for h in bundle.history
                                   if h.get("pass") in _REGISTRY and _REGISTRY[h["pass"]].names_layers])
     config = at_model_length(config, bundle)
-    out = spec.run(bundle, config, ctx)
+    out = spec.run(bundle, config, dataclasses.replace(ctx, pass_name=name))
     if out is bundle or out.model is bundle.model:
         raise RuntimeError(f"pass {name!r} returned its input model; passes must copy before changing")
     record = {"pass": name, "config": as_run(config, ctx).model_dump(mode="json")}

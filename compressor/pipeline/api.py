@@ -78,6 +78,9 @@ class Pipeline:
         return raw
 
     def to_yaml(self) -> str:
+        """The equivalent recipe, validated first as `plan` and `run` do (the same UserError): a
+        YAML that `compressor run` would refuse is never written."""
+        self.validate()
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def validate(self):

@@ -172,19 +172,17 @@ class Recipe(Strict):
     def _variant_names(cls, variants: dict | None) -> dict | None:
         # Names are compared case-folded: on a case-insensitive file system (macOS's and
         # Windows' defaults) `Int8` and `int8`, or `Teacher` and `teacher`, are one dir.
-        reserved = {n.casefold() for n in RESERVED_NAMES}
-        seen: dict[str, str] = {}
         for name in variants or {}:
-            if not VARIANT_NAME.match(name) or name.casefold() in reserved:
+            if not VARIANT_NAME.match(name) or is_reserved(name):
                 raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-', starting with a "
                                  f"letter or digit, and not one of {sorted(RESERVED_NAMES)} (in any case)")
             if len(name) > MAX_VARIANT_NAME:
                 raise ValueError(f"variant name {name[:20]!r}... has {len(name)} characters; expected at most "
                                  f"{MAX_VARIANT_NAME} (it names dirs, with room for their suffixes)")
-            first = seen.setdefault(name.casefold(), name)
-            if first != name:
-                raise ValueError(f"variant names {first!r} and {name!r} differ only in case, and name one dir on a "
-                                 "case-insensitive file system; expected names that differ in more than case")
+        names = list(variants or {})
+        clash = one_dir(names)
+        if clash:
+            raise ValueError(differ_in_case(*(names[i] for i in clash)))
         return variants
 
     @field_validator("export")
@@ -225,11 +223,35 @@ class Recipe(Strict):
 EXPECTED_STEPS = "expected a list of steps, or [] for the teacher as it is"
 
 
+def is_reserved(name: str) -> bool:
+    """A name an output dir's own files and dirs take, in any case."""
+    return name.casefold() in {n.casefold() for n in RESERVED_NAMES}
+
+
+def one_dir(names: list[str]) -> tuple[int, int] | None:
+    """Where the first two of `names` that name one dir stand, compared case-folded: on a
+    case-insensitive file system (macOS's and Windows' defaults) `Int8` and `int8`, or `Teacher`
+    and `teacher`, are one dir. None where each has its own."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name.casefold() in seen:
+            return seen[name.casefold()], i
+        seen[name.casefold()] = i
+    return None
+
+
+def differ_in_case(first: str, second: str) -> str:
+    return (f"variant names {first!r} and {second!r} differ only in case, and name one dir on a case-insensitive "
+            "file system; expected names that differ in more than case")
+
+
 def raw_variants(variants: dict | None, passes: list | None) -> dict[str, list]:
     raw = dict(variants or {})
     if passes is not None:
-        if "main" in raw:    # one of the two would be lost
-            raise UserError("passes: is shorthand for a variant named main, which variants: defines too; "
+        defined = next((name for name in raw if name.casefold() == "main"), None)
+        if defined is not None:    # one of the two would be lost, or share its dir
+            also = "too" if defined == "main" else f"as {defined!r} (one dir on a case-insensitive file system)"
+            raise UserError(f"passes: is shorthand for a variant named main, which variants: defines {also}; "
                             "expected one of them (or another name for the variant)")
         raw["main"] = passes
     return raw
@@ -250,6 +272,23 @@ def variant_as_written(variants: dict[str, list], name: str, limits: DataLimits,
             config["max_train_samples"] = limits.max_train_samples
         steps.append({step.name: config})
     return steps
+
+
+def compared_variants(specs: list[str]) -> dict[str, list[dict]]:
+    """The search's `--compare RECIPE:VARIANT ...`: each variant's steps as written, by name.
+    Each name gets its dir in the finals: a name given twice (from two recipes) would drop one
+    variant without a word, and names differing only in case would share a dir."""
+    compared = [compared_variant(spec) for spec in specs]
+    names = [name for name, _ in compared]
+    clash = one_dir(names)
+    if clash:
+        first, second = clash
+        if names[first] == names[second]:
+            raise UserError(f"--compare {specs[second]}: variant {names[second]!r} is compared already (--compare "
+                            f"{specs[first]}); expected each variant name once (the finals build one dir per name)")
+        raise UserError(f"--compare {specs[first]}, --compare {specs[second]}: "
+                        f"{differ_in_case(names[first], names[second])}")
+    return dict(compared)
 
 
 def compared_variant(spec: str) -> tuple[str, list[dict]]:

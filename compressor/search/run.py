@@ -36,7 +36,8 @@ from compressor.passes import check_pass_family
 from compressor.passes.registry import shape_of
 from compressor.pipeline.cache import fingerprint, log as progress
 from compressor.pipeline.outdir import claimed_out_dir, disk_errors
-from compressor.pipeline.recipe import RESERVED_NAMES, VARIANT_NAME, parse_recipe, parse_step
+from compressor.pipeline.recipe import (RESERVED_NAMES, VARIANT_NAME, differ_in_case, is_reserved, one_dir,
+                                       parse_recipe, parse_step)
 from compressor.report.analysis import latency_model_warning, latency_row, ties_by_measurement, undominated
 from compressor.report.render import write_reports
 from compressor.search.budget import REPORT_S, FinalsRates, benchmark_calls, finals_seconds
@@ -56,7 +57,7 @@ from pretrain.models import check_model_ref, read_model_type, set_threads
 RECIPE_NAME = "search"           # the out dir's owner (run.json), as for `compressor run`
 LATENCY_WAIT_S = 2.0
 STRUCTURES_DIR = ".latency-structures"   # the latency model's timed exports, while the search runs
-PLAN_NAME = re.compile(r"^L\d+-")   # Plan.name's form: compared variants may not look like one
+PLAN_NAME = re.compile(r"^L\d+-", re.IGNORECASE)   # Plan.name's form: compared variants may not look like one
 SEARCH_PASSES = ("drop-layers", "prune-heads", "prune-ffn", "finetune", "distill", "theseus")
 
 
@@ -149,11 +150,16 @@ def check_inputs(teacher: str | Path, profile: str, settings: SearchSettings) ->
 
 
 def check_compared(compare: dict[str, list], family: str) -> None:
-    """Hand-written variants for the finals: names no plan takes, passes that fit the teacher."""
+    """Hand-written variants for the finals: names no plan takes (in any case: each names a dir
+    of the finals), passes that fit the teacher."""
+    names = list(compare)
+    clash = one_dir(names)
+    if clash:
+        raise UserError(f"compare: {differ_in_case(*(names[i] for i in clash))}")
     for name, items in compare.items():
-        if PLAN_NAME.match(name) or not VARIANT_NAME.match(name) or name in RESERVED_NAMES:
+        if PLAN_NAME.match(name) or not VARIANT_NAME.match(name) or is_reserved(name):
             raise UserError(f"compare: variant name {name!r} is taken by the search's own names (plans are "
-                            f"L<layers>-..., and {sorted(RESERVED_NAMES)}); expected another name")
+                            f"L<layers>-..., and {sorted(RESERVED_NAMES)}, in any case); expected another name")
         for i, item in enumerate(items):
             step = parse_step(item, f"compare.{name}[{i}]")
             try:

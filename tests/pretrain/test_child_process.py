@@ -86,6 +86,47 @@ def test_a_child_ends_when_its_parent_is_killed():
         parent.stdout.close()
 
 
+# A script (as in benchmarks/) that starts a command which asks nothing itself, here one that
+# says when it is told to stop (SIGTERM: compressor's orderly stop), and waits for it.
+SCRIPT = """
+import os, subprocess, sys
+from pretrain.child_process import ends_with_this_process
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], preexec_fn=ends_with_this_process())
+print(child.pid, flush=True)
+child.wait()
+"""
+COMMAND = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("terminated", flush=True), sys.exit(0)))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@linux_only
+def test_a_command_a_script_starts_ends_when_the_script_is_killed():
+    # The benchmarks' `compressor` children ran on, orphans, after a `kill -9` of the script.
+    script = subprocess.Popen([sys.executable, "-c", SCRIPT, COMMAND], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                              text=True)
+    child = int(script.stdout.readline())
+    try:
+        assert script.stdout.readline().strip() == "ready"      # started, the request made before it ran
+        script.kill()
+        script.wait(timeout=30)
+        assert ended_within(child, 5)
+        assert script.stdout.read().strip() == "terminated"    # by SIGTERM, its orderly stop
+    finally:
+        kill_left(child)
+        script.stdout.close()
+
+
+def test_elsewhere_than_linux_a_script_starts_commands_as_before():
+    code = ("import sys; sys.platform = 'darwin'; from pretrain.child_process import ends_with_this_process; "
+            "print(ends_with_this_process())")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "None\n")
+
+
 @linux_only
 def test_a_child_whose_parent_died_before_it_asked_ends_at_once():
     """The kernel only signals a death after the request: the child checks its parent itself.

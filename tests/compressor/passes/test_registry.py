@@ -157,6 +157,14 @@ def test_asking_for_a_teacher_that_was_not_given_is_a_user_error(tiny_task):
         Context(task=tiny_task).teacher
 
 
+def test_a_pass_called_without_the_teacher_it_needs_is_named(tiny_task, bert_bundle):
+    # The error said "this pass": which one, among a script's apply_pass calls, was left to guess.
+    cfg = get_pass("distill").config_type(epochs=1, batch_size=16, max_train_samples=16)
+    with pytest.raises(UserError, match=r"^pass 'distill' learns from the teacher, but no teacher was given to it; "
+                                        r"expected Context\(teacher_source="):
+        apply_pass(bert_bundle, "distill", cfg, Context(task=tiny_task, show_progress=False))
+
+
 def test_context_stays_frozen(tiny_task, tmp_path):
     with pytest.raises(AttributeError):
         Context(task=tiny_task).work_dir = tmp_path

@@ -78,6 +78,18 @@ def test_a_bad_field_fails_like_a_bad_recipe(tiny_bert_dir, tiny_csv):
     assert pipe.to_dict()["variants"]["int8-pc"] == [{"quantize": {"mode": "dynamic-int8", "per_channel": True}}]
 
 
+def test_to_yaml_refuses_what_run_would_refuse(tiny_bert_dir, tiny_csv, tmp_path):
+    # It wrote any pipeline, and `compressor run` then refused the file it wrote.
+    for pipe in (build(tiny_bert_dir, tiny_csv).benchmark(profiles=["tpu"]),
+                 Pipeline("api", teacher=str(tiny_bert_dir), task={"path": str(tiny_csv)})):    # no variants
+        with pytest.raises(UserError) as planned:
+            pipe.plan(tmp_path / "out")
+        with pytest.raises(UserError) as written:
+            pipe.to_yaml()
+        assert str(written.value) == str(planned.value) and len(str(written.value).splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_variant_name_given_twice_is_refused(tiny_bert_dir, tiny_csv):
     pipe = build(tiny_bert_dir, tiny_csv).variant("small", DropLayers(keep=(0,)))
     with pytest.raises(UserError, match="variant 'small' is already defined"):

@@ -63,6 +63,14 @@ def test_passes_beside_a_variant_named_main_is_refused(tmp_path):
     assert list(steps) == ["same", "main"]
 
 
+def test_passes_beside_a_variant_named_main_in_another_case_is_refused(tmp_path):
+    # `Main` and passes:' `main` are one dir on a case-insensitive file system (macOS, Windows).
+    message = error_of(tmp_path, "name: r\n" + TEACHER + "passes: [finetune]\nvariants:\n  Main: []\n")
+    assert message.endswith("passes: is shorthand for a variant named main, which variants: defines as 'Main' (one "
+                            "dir on a case-insensitive file system); expected one of them (or another name for the "
+                            "variant)"), message
+
+
 def test_empty_variant_is_the_teacher_itself(tmp_path):
     _, steps = load_recipe(write(tmp_path, "name: r\n" + TEACHER + "variants:\n  same: []\n"))
     assert steps == {"same": []}

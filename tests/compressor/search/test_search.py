@@ -213,6 +213,43 @@ def test_bad_compare_is_one_line_and_exit_2(spec, message, tiny_bert_dir, tiny_c
     assert not out.exists()
 
 
+@pytest.mark.parametrize("names, message", [
+    # One name from two recipes: the second replaced the first without a word.
+    (("small", "small"), "b.yaml:small: variant 'small' is compared already (--compare {a}:small); expected each "
+                         "variant name once"),
+    # One dir on a case-insensitive file system.
+    (("Small", "small"), "--compare {a}:Small, --compare {b}:small: variant names 'Small' and 'small' differ only "
+                         "in case"),
+])
+def test_compared_variants_of_one_dir_are_refused(names, message, tiny_bert_dir, tiny_csv, tmp_path, capsys):
+    specs = []
+    for recipe, name in zip(("a.yaml", "b.yaml"), names):
+        path = tmp_path / recipe
+        path.write_text(yaml.safe_dump({"name": "r", "teacher": {"model": "minilm", "task": "wordnet-supersense"},
+                                        "variants": {name: [{"drop-layers": {"keep": [0]}}]}}))
+        specs += ["--compare", f"{path}:{name}"]
+    out = tmp_path / "never"     # a short time budget: a compare not refused fails soon, not after a search
+    code = main(["search", "--teacher", str(tiny_bert_dir), "--task", str(tiny_csv), "--latency-budget-ms", "5",
+                 "--time-budget-min", "0.02", "--out", str(out), *specs])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert message.format(a=tmp_path / "a.yaml", b=tmp_path / "b.yaml") in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("compare, message", [
+    ({"Mine": [{"finetune": {}}], "mine": [{"finetune": {}}]}, "variant names 'Mine' and 'mine' differ only in case"),
+    ({"l3-mine": [{"finetune": {}}]}, "'l3-mine' is taken by the search's own names"),   # beside plan L3-...
+    ({"Teacher": [{"finetune": {}}]}, "'Teacher' is taken by the search's own names"),
+])
+def test_a_compared_name_is_compared_in_any_case(compare, message, tiny_bert_dir, tiny_csv, tmp_path):
+    from pretrain.errors import UserError
+    settings = SearchSettings(latency_budget_ms=5, time_budget_min=0.02, compare=compare)
+    with pytest.raises(UserError, match=message):
+        run_search(tiny_bert_dir, {"path": str(tiny_csv)}, "cpu", settings, tmp_path / "never", log=lambda _: None)
+    assert not (tmp_path / "never").exists()
+
+
 def test_a_compared_variant_may_not_take_a_plan_name(tiny_bert_dir, tiny_csv, tmp_path):
     from pretrain.errors import UserError
     settings = SearchSettings(latency_budget_ms=5, compare={"L3-mine": [{"finetune": {}}]})
