@@ -155,6 +155,10 @@ def test_static_int8_reaches_each_familys_weights(runs, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_qat_trains_and_ships_int8_linear_layers_and_embedding(runs, exports, tiny_task, family):
+    if family == "bilm":    # its blocks are LSTMs: QAT would train the head alone, so it is refused
+        with pytest.raises(UserError, match=r"^qat: a 'bilm' model has no Linear layers .*dynamic-int8"):
+            exports(family, "qat")
+        return
     trained, _, record = exports(family, "qat")
     within_gates(record)
     model = teacher(runs, family, tiny_task).model
@@ -166,8 +170,6 @@ def test_qat_trains_and_ships_int8_linear_layers_and_embedding(runs, exports, ti
     assert record["quantized_embedding_lookups"] == (2 if family == "bart" else 1)   # encoder and decoder
     if family == "bart":   # the shared table is one int8 tensor, not a copy per lookup
         assert record["size_ratio_to_fp32"] < 0.35
-    if family == "bilm":
-        assert record["lstm_quantization"].startswith("fp32")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

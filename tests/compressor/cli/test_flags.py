@@ -38,7 +38,7 @@ COMMANDS = {
     # An integer flag takes its field's bounds, where they are narrower than any positive count.
     ("export", "--block-size", "8", "expected an integer from 16 to 2147483647 (got 8)"),
     ("search", "--latency-held-out", "501", "expected a positive integer from 1 to 500 (got 501)"),
-    ("pretrain", "--max-length", "4", "expected an integer from 8 to 2147483647 (got 4)"),
+    ("pretrain", "--max-length", "4", "expected an integer from 8 to 512 (got 4)"),
     ("embeddings", "--dim", "1", "expected an integer from 2 to 2147483647 (got 1)"),
     ("tokenizer", "--vocab-size", "many", "expected a positive integer from 1 to 2147483647 (got 'many')"),
     ("tokenizer", "--min-frequency", "2.5", "expected a positive integer from 1 to 2147483647 (got 2.5)"),
