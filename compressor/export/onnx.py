@@ -247,7 +247,8 @@ def save_deployed_tokenizer(bundle: ModelBundle, directory: Path) -> int:
 def cutting_at(tokenizer, length: int):
     """A copy of `tokenizer` whose `model_max_length` is `length`, and so is the `max_length`
     a tokenizer_config.json may carry from an older save (MiniLM's hub files: 128): saved
-    unchanged, it said 128 beside a `model_max_length` of 64."""
+    unchanged, it said 128 beside a `model_max_length` of 64. A fast tokenizer is copied
+    deeply: a shallow copy shares its Rust backend, whose batching `batching_as_the_gate` sets."""
     cut = copy.deepcopy(tokenizer) if tokenizer.is_fast else copy.copy(tokenizer)
     cut.model_max_length = length
     if "max_length" in tokenizer.init_kwargs:
