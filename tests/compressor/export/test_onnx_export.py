@@ -203,8 +203,8 @@ def test_the_shipped_tokenizer_cuts_texts_where_the_accuracy_was_measured(tokeni
 
 def test_tokenizer_json_alone_cuts_and_pads_as_the_gate_does(tiny_bundle, tiny_task, tmp_path):
     """tokenizer.json read with the `tokenizers` package alone gives the gate's batches: cut at
-    the shipped length, padded to the batch's longest. Transformers saves whatever truncation
-    and padding its last call left (here: cut at 7, pad to 9), whatever the export measured."""
+    the shipped length, padded to the batch's longest. Transformers' fast tokenizer saves the
+    truncation and padding its last call left (here: cut at 7, padded to 9), not the export's."""
     from tokenizers import Tokenizer
     tiny_bundle.tokenizer(["a"], truncation=True, max_length=7, padding="max_length")
     before = tiny_bundle.tokenizer.backend_tokenizer.truncation, tiny_bundle.tokenizer.backend_tokenizer.padding
