@@ -247,12 +247,30 @@ def save_deployed_tokenizer(bundle: ModelBundle, directory: Path) -> int:
 def cutting_at(tokenizer, length: int):
     """A copy of `tokenizer` whose `model_max_length` is `length`, and so is the `max_length`
     a tokenizer_config.json may carry from an older save (MiniLM's hub files: 128): saved
-    unchanged, it said 128 beside a `model_max_length` of 64."""
-    cut = copy.copy(tokenizer)
+    unchanged, it said 128 beside a `model_max_length` of 64. A fast tokenizer is copied
+    deeply: a shallow copy shares its Rust backend, whose batching `batching_as_the_gate` sets."""
+    cut = copy.deepcopy(tokenizer) if tokenizer.is_fast else copy.copy(tokenizer)
     cut.model_max_length = length
     if "max_length" in tokenizer.init_kwargs:
         cut.init_kwargs = {**tokenizer.init_kwargs, "max_length": length}
+    if tokenizer.is_fast:
+        batching_as_the_gate(cut, length)
     return cut
+
+
+def batching_as_the_gate(tokenizer, length: int) -> None:
+    """Set the truncation and padding that tokenizer.json stores to the gate's: cut at `length`,
+    pad each batch to its longest row on the tokenizer's side. A serving process that reads
+    tokenizer.json with the `tokenizers` package alone applies them as stored; Transformers'
+    fast tokenizer stores whatever its last call left there (none at all after a call
+    without truncation, another length after a call with another max_length)."""
+    backend = tokenizer.backend_tokenizer
+    backend.enable_truncation(length, strategy="longest_first", direction=tokenizer.truncation_side)
+    if tokenizer.pad_token_id is None:      # nothing to pad with (GPT-2): the caller batches
+        backend.no_padding()
+        return
+    backend.enable_padding(direction=tokenizer.padding_side, pad_id=tokenizer.pad_token_id,
+                           pad_type_id=tokenizer.pad_token_type_id, pad_token=tokenizer.pad_token)
 
 
 def calibration_rows(quantize: QuantizeConfig | None, task: TaskData):

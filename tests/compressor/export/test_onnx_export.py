@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,7 +20,7 @@ from compressor.export import onnx as export_onnx
 from compressor.export.gate import GateFailure
 from compressor.export.onnx import ExportSettings, export_bundle
 from compressor.export.trace import write_onnx
-from pretrain.batching import MAX_LENGTH, encode
+from pretrain.batching import MAX_LENGTH, collate, encode
 from pretrain.data import Split
 from pretrain.errors import UserError
 from pretrain.finetune import evaluate, predict_logits
@@ -27,6 +28,7 @@ from pretrain.models import encoder_layers
 
 from .conftest import FFN_WIDTHS, PRUNED_HEADS
 
+ROOT = Path(__file__).resolve().parents[3]
 EXPORT_FILES = {"model.onnx", "config.json", "compressor.json", "export.json", "tokenizer.json",
                 "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"}
 
@@ -197,6 +199,75 @@ def test_the_shipped_tokenizer_cuts_texts_where_the_accuracy_was_measured(tokeni
     session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"))
     inputs = {i.name: batch[i.name] for i in session.get_inputs()}
     np.testing.assert_allclose(session.run(["logits"], inputs)[0], expected, atol=1e-5)
+
+
+def test_tokenizer_json_alone_cuts_and_pads_as_the_gate_does(tiny_bundle, tiny_task, tmp_path):
+    """tokenizer.json read with the `tokenizers` package alone gives the gate's batches: cut at
+    the shipped length, padded to the batch's longest. Transformers' fast tokenizer saves the
+    truncation and padding its last call left (here: cut at 7, padded to 9), not the export's."""
+    from tokenizers import Tokenizer
+    tiny_bundle.tokenizer(["a"], truncation=True, max_length=7, padding="max_length")
+    before = tiny_bundle.tokenizer.backend_tokenizer.truncation, tiny_bundle.tokenizer.backend_tokenizer.padding
+    length = export_onnx.save_deployed_tokenizer(tiny_bundle, tmp_path)
+    backend = tiny_bundle.tokenizer.backend_tokenizer
+    assert (backend.truncation, backend.padding) == before        # the bundle's own is left as it was
+    texts = [" ".join(tiny_task.split("test").texts), "", tiny_task.split("test").texts[0]]
+    split = Split(texts, [0] * len(texts))
+    expected = collate(encode(tiny_bundle.tokenizer, split, length), np.arange(len(texts)))
+    assert expected["input_ids"].shape[1] == length
+    rows = Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode_batch(texts)
+    for name, column in (("input_ids", "ids"), ("attention_mask", "attention_mask"), ("token_type_ids", "type_ids")):
+        np.testing.assert_array_equal(np.array([getattr(row, column) for row in rows]), expected[name].numpy())
+
+
+# Run in a process without this tool: README's serving example, the texts from argv.
+SERVE_ELSEWHERE = """
+import json, sys
+{snippet}
+print(json.dumps({{"labels": classify(json.loads(sys.argv[1])),
+                  "ours_imported": any(name.split(".")[0] in ("pretrain", "compressor") for name in sys.modules)}}))
+"""
+
+
+def readme_serving_example() -> str:
+    """The python block after README's 'Serving an export' paragraph, without its demo call."""
+    readme = (ROOT / "README.md").read_text()
+    after = readme[readme.index("Serving an export needs only"):]
+    start = after.index("```python\n") + len("```python\n")
+    block = after[start:after.index("\n```", start)]
+    return "\n".join(line for line in block.splitlines() if not line.startswith("print("))
+
+
+def test_the_readme_serving_example_gives_evaluates_labels(tokenizer, tiny_task, tmp_path):
+    """README's example serves an export with ONNX Runtime and the tokenizer alone, and labels
+    every text as `compressor evaluate` does: one batch of mixed lengths padded, an empty text,
+    a text past the model's positions cut at the shipped length."""
+    import os
+    import subprocess
+    import sys
+    from transformers import BertConfig, BertForSequenceClassification
+    from compressor.evaluate import load_predictor, predict_classes
+    labels = tiny_task.label_names
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64, num_labels=len(labels),
+        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})).eval()
+    bundle = ModelBundle(model=model, tokenizer=tokenizer, task=tiny_task.spec, max_length=32)
+    export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task)
+    test = tiny_task.split("test")
+    texts = [*test.texts[:20], "", " ".join(test.texts)]
+    assert len(tokenizer(texts[-1])["input_ids"]) > 64
+    snippet = readme_serving_example().replace('"runs/demo/int8-onnx"', repr(str(tmp_path / "out")))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}     # this tool is not importable
+    done = subprocess.run([sys.executable, "-c", SERVE_ELSEWHERE.format(snippet=snippet), json.dumps(texts)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    served = json.loads(done.stdout.splitlines()[-1])
+    assert not served["ours_imported"]
+    predictor = load_predictor(tmp_path / "out")
+    tool = predict_classes(predictor, Split(texts, [0] * len(texts)), tiny_task)
+    assert served["labels"] == [labels[i] for i in tool]
 
 
 def test_a_model_with_few_positions_exports_evaluates_and_benchmarks_within_them(tokenizer, tiny_task, tmp_path):
