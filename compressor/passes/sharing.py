@@ -91,32 +91,29 @@ def check_same_head_counts(groups: list[list[int]], shape: Shape) -> None:
     """Refuse up front a group whose layers keep different head counts (known from `per_layer`),
     or may (a scored prune-heads chose them, and the group was not one attention then): the
     pass itself would refuse it only once the steps before had run."""
-    for group in groups:
-        if shape.heads is not None:
-            counts = {shape.heads[i] for i in group}
-            if len(counts) > 1:
-                raise UserError(f"share-layers: layers {group[0]} to {group[-1]} keep different head counts "
-                                f"({', '.join(str(shape.heads[i]) for i in group)}) after the steps before; "
-                                "sharing needs layers of one shape: share before pruning, or give the layers "
-                                "of a group one count in prune-heads' per_layer")
-        elif shape.heads_vary and len(group) > 1 and not within_shared(group, shape.shared_attention):
-            raise UserError(f"share-layers: layers {group[0]} to {group[-1]} may keep different head counts: "
-                            f"{shape.heads_vary}")
+    check_same_sizes(groups, shape.heads, shape.heads_vary, shape.shared_attention, "keep different head counts",
+                     "share before pruning, or give the layers of a group one count in prune-heads' per_layer")
 
 
 def check_same_ffn_widths(groups: list[list[int]], shape: Shape) -> None:
     """As check_same_head_counts, for FFN widths: known (a per_layer prune-ffn, or the model's
     record), or chosen by a global prune-ffn unless the group was one FFN then."""
+    check_same_sizes(groups, shape.ffn, shape.ffn_vary, shape.shared_ffn, "have different FFN widths",
+                     "expected share-layers before prune-ffn, or mode: attention")
+
+
+def check_same_sizes(groups: list[list[int]], sizes: tuple[int, ...] | None, vary: str | None,
+                     shared: tuple[tuple[int, ...], ...] | None, differ: str, remedy: str) -> None:
+    """Each group's layers of one size: `sizes` where known, else none may `vary` (the step before
+    that would choose them, with what to do instead) unless they were one sublayer then."""
     for group in groups:
-        if shape.ffn is not None:
-            if len({shape.ffn[i] for i in group}) > 1:
-                raise UserError(f"share-layers: layers {group[0]} to {group[-1]} have different FFN widths "
-                                f"({', '.join(str(shape.ffn[i]) for i in group)}) after the steps before; "
-                                "sharing needs layers of one shape: expected share-layers before prune-ffn, "
-                                "or mode: attention")
-        elif shape.ffn_vary and len(group) > 1 and not within_shared(group, shape.shared_ffn):
-            raise UserError(f"share-layers: layers {group[0]} to {group[-1]} may have different FFN widths: "
-                            f"{shape.ffn_vary}")
+        if sizes is not None:
+            if len({sizes[i] for i in group}) > 1:
+                raise UserError(f"share-layers: layers {group[0]} to {group[-1]} {differ} "
+                                f"({', '.join(str(sizes[i]) for i in group)}) after the steps before; "
+                                f"sharing needs layers of one shape: {remedy}")
+        elif vary and len(group) > 1 and not within_shared(group, shared):
+            raise UserError(f"share-layers: layers {group[0]} to {group[-1]} may {differ}: {vary}")
 
 
 def within_shared(group: list[int], shared: tuple[tuple[int, ...], ...] | None) -> bool:

@@ -40,6 +40,16 @@ def nothing_left(parent, name) -> bool:
 
 @pytest.mark.parametrize("family, inputs", [("bert", ["input_ids", "attention_mask", "token_type_ids"]),
                                             ("distilbert", ["input_ids", "attention_mask"])])
+
+def tiny_bert_classifier(tokenizer, labels, layers: int, positions: int):
+    """A seeded BERT classifier of `layers` tiny layers for the tokenizer and labels, in eval mode."""
+    from transformers import BertConfig, BertForSequenceClassification
+    torch.manual_seed(0)
+    return BertForSequenceClassification(BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=positions, num_labels=len(labels),
+        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})).eval()
+
 def test_export_interface_parity_and_accuracy(family, inputs, model_dirs, tiny_task, tmp_path):
     bundle = ModelBundle.load(model_dirs[family]).replace(task=tiny_task.spec)
     record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task).record
@@ -175,13 +185,9 @@ def test_the_shipped_tokenizer_cuts_texts_where_the_accuracy_was_measured(tokeni
     """A model of 512 positions is evaluated (and gated) at MAX_LENGTH tokens: the export's
     tokenizer says so, so a user's `truncation=True` gets the tool's prediction for a long text
     rather than one over 512 tokens (or, without truncation, a graph error past 512)."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    from transformers import AutoTokenizer
     labels = tiny_task.label_names
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=512, num_labels=len(labels),
-        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})).eval()
+    model = tiny_bert_classifier(tokenizer, labels, layers=1, positions=512)
     model.save_pretrained(str(tmp_path / "hf"))
     tokenizer.save_pretrained(str(tmp_path / "hf"))
     bundle = ModelBundle.load(tmp_path / "hf").replace(task=tiny_task.spec)
@@ -245,14 +251,9 @@ def test_the_readme_serving_example_gives_evaluates_labels(tokenizer, tiny_task,
     import os
     import subprocess
     import sys
-    from transformers import BertConfig, BertForSequenceClassification
     from compressor.evaluate import load_predictor, predict_classes
     labels = tiny_task.label_names
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=64, num_labels=len(labels),
-        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})).eval()
+    model = tiny_bert_classifier(tokenizer, labels, layers=2, positions=64)
     bundle = ModelBundle(model=model, tokenizer=tokenizer, task=tiny_task.spec, max_length=32)
     export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task)
     test = tiny_task.split("test")
@@ -274,17 +275,12 @@ def test_a_model_with_few_positions_exports_evaluates_and_benchmarks_within_them
     """A teacher pretrained here with `--max-length N` has N positions (ELECTRA, SpanBERT):
     evaluation, the export's parity gate and the benchmark inputs cut examples to fit
     (`usable_length`), instead of feeding 128 tokens past the position table."""
-    from transformers import BertConfig, BertForSequenceClassification
     from compressor.bench.runners import input_batches
     from compressor.evaluate import load_predictor
     positions, labels = 16, tiny_task.label_names
     test = tiny_task.split("test")
     assert max(len(ids) for ids in tokenizer(test.texts)["input_ids"]) > positions
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=positions, num_labels=len(labels),
-        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})).eval()
+    model = tiny_bert_classifier(tokenizer, labels, layers=1, positions=positions)
     model.save_pretrained(str(tmp_path / "hf"))
     tokenizer.save_pretrained(str(tmp_path / "hf"))
     bundle = ModelBundle.load(tmp_path / "hf").replace(task=tiny_task.spec)
@@ -361,15 +357,11 @@ def test_a_model_fine_tuned_past_the_default_length_is_gated_shipped_and_evaluat
     """A model fine-tuned at 300 tokens: the gate, the shipped tokenizer, export.json and
     `compressor evaluate` (of the HF dir and of the export) all cut texts at 300, not at 128,
     the default (where a label decided past token 128 was lost)."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    from transformers import AutoTokenizer
     from compressor.evaluate import load_predictor
     from pretrain.data import TaskData
     labels, length = tiny_task.label_names, 300
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=512, num_labels=len(labels),
-        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})).eval()
+    model = tiny_bert_classifier(tokenizer, labels, layers=1, positions=512)
     test = tiny_task.split("test")
     long_texts = [" ".join([text] * 80) for text in test.texts[:12]]
     assert min(len(ids) for ids in tokenizer(long_texts)["input_ids"]) > length
