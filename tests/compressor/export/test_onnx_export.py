@@ -38,9 +38,6 @@ def nothing_left(parent, name) -> bool:
     return not [p for p in parent.iterdir() if name in p.name]
 
 
-@pytest.mark.parametrize("family, inputs", [("bert", ["input_ids", "attention_mask", "token_type_ids"]),
-                                            ("distilbert", ["input_ids", "attention_mask"])])
-
 def tiny_bert_classifier(tokenizer, labels, layers: int, positions: int):
     """A seeded BERT classifier of `layers` tiny layers for the tokenizer and labels, in eval mode."""
     from transformers import BertConfig, BertForSequenceClassification
@@ -50,6 +47,9 @@ def tiny_bert_classifier(tokenizer, labels, layers: int, positions: int):
         intermediate_size=64, max_position_embeddings=positions, num_labels=len(labels),
         id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})).eval()
 
+
+@pytest.mark.parametrize("family, inputs", [("bert", ["input_ids", "attention_mask", "token_type_ids"]),
+                                            ("distilbert", ["input_ids", "attention_mask"])])
 def test_export_interface_parity_and_accuracy(family, inputs, model_dirs, tiny_task, tmp_path):
     bundle = ModelBundle.load(model_dirs[family]).replace(task=tiny_task.spec)
     record = export_bundle(bundle, tmp_path / "out", ExportSettings(optimize=False), tiny_task).record
