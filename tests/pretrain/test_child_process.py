@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -71,19 +74,27 @@ def kill_left(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-@linux_only
-def test_a_child_ends_when_its_parent_is_killed():
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+@contextlib.contextmanager
+def killed_once_ready(code: str, argument: str) -> Iterator[tuple[int, IO[str]]]:
+    """Run `code` (it prints its child's pid, then the child prints "ready" once its request is
+    made), SIGKILL it then; yields the child's pid and the rest of the output."""
+    parent = subprocess.Popen([sys.executable, "-c", code, argument], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                               text=True)
     child = int(parent.stdout.readline())
     try:
-        assert parent.stdout.readline().strip() == "ready"      # its request made
+        assert parent.stdout.readline().strip() == "ready"
         parent.kill()
         parent.wait(timeout=30)
-        assert ended_within(child, 5)
+        yield child, parent.stdout
     finally:
         kill_left(child)
         parent.stdout.close()
+
+
+@linux_only
+def test_a_child_ends_when_its_parent_is_killed():
+    with killed_once_ready(PARENT, CHILD) as (child, _):
+        assert ended_within(child, 5)
 
 
 # A script (as in benchmarks/) that starts a command which asks nothing itself, here one that
@@ -106,18 +117,9 @@ time.sleep(600)
 @linux_only
 def test_a_command_a_script_starts_ends_when_the_script_is_killed():
     # The benchmarks' `compressor` children ran on, orphans, after a `kill -9` of the script.
-    script = subprocess.Popen([sys.executable, "-c", SCRIPT, COMMAND], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                              text=True)
-    child = int(script.stdout.readline())
-    try:
-        assert script.stdout.readline().strip() == "ready"      # started, the request made before it ran
-        script.kill()
-        script.wait(timeout=30)
+    with killed_once_ready(SCRIPT, COMMAND) as (child, output):
         assert ended_within(child, 5)
-        assert script.stdout.read().strip() == "terminated"    # by SIGTERM, its orderly stop
-    finally:
-        kill_left(child)
-        script.stdout.close()
+        assert output.read().strip() == "terminated"    # by SIGTERM, its orderly stop
 
 
 def test_elsewhere_than_linux_a_script_starts_commands_as_before():
