@@ -36,6 +36,7 @@ from transformers import PreTrainedModel
 from compressor.bundle import ModelBundle
 from compressor.export.embedding import factorize_graph
 from compressor.export.gate import Gate, GateFailure
+from compressor.export.graph_cache import Fp32Graph, Fp32Graphs, fp32_graph_key
 from compressor.export.graph_map import embedding_gathers, linear_nodes
 from compressor.export.graph_surgery import deduplicate_initializers, has_op, read_initializers_directly
 from compressor.export.optimize import Fusion, fuse
@@ -112,10 +113,12 @@ def export_bundle(bundle: ModelBundle, out: Path, settings: ExportSettings, task
 
 
 def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, task: TaskData,
-                max_eval_samples: int | None = None, *, final_path: Path | None = None) -> Exported:
+                max_eval_samples: int | None = None, *, final_path: Path | None = None,
+                graphs: Fp32Graphs | None = None) -> Exported:
     """Write the export files into an existing (temporary) dir; raise GateFailure on a bad graph.
 
-    export.json records `final_path` (where the caller renames `directory` to) as the export's path.
+    export.json records `final_path` (where the caller renames `directory` to) as the export's
+    path. `graphs`: the fp32 graphs of the caller's earlier exports (export/graph_cache.py).
     """
     check_exportable(bundle.model)
     quantize = requested_quantization(bundle)
@@ -127,7 +130,7 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
     if isinstance(quantize, TorchDynamicInt8Config):
         record, logits = torch_int8_into(directory, bundle, gate, quantize)
     else:
-        record, logits = onnx_into(directory, bundle, settings, gate, quantize, calibration)
+        record, logits = onnx_into(directory, bundle, settings, gate, quantize, calibration, graphs)
     bundle.model.config.save_pretrained(str(directory))
     ship_model_code(directory)     # BiLSTM and CNN students: what Optimum needs to read their config
     record["max_length"] = save_deployed_tokenizer(bundle, directory)
@@ -138,35 +141,17 @@ def export_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, 
 
 
 def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, gate: Gate,
-              quantize: QuantizeConfig | None, calibration: Encoded | None) -> tuple[dict, np.ndarray]:
-    """Export, fuse and quantize; the record and the shipped graph's test logits."""
+              quantize: QuantizeConfig | None, calibration: Encoded | None,
+              graphs: Fp32Graphs | None = None) -> tuple[dict, np.ndarray]:
+    """Export, fuse and quantize; the record and the shipped graph's test logits. `graphs`: the
+    run's fp32 graphs so far, which an export of the same model starts from (export/graph_cache.py)."""
     if isinstance(quantize, Fp16Config):
         warn_fp16_on_cpu()
     with scratch_dir("export") as work_dir:
         work = Path(work_dir)
-        graph = work / "fp32.onnx"
-        names = input_names(bundle.model, bundle.tokenizer.model_input_names)
-        traced, last_layer = model_to_trace(bundle.model, settings)
-        write_onnx(traced, graph, names)
-        read_initializers_directly(graph)   # layers that share a weight: int8 must reach them all
-        rank = bundle.deploy.get("embedding_rank")
-        factorized = factorize_graph(graph, bundle.model.get_input_embeddings().weight, rank) if rank else None
-        record = {"format": "onnx", "opset": OPSET, "inputs": list(names), "embedding_factorized": factorized,
-                  **last_layer,
-                  "parity_tolerance": settings.parity_tolerance,
-                  "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
-        if settings.optimize and type(quantize) not in UNFUSED_MODES:
-            residual, why = skip_layernorm_choice(settings, quantize)
-            left_out = unfused_ops(quantize) + (("SkipLayerNormalization",) if residual == "unfused" else ())
-            graph, fusion_record = optimized(graph, work / "fused.onnx", gate, left_out, bundle.model.config)
-            record.update(fusion_record)
-            if fusion_record["optimized"]:   # what was fused and left out describes a fused graph
-                record.update(skip_layernorm=residual, skip_layernorm_reason=why)
-        else:
-            why = UNFUSED_MODES.get(type(quantize)) if settings.optimize else None
-            record.update({"optimized": False, "fusions": {}, "fusion_fallback": why})
-        fp32_logits = shipped_logits = gate.onnx_logits(graph)
-        record.update(gate.fp32_metrics(fp32_logits, graph))
+        fp32 = shared_fp32_graph(work, bundle, settings, gate, quantize, graphs)
+        graph, record, fp32_logits = fp32.path, dict(fp32.record), fp32.logits
+        shipped_logits = fp32_logits
         if quantize is not None:
             realised = quantize
             if isinstance(quantize, IncConfig):   # INC chooses the config; ORT realises it (export/inc.py)
@@ -186,6 +171,68 @@ def onnx_into(directory: Path, bundle: ModelBundle, settings: ExportSettings, ga
         record["size_ratio_to_fp32"] = record["size_bytes"] / record["fp32_size_bytes"]
         shutil.copyfile(graph, directory / ONNX_FILE)
     return record, shipped_logits
+
+
+def shared_fp32_graph(work: Path, bundle: ModelBundle, settings: ExportSettings, gate: Gate,
+                      quantize: QuantizeConfig | None, graphs: Fp32Graphs | None) -> Fp32Graph:
+    """`fp32_graph`, or a copy in `work` of the one an earlier export of the same model made."""
+    fusion = fusion_plan(settings, quantize)
+    if graphs is None:
+        return fp32_graph(work, bundle, settings, gate, fusion)
+    key = fp32_graph_key(bundle, settings.model_dump_json(), gate, fusion)
+    kept = graphs.get(key)
+    if kept is None:
+        graph = fp32_graph(work, bundle, settings, gate, fusion)
+        graphs.keep(key, graph)
+        return graph
+    copy_path = work / kept.path.name   # quantizing reads the graph: no step may touch the store's copy
+    shutil.copyfile(kept.path, copy_path)
+    return Fp32Graph(copy_path, dict(kept.record), kept.logits)
+
+
+@dataclass(frozen=True)
+class FusionPlan:
+    """Whether the fp32 graph is fused, the fusions left out, and what the record says why."""
+
+    fused: bool
+    left_out: tuple[str, ...] = ()
+    residual: str | None = None
+    residual_reason: str | None = None
+    not_fused_reason: str | None = None
+
+
+def fusion_plan(settings: ExportSettings, quantize: QuantizeConfig | None) -> FusionPlan:
+    if settings.optimize and type(quantize) not in UNFUSED_MODES:
+        residual, why = skip_layernorm_choice(settings, quantize)
+        left_out = unfused_ops(quantize) + (("SkipLayerNormalization",) if residual == "unfused" else ())
+        return FusionPlan(True, left_out, residual, why)
+    return FusionPlan(False, not_fused_reason=UNFUSED_MODES.get(type(quantize)) if settings.optimize else None)
+
+
+def fp32_graph(work: Path, bundle: ModelBundle, settings: ExportSettings, gate: Gate, fusion: FusionPlan) -> Fp32Graph:
+    """The model traced to ONNX, its embedding factorized where the bundle asks, fused as
+    `fusion` says; each graph checked for parity with PyTorch, the last one scored on the test split."""
+    graph = work / "fp32.onnx"
+    names = input_names(bundle.model, bundle.tokenizer.model_input_names)
+    traced, last_layer = model_to_trace(bundle.model, settings)
+    write_onnx(traced, graph, names)
+    read_initializers_directly(graph)   # layers that share a weight: int8 must reach them all
+    rank = bundle.deploy.get("embedding_rank")
+    factorized = factorize_graph(graph, bundle.model.get_input_embeddings().weight, rank) if rank else None
+    record = {"format": "onnx", "opset": OPSET, "inputs": list(names), "embedding_factorized": factorized,
+              **last_layer,
+              "parity_tolerance": settings.parity_tolerance,
+              "parity_samples": gate.parity_samples, **gate.parity(graph, "the ONNX export")}
+    if fusion.fused:
+        graph, fusion_record = optimized(graph, work / "fused.onnx", gate, fusion.left_out, bundle.model.config)
+        record.update(fusion_record)
+        if fusion_record["optimized"]:   # what was fused and left out describes a fused graph
+            record.update(skip_layernorm=fusion.residual, skip_layernorm_reason=fusion.residual_reason)
+    else:
+        record.update({"optimized": False, "fusions": {}, "fusion_fallback": fusion.not_fused_reason})
+    logits = gate.onnx_logits(graph)
+    record.update(gate.fp32_metrics(logits, graph))
+    return Fp32Graph(graph, record, logits)
 
 
 def last_layer_skip_reason(model: PreTrainedModel, settings: ExportSettings) -> str | None:

@@ -128,12 +128,14 @@ class TeacherLogits:
     `reader` is the teacher as it runs: with `first_token` and where the model allows, a copy
     whose last layer computes the first token only (same logits, less work; the teacher
     itself is never changed). Loops take it as an aux module. `cache=False` runs the teacher
-    on every batch."""
+    on every batch; a dict as `cache` holds logits other passes' readers of the same teacher,
+    run the same way, computed (Context.kept_logits), and keeps this one's for them."""
 
-    def __init__(self, teacher: PreTrainedModel, first_token: bool = True, cache: bool = True):
+    def __init__(self, teacher: PreTrainedModel, first_token: bool = True,
+                 cache: bool | dict[bytes, torch.Tensor] = True):
         self.reader = reader_of(teacher) if first_token else teacher
         self.takes_token_types = accepts_token_types(teacher)
-        self.cache: dict[bytes, torch.Tensor] | None = {} if cache else None
+        self.cache: dict[bytes, torch.Tensor] | None = cache if isinstance(cache, dict) else {} if cache else None
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items()

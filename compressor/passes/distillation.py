@@ -356,9 +356,12 @@ def distill_pass(bundle: ModelBundle, cfg: DistillConfig, ctx: Context) -> Model
     with projection_attached(model, teacher.model, cfg):
         for stage in plan_stages(cfg, len(encoder_layers(model)) if cfg.layer_losses() else 0):
             reader = teacher_reader(teacher.model, stage.weights, cfg)
-            # Logits alone come once per example; layer states are too large to keep.
-            logits = dl.TeacherLogits(reader, first_token=False) \
-                if runs_teacher(stage.weights) and reads_only_logits(stage.weights) else None
+            # Logits alone come once per example (once per run for the recipe's teacher, shared
+            # with every other pass that reads them); layer states are too large to keep.
+            logits = None
+            if runs_teacher(stage.weights) and reads_only_logits(stage.weights):
+                kept = ctx.kept_logits(cfg.teacher, "first-token" if reader is not teacher.model else "whole")
+                logits = dl.TeacherLogits(reader, first_token=False, cache=True if kept is None else kept)
             loss = DistillLoss(reader, stage.weights, layer_map, cfg.temperature, cfg.attention_kind,
                                cfg.attention_layers, stage.layers, teacher_logits=logits)
             checkpoint = Checkpointing(directory=ctx.work_dir / stage.name) if ctx.work_dir is not None else None

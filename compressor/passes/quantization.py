@@ -124,7 +124,9 @@ def qat_pass(bundle: ModelBundle, cfg: QATConfig, ctx: Context) -> ModelBundle:
 class SensitivityConfig(PassConfig):
     keep_fraction: float = Field(0.1, gt=0, lt=1)   # most sensitive share of Linear layers kept in float
     samples: int = Field(256, ge=1)                  # first N train examples the loss is measured on
-    batch_size: int = Field(64, ge=1)
+    # 32, not 64: each Linear costs one pass over the samples, and a batch pads to its longest
+    # member; on 128 WordNet glosses 32 took 17 s where 64 took 23 (benchmarks/README.md)
+    batch_size: int = Field(32, ge=1)
 
 
 def check_rankable(cfg: SensitivityConfig, family: str) -> None:

@@ -40,6 +40,9 @@ class LazyTeacher:
 
     load: Callable[[], ModelBundle]
     _bundle: ModelBundle | None = field(default=None, init=False, repr=False)
+    # Its logits per example, by how the reader runs it (Context.kept_logits): the passes of
+    # a run that distill from it on the same texts run it once per text between them.
+    logits: dict[str, dict] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def from_dir(cls, path: Path) -> "LazyTeacher":
@@ -96,6 +99,14 @@ class Context:
             raise UserError(f"{which} learns from the teacher, but no teacher was given to it; "
                             "expected Context(teacher_source=LazyTeacher(...)) (the pipeline passes the recipe's)")
         return self.teacher_source.get()
+
+    def kept_logits(self, ref: str | None, reader: str) -> dict | None:
+        """The store of the recipe's teacher's logits per example that every pass of the run
+        shares (`reader`: how it runs, e.g. "first-token" for its first-token copy); None
+        for a teacher a pass names by path (`ref`) or a context without the recipe's."""
+        if ref is not None or self.teacher_source is None:
+            return None
+        return self.teacher_source.logits.setdefault(reader, {})
 
     def teacher_at(self, ref: str | None) -> ModelBundle:
         """The model dir a pass's config names as its teacher (`teacher: PATH`), else the

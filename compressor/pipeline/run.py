@@ -10,6 +10,7 @@ from pathlib import Path
 from compressor.bench.baselines import OPTIMUM, check_baselines
 from compressor.bundle import read_provenance, recorded_pair_task
 from compressor.evaluate import check_pair_task, recorded_task_seed
+from compressor.export.graph_cache import fp32_graphs
 from compressor.export.onnx import calibration_rows
 from compressor.passes import get_pass
 from compressor.passes.registry import Known, check_pass_tokenizer, shape_after, shape_of
@@ -145,8 +146,9 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
                                               source))
             exports = {}
             if recipe.export is not None and recipe.export.onnx:
-                exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir)
-                           for stage in [teacher, *variants]}
+                with fp32_graphs() as graphs:   # a model exported twice (fp32 and int8) is traced once
+                    exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir, graphs)
+                               for stage in [teacher, *variants]}
             baselines, benchmark = [], None
             if recipe.benchmark is not None:
                 baselines = [baseline_stage(name, teacher, recipe, task, out_dir, presets)

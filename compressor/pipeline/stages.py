@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +22,15 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel
 
-from compressor.bundle import ModelBundle, read_provenance, recorded_length
+from compressor.bundle import PROVENANCE_FILE, ModelBundle, read_provenance, recorded_length
 from compressor.evaluate import load_predictor, predict_classes
 from compressor.export.gate import GateFailure
+from compressor.export.graph_cache import Fp32Graphs
 from compressor.export.onnx import GRAPH_VERSION, ExportSettings, export_into, skip_layernorm_choice
 from compressor.export.quantize import QuantizeConfig, quantize_config_from_record
 from compressor.passes import Context, LazyTeacher, apply_pass, get_pass
-from compressor.pipeline.cache import (STAGE_FILE, cached, content_key, fingerprint, fingerprint_file, key_fields,
-                                      log, stage_record, task_fingerprint)
+from compressor.pipeline.cache import (FINGERPRINTED, STAGE_FILE, cached, content_key, file_digest, fingerprint,
+                                      fingerprint_file, key_fields, log, stage_record, task_fingerprint)
 from compressor.pipeline.outdir import disk_errors, read_json
 from compressor.pipeline.recipe import PREFIXES_DIR, WORK_DIR, Recipe, Step, export_dir_name
 from pretrain.atomic import remove_dir, write_json
@@ -40,6 +42,7 @@ from pretrain.models import load_classifier
 from pretrain.train import Checkpointing
 
 EVAL_LIMIT = "eval_limit"    # stage.json: the test-sample limit its metrics were measured with
+SCORED_MODEL = "scored_model"   # stage.json: the content key of what its metrics scored (`scored_model`)
 ATTEMPTS_SUFFIX = ".attempts.json"   # DIR/.work/<key>.attempts.json: the seconds of a model stage's stopped builds
 
 
@@ -54,6 +57,9 @@ class Stage:
     predictions: np.ndarray
     params: int
     history: list[dict]
+    # What the scores were measured on (`scored_model`): a later stage whose saved model is the
+    # same takes them over instead of scoring it again (a variant that only quantizes).
+    scored_model: str | None = None
 
 
 def teacher_stage(recipe: Recipe, ref: str, path: Path, task: TaskData, split_seed: int, out_dir: Path,
@@ -141,7 +147,7 @@ def variant_stage(name: str, steps: list[Step], teacher: Stage, earlier: list[St
             if get_pass(steps[i].name).trains and i + 1 < len(steps):
                 keep_prefix(bundle, out_dir / PREFIXES_DIR / key_of(steps[:i + 1]))
         return bundle
-    stage = model_stage(name, key_of(steps), build, task, recipe, out_dir)
+    stage = model_stage(name, key_of(steps), build, task, recipe, out_dir, scored_before=[teacher, *earlier])
     remove_work_dirs(out_dir, [key_of(steps[:n]) for n in range(1, len(steps) + 1)])
     return stage
 
@@ -221,9 +227,11 @@ def keep_prefix(bundle: ModelBundle, path: Path) -> None:
 
 
 def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: TaskData, recipe: Recipe,
-                out_dir: Path) -> Stage:
+                out_dir: Path, scored_before: list[Stage] = ()) -> Stage:
     """Reuse out_dir/name if its key matches (re-evaluated if it was measured on another number
-    of test examples); otherwise build, evaluate and write it."""
+    of test examples); otherwise build, evaluate and write it. A built model that is one of
+    `scored_before` (the same saved weights, config, tokenizer and length) takes over that
+    stage's scores: every stage of a run is scored on the recipe's test examples."""
     limit = recipe.data.max_eval_samples
 
     def scored(bundle: ModelBundle) -> dict:
@@ -234,7 +242,14 @@ def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: Tas
     def write(tmp: Path) -> dict:
         bundle = build()
         bundle.save_into(tmp)
-        return {"params": bundle.params, "history": list(bundle.history), **scored(bundle)}
+        model = scored_model(tmp, bundle)
+        same = next((stage for stage in scored_before if stage.scored_model == model), None)
+        if same is None:
+            scores = scored(bundle)
+        else:
+            log.info("stage %s: the same model as %s; its test scores taken over", name, same.name)
+            scores = {"metrics": same.metrics, "predictions": same.predictions.tolist(), EVAL_LIMIT: limit}
+        return {"params": bundle.params, "history": list(bundle.history), SCORED_MODEL: model, **scores}
     path = out_dir / name
     if read_json(path / STAGE_FILE).get("key") not in (None, key):
         retire_what_reads(out_dir, name)
@@ -248,6 +263,24 @@ def model_stage(name: str, key: str, build: Callable[[], ModelBundle], task: Tas
         with disk_errors(out_dir):
             write_json(path / STAGE_FILE, record)
     return stage_of(name, path, record)
+
+
+def scored_model(directory: Path, bundle: ModelBundle) -> str:
+    """What a saved stage's test scores depend on: its weights, config and tokenizer files
+    (not compressor.json, whose pass history and deploy settings differ between a model and
+    its quantized variant) and the length and text pairing it is scored with."""
+    files = {file.name: scored_file_digest(file) for file in sorted(directory.iterdir())
+             if file.is_file() and file.suffix in FINGERPRINTED and file.name not in (PROVENANCE_FILE, STAGE_FILE)}
+    return content_key({"files": files, "max_length": bundle.max_length, "pair_task": bundle.pair_task})
+
+
+def scored_file_digest(file: Path) -> str:
+    """A file's digest; tokenizer.json's without the truncation and padding of its last call,
+    which a saved tokenizer keeps and scoring sets anew (pretrain/batching.py `encode`)."""
+    if file.name != "tokenizer.json":
+        return file_digest(file)
+    spec = json.loads(file.read_text())
+    return content_key({key: value for key, value in spec.items() if key not in ("truncation", "padding")})
 
 
 def scored_on_other_examples(record: dict, limit: int | None) -> bool:
@@ -280,12 +313,13 @@ def retire_reports(out_dir: Path) -> None:
 
 
 def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: TaskData,
-                 out_dir: Path) -> dict:
+                 out_dir: Path, graphs: Fp32Graphs | None = None) -> dict:
     """Export a finished stage to DIR/<name>-onnx/ (DIR/<name>-torch-int8/ for torch-dynamic-int8),
     gated; the record plus test predictions.
 
     The key covers the stage's own key (its weights, passes and deploy settings), the export
-    settings and the test-sample limit the gate evaluates on.
+    settings and the test-sample limit the gate evaluates on. `graphs`: the fp32 graphs of the
+    run's exports so far, which the export of a model already exported starts from.
     """
     quantize = recorded_quantize(stage.path)
     path = out_dir / export_dir_name(stage.name, quantize.mode if quantize else None)
@@ -293,7 +327,7 @@ def export_stage(stage: Stage, settings: ExportSettings, recipe: Recipe, task: T
 
     def write(tmp: Path) -> dict:
         exported = export_into(tmp, ModelBundle.load(stage.path), settings, task, recipe.data.max_eval_samples,
-                               final_path=path)
+                               final_path=path, graphs=graphs)
         # The gate already scored the shipped model on these test examples: reuse its predictions.
         return {"export": exported.record, "predictions": exported.predictions.tolist()}
     if read_json(path / STAGE_FILE).get("key") not in (None, key):
@@ -334,7 +368,7 @@ def finished_stage(name: str, path: Path, key: str) -> Stage | None:
 
 def stage_of(name: str, path: Path, record: dict) -> Stage:
     return Stage(name, path, record["key"], record["metrics"], np.asarray(record["predictions"]),
-                 record["params"], record["history"])
+                 record["params"], record["history"], record.get(SCORED_MODEL))
 
 
 def recorded_quantize(model_dir: Path) -> QuantizeConfig | None:

@@ -313,6 +313,33 @@ def test_logit_losses_train_and_read_the_last_layer_on_the_first_token_only(bert
         assert "forward" not in vars(encoder_layers(model)[-1])
 
 
+def test_distill_passes_of_one_run_run_the_recipes_teacher_once_per_example(bert_bundle, tiny_task, tiny_bert_dir,
+                                                                            monkeypatch):
+    """Two variants distilling soft targets from the recipe's teacher on the same texts: the
+    second reads the first one's logits; a teacher named by path is not shared."""
+    rows = []
+    real = distillation_module.dl.TeacherLogits.__call__
+
+    def counting(self, batch):
+        before = len(self.cache)
+        out = real(self, batch)
+        rows.append(len(self.cache) - before)    # examples the teacher ran on for this batch
+        return out
+    monkeypatch.setattr(distillation_module.dl.TeacherLogits, "__call__", counting)
+    ctx = _ctx(tiny_task, tiny_bert_dir)
+    bundle = bert_bundle.replace(task=tiny_task.spec)
+    student = apply_pass(bundle, "student", _student(layers=[0, 1]), ctx)
+    apply_pass(student, "distill", _distill(losses=["soft", "hard"]), ctx)
+    assert sum(rows) == TINY["max_train_samples"]       # every train example once
+    other = apply_pass(bundle, "student", _student(layers=[1, 3]), ctx)
+    rows.clear()
+    apply_pass(other, "distill", _distill(losses=["soft", "hard"], epochs=2), ctx)
+    assert rows and sum(rows) == 0                     # all of them known already
+    rows.clear()
+    apply_pass(other, "distill", _distill(losses=["soft", "hard"], teacher=str(tiny_bert_dir)), ctx)
+    assert sum(rows) == TINY["max_train_samples"]       # a named teacher keeps its own
+
+
 def _plan(teacher_dir, csv, tmp_path, *steps):
     from compressor import Pipeline
     return Pipeline("vocab", teacher=str(teacher_dir), task={"path": str(csv)}).variant("v", *steps) \

@@ -7,7 +7,9 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from compressor.pipeline import stages
 from compressor.pipeline.cache import content_key, fingerprint, task_fingerprint
@@ -37,6 +39,35 @@ def test_a_stage_is_scored_at_the_length_its_model_was_fine_tuned_at(bert_bundle
     stage = stages.model_stage("teacher", "k", lambda: bert_bundle.replace(max_length=64), tiny_task, recipe, tmp_path)
     assert lengths == [64]
     assert json.loads((stage.path / "compressor.json").read_text())["max_length"] == 64
+
+
+def test_a_stage_of_a_model_scored_before_takes_over_its_scores(bert_bundle, tiny_csv, tiny_task, tmp_path,
+                                                                 monkeypatch):
+    """A variant that only records how it deploys (quantize) holds its input's weights: the
+    run does not score the same model twice. One changed weight, or another length, is scored."""
+    scored = []
+    real = stages.evaluate
+
+    def counting(model, tokenizer, split, max_length=MAX_LENGTH):
+        scored.append(max_length)
+        return real(model, tokenizer, split, max_length)
+    monkeypatch.setattr(stages, "evaluate", counting)
+    recipe = recipe_for(bert_bundle.model.name_or_path, tiny_csv, {})
+    teacher = stages.model_stage("teacher", "k0", lambda: bert_bundle, tiny_task, recipe, tmp_path)
+    quantized = bert_bundle.replace(deploy={"quantize": {"mode": "dynamic-int8"}}, history=({"pass": "quantize"},))
+    int8 = stages.model_stage("int8", "k1", lambda: quantized, tiny_task, recipe, tmp_path, scored_before=[teacher])
+    assert scored == [MAX_LENGTH]
+    assert int8.metrics == teacher.metrics and int8.scored_model == teacher.scored_model is not None
+    np.testing.assert_array_equal(int8.predictions, teacher.predictions)
+    assert json.loads((int8.path / "stage.json").read_text())["predictions"] == teacher.predictions.tolist()
+
+    changed = bert_bundle.replace(model=bert_bundle.copy_model())
+    with torch.no_grad():
+        changed.model.classifier.bias[0] += 0.5
+    stages.model_stage("changed", "k2", lambda: changed, tiny_task, recipe, tmp_path, scored_before=[teacher, int8])
+    stages.model_stage("shorter", "k3", lambda: bert_bundle.replace(max_length=64), tiny_task, recipe, tmp_path,
+                       scored_before=[teacher, int8])
+    assert scored == [MAX_LENGTH, MAX_LENGTH, 64]
 
 
 def test_the_teacher_records_its_fine_tuning_length_or_the_one_its_dir_records(bert_bundle, tiny_bert_dir, tmp_path):
