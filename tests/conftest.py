@@ -178,6 +178,22 @@ def wordnet_corpus_file(tmp_path_factory):
 
 
 @pytest.fixture
+def count_calls(monkeypatch):
+    """`count_calls(owner, name)`: a list that gets one entry per call of `owner.name` (which
+    still runs) for the rest of the test."""
+    def counting(owner, name: str) -> list[int]:
+        calls: list[int] = []
+        real = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            calls.append(1)
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, counted)
+        return calls
+    return counting
+
+
+@pytest.fixture
 def trained_rates(monkeypatch) -> list[float]:
     """The learning rate of every `train` call fine-tuning makes (the calls still run)."""
     import pretrain.finetune as finetune_module

@@ -20,16 +20,9 @@ STATIC_LINEARS = {"quantize": {"mode": "static-int8", "scope": "linears", "calib
 
 
 @pytest.fixture
-def traces(monkeypatch) -> list:
+def traces(count_calls) -> list:
     """Every graph traced to ONNX (one entry per trace)."""
-    calls = []
-    real = export_onnx.write_onnx
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(export_onnx, "write_onnx", counting)
-    return calls
+    return count_calls(export_onnx, "write_onnx")
 
 
 def exported(tmp_path, name, bundle, settings, task, graphs=None):

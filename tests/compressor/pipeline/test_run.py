@@ -386,23 +386,16 @@ def test_pass_data_paths_resolve_against_the_recipe_dir_too(tiny_csv, tmp_path, 
     assert paths.resolve_step_paths(untouched, recipe_dir) is untouched
 
 
-def count_finetunes(monkeypatch) -> list[int]:
+def count_finetunes(count_calls) -> list[int]:
     from compressor.passes import training
-    calls: list[int] = []
-    real = training.finetune
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(training, "finetune", counting)
-    return calls
+    return count_calls(training, "finetune")
 
 
 @pytest.mark.parametrize("order", [("short", "long"), ("long", "short")])
-def test_variants_share_a_common_trained_prefix(tiny_bert_dir, tiny_csv, tmp_path, monkeypatch, order):
+def test_variants_share_a_common_trained_prefix(tiny_bert_dir, tiny_csv, tmp_path, count_calls, order):
     prefix = [{"drop-layers": {"keep": [0, 1]}}, {"finetune": {"epochs": 1}}]
     variants = {"short": prefix, "long": prefix + [{"quantize": {"mode": "dynamic-int8"}}]}
-    calls = count_finetunes(monkeypatch)
+    calls = count_finetunes(count_calls)
     report = run(raw_recipe(tiny_bert_dir, tiny_csv, {name: variants[name] for name in order}), tmp_path / "out")
     assert len(calls) == 1                                   # the prefix trained once
     by_name = {m["name"]: m for m in report["models"]}

@@ -25,9 +25,9 @@ def recipe_for(model_dir, csv_path, finetune: dict):
                          "data": {"max_eval_samples": 8}, "variants": {"same": []}})[0]
 
 
-def test_a_stage_is_scored_at_the_length_its_model_was_fine_tuned_at(bert_bundle, tiny_csv, tiny_task, tmp_path,
-                                                                      monkeypatch):
-    """The run scored every stage at 128 tokens, whatever `max_length` the teacher trained at."""
+@pytest.fixture
+def scored_lengths(monkeypatch) -> list[int]:
+    """The length of every scoring of a model stage on the test split, in order."""
     lengths = []
     real = stages.evaluate
 
@@ -35,23 +35,23 @@ def test_a_stage_is_scored_at_the_length_its_model_was_fine_tuned_at(bert_bundle
         lengths.append(max_length)
         return real(model, tokenizer, split, max_length)
     monkeypatch.setattr(stages, "evaluate", recording)
+    return lengths
+
+
+def test_a_stage_is_scored_at_the_length_its_model_was_fine_tuned_at(bert_bundle, tiny_csv, tiny_task, tmp_path,
+                                                                      scored_lengths):
+    """The run scored every stage at 128 tokens, whatever `max_length` the teacher trained at."""
     recipe = recipe_for(bert_bundle.model.name_or_path, tiny_csv, {"max_length": 64})
     stage = stages.model_stage("teacher", "k", lambda: bert_bundle.replace(max_length=64), tiny_task, recipe, tmp_path)
-    assert lengths == [64]
+    assert scored_lengths == [64]
     assert json.loads((stage.path / "compressor.json").read_text())["max_length"] == 64
 
 
 def test_a_stage_of_a_model_scored_before_takes_over_its_scores(bert_bundle, tiny_csv, tiny_task, tmp_path,
-                                                                 monkeypatch):
+                                                                 scored_lengths):
     """A variant that only records how it deploys (quantize) holds its input's weights: the
     run does not score the same model twice. One changed weight, or another length, is scored."""
-    scored = []
-    real = stages.evaluate
-
-    def counting(model, tokenizer, split, max_length=MAX_LENGTH):
-        scored.append(max_length)
-        return real(model, tokenizer, split, max_length)
-    monkeypatch.setattr(stages, "evaluate", counting)
+    scored = scored_lengths
     recipe = recipe_for(bert_bundle.model.name_or_path, tiny_csv, {})
     teacher = stages.model_stage("teacher", "k0", lambda: bert_bundle, tiny_task, recipe, tmp_path)
     quantized = bert_bundle.replace(deploy={"quantize": {"mode": "dynamic-int8"}}, history=({"pass": "quantize"},))
