@@ -10,7 +10,8 @@ the same file, record and test logits they would have computed, without the minu
 The key holds everything the fp32 graph and its gate depend on: the model's class, config
 and every tensor's bytes, the tokenizer's inputs as encoded for the gate, the export
 settings, the fusions left out and the embedding rank. Graphs live in a scratch dir for the
-run's exports and go with it.
+run's exports and go with it; the pipeline gives the store only to the exports of models that
+more than one of its stages hold (pipeline/run.py), so that only graphs read again are kept.
 """
 
 from __future__ import annotations

@@ -146,9 +146,12 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
                                               source))
             exports = {}
             if recipe.export is not None and recipe.export.onnx:
+                stages = [teacher, *variants]
+                shared = exported_more_than_once(stages)
                 with fp32_graphs() as graphs:   # a model exported twice (fp32 and int8) is traced once
-                    exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir, graphs)
-                               for stage in [teacher, *variants]}
+                    exports = {stage.name: export_stage(stage, recipe.export, recipe, task, out_dir,
+                                                        graphs if stage.name in shared else None)
+                               for stage in stages}
             baselines, benchmark = [], None
             if recipe.benchmark is not None:
                 baselines = [baseline_stage(name, teacher, recipe, task, out_dir, presets)
@@ -181,6 +184,17 @@ def run_recipe(recipe: Recipe, steps: dict[str, list[Step]], out_dir: Path, *,
             with disk_errors(out_dir):
                 write_reports(report, out_dir)      # report.md and .html show the search too
     return report
+
+
+def exported_more_than_once(stages: list[Stage]) -> set[str]:
+    """The stages whose saved model another stage also holds (`scored_model`): only their
+    exports keep an fp32 graph for the others, so a recipe of many distinct models does not
+    fill the temp dir with graphs nothing reads again."""
+    seen: dict[str, list[str]] = {}
+    for stage in stages:
+        if stage.scored_model is not None:
+            seen.setdefault(stage.scored_model, []).append(stage.name)
+    return {name for names in seen.values() if len(names) > 1 for name in names}
 
 
 def finished_stages(out_dir: Path) -> list[Path]:

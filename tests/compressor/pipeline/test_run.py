@@ -391,6 +391,20 @@ def count_finetunes(count_calls) -> list[int]:
     return count_calls(training, "finetune")
 
 
+def test_only_models_exported_more_than_once_keep_their_fp32_graph(tiny_bert_dir, tiny_csv, tmp_path, count_calls):
+    """The teacher and its int8 variant are one model: its graph is kept for the second export
+    (one trace for two exports); the fine-tuned variant's is traced and not kept."""
+    from compressor.export import graph_cache
+    from compressor.export import onnx as export_onnx
+    kept = count_calls(graph_cache.Fp32Graphs, "keep")
+    traces = count_calls(export_onnx, "write_onnx")
+    raw = raw_recipe(tiny_bert_dir, tiny_csv, {"int8": [{"quantize": {"mode": "dynamic-int8"}}],
+                                               "tuned": [{"finetune": {"epochs": 1}}]})
+    raw["export"] = {"onnx": True}
+    run(raw, tmp_path / "out")
+    assert (len(kept), len(traces)) == (1, 2)     # without the store 3 traces; unbounded, 2 graphs kept
+
+
 @pytest.mark.parametrize("order", [("short", "long"), ("long", "short")])
 def test_variants_share_a_common_trained_prefix(tiny_bert_dir, tiny_csv, tmp_path, count_calls, order):
     prefix = [{"drop-layers": {"keep": [0, 1]}}, {"finetune": {"epochs": 1}}]
