@@ -123,7 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", default="test", choices=["train", "validation", "test", "all"],
                     help="all: every row of the task's files as written, none held out (--seed does not apply)")
     ev.add_argument("--reference", help="another model: report the fraction of agreeing predictions")
-    ev.add_argument("--max-samples", type=positive_int)
+    # --max-eval-samples is what finetune, export, bench and search call the same limit
+    ev.add_argument("--max-samples", "--max-eval-samples", dest="max_samples", type=positive_int,
+                    help="score the split's first N examples only (also --max-eval-samples, as the other commands "
+                         "name it)")
     ev.add_argument("--max-length", type=positive_int,
                     help="tokens per example, the --reference's too (default: the length each model records)")
     ev.add_argument("--seed", type=seed_value, default=None,

@@ -204,6 +204,15 @@ def test_a_task_of_the_other_shape_than_the_model_was_fine_tuned_on_is_refused(t
     assert main(["evaluate", "--model", str(model), "--task", str(files[trained]), "--max-samples", "4"]) == 0
 
 
+def test_evaluate_takes_max_eval_samples_as_the_other_commands_name_it(tiny_bert_dir, tiny_csv, capsys):
+    from compressor.cli.commands import main
+    outputs = []
+    for flag in ("--max-samples", "--max-eval-samples"):
+        assert main(["evaluate", "--model", str(tiny_bert_dir), "--task", str(tiny_csv), flag, "4"]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert outputs[0] == outputs[1] and outputs[0]["samples"] == 4
+
+
 def test_a_model_that_records_no_input_shape_is_scored_on_either(shape_tuned, tiny_bert_dir, tiny_csv, tmp_path,
                                                                   capsys):
     """A dir written before the record (or a plain HF dir) says nothing of its input: not refused."""
